@@ -1,0 +1,45 @@
+"""The `shardscribe` command line: one sub-command per job module.
+
+Every module in the `jobs` package that defines ``COMMAND`` (its sub-command name),
+``add_arguments(parser)`` and ``run(args) -> int`` is registered here, so a new job is
+one new file. Modules import their heavy dependencies inside ``run`` so that
+``shardscribe --help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import jobs
+
+
+def _job_modules():
+    for info in sorted(pkgutil.iter_modules(jobs.__path__), key=lambda m: m.name):
+        if info.name in {"cli"} or info.name.startswith("bench_"):
+            continue
+        module = importlib.import_module(f"jobs.{info.name}")
+        if hasattr(module, "COMMAND"):
+            yield module
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardscribe", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in _job_modules():
+        doc = (module.__doc__ or "").strip().splitlines()
+        p = sub.add_parser(module.COMMAND, help=doc[0] if doc else None, description=module.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

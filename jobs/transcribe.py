@@ -1,0 +1,78 @@
+"""Transcribe audio into Parquet: `shardscribe transcribe --input SRC --output DST`.
+
+SRC is a folder or glob of audio files, a JSONL manifest or a Parquet table, on any
+fsspec filesystem. DST gets one Parquet row per recording and a summary.json. A rerun
+into the same DST skips recordings that already have a row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+COMMAND = "transcribe"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input", required=True, help="folder/glob of audio, JSONL manifest or Parquet")
+    parser.add_argument("--output", required=True, help="output directory (any fsspec URL)")
+    parser.add_argument("--config", default=None, help="conf/<name>.yaml name or path (default: default)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set decoder.max_new_tokens=128")
+    parser.add_argument("--runner", choices=["ray", "local"], default="ray",
+                        help="Ray Data plan (default) or in-process without Ray")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.config import ConfigError, load_config
+    from pipeline.output import existing_ids, summarize
+    from pipeline.sources import SourceError, read_source
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.config, args.overrides)
+        rows = read_source(args.input)
+    except (ConfigError, SourceError) as exc:
+        print(f"shardscribe: error: {exc}", file=sys.stderr)
+        return 2
+    done = existing_ids(args.output)
+    todo = [r for r in rows if r["id"] not in done]
+    if done:
+        print(f"shardscribe: resuming: {len(rows) - len(todo)} of {len(rows)} recordings already in "
+              f"{args.output}", file=sys.stderr)
+    start = time.perf_counter()
+    if todo:
+        if args.runner == "local":
+            from pipeline.local_runner import run_local
+
+            run_local(todo, cfg, args.output)
+        else:
+            from pipeline.plan import run_ray
+
+            run_ray(todo, cfg, args.output)
+    wall = time.perf_counter() - start
+    todo_ids = {r["id"] for r in todo}
+    summary = summarize(args.output, [r["id"] for r in rows], {
+        "config": cfg.name, "runner": args.runner, "run_rows": len(todo),
+        "skipped_existing": len(rows) - len(todo), "wall_seconds": wall,
+    })
+    # RTFx of this run: audio decoded in this run over its wall time.
+    from pipeline.output import read_output
+
+    out = read_output(args.output, ["id", "duration_s"])
+    run_audio = sum(d or 0.0 for i, d in zip(out.column("id").to_pylist(), out.column("duration_s").to_pylist())
+                    if i in todo_ids) if out is not None else 0.0
+    summary.update(run_audio_seconds=run_audio, rtfx=(run_audio / wall) if todo and wall > 0 else None)
+    summarize(args.output, [r["id"] for r in rows], {k: summary[k] for k in (
+        "config", "runner", "run_rows", "skipped_existing", "wall_seconds", "run_audio_seconds", "rtfx")})
+    print(json.dumps(summary, indent=2))
+    if summary["rows_out"] != summary["rows_in"] or summary["duplicate_rows"]:
+        print(f"shardscribe: error: rows in {summary['rows_in']} != rows out {summary['rows_out']} "
+              f"(duplicates {summary['duplicate_rows']}, missing e.g. {summary['missing_ids'][:5]})",
+              file=sys.stderr)
+        return 1
+    print(f"shardscribe: {summary['rows_out']} rows, {summary['errors']} errors, "
+          f"RTFx {summary['rtfx'] or 0:.2f}, WER {summary['wer']}", file=sys.stderr)
+    return 0

@@ -1,0 +1,23 @@
+"""Length-sorted, padded-token-budget batching (seed 000 §3: sort by length, batch by a
+token budget so padding waste stays small and memory stays bounded).
+"""
+from __future__ import annotations
+
+
+def pack_by_budget(costs: list[int], budget: int) -> list[list[int]]:
+    """Group item indices into batches, longest first, so that for each batch
+    ``len(batch) * max(cost in batch) <= budget`` (a single over-budget item gets its own batch).
+    """
+    order = sorted(range(len(costs)), key=lambda i: -costs[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # Sorted descending, so the first item of a batch sets its padded width.
+        width = costs[current[0]] if current else costs[i]
+        if current and (len(current) + 1) * width > budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches

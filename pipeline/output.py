@@ -1,0 +1,76 @@
+"""Output directory: resume by input id, reconciliation and `summary.json`.
+
+Parquet parts are written with fresh names on every run, so a rerun must not decode a
+recording that already has a row: we read the `id` column of the parts already in DST and
+skip those ids. A part that cannot be read (a run killed mid-write) is moved aside to
+`<name>.corrupt` and its rows are redone.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+
+import fsspec
+import pyarrow.parquet as pq
+
+from pipeline.metrics import corpus_wer
+
+log = logging.getLogger(__name__)
+SUMMARY_NAME = "summary.json"
+
+
+def _parts(fs, path: str) -> list[str]:
+    if not fs.exists(path):
+        return []
+    return sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+
+
+def existing_ids(dst: str) -> set[str]:
+    fs, path = fsspec.core.url_to_fs(dst)
+    ids: set[str] = set()
+    for part in _parts(fs, path):
+        try:
+            ids.update(pq.read_table(part, columns=["id"], filesystem=fs).column("id").to_pylist())
+        except Exception as exc:
+            log.warning("unreadable output part %s (%s); moving it aside and redoing its rows", part, exc)
+            fs.mv(part, part + ".corrupt")
+    return ids
+
+
+def read_output(dst: str, columns: list[str]):
+    import pyarrow as pa
+
+    fs, path = fsspec.core.url_to_fs(dst)
+    tables = [pq.read_table(p, columns=columns, filesystem=fs) for p in _parts(fs, path)]
+    return pa.concat_tables(tables) if tables else None
+
+
+def summarize(dst: str, input_ids: list[str], run: dict) -> dict:
+    """Reconcile DST against the input and write summary.json; returns the summary."""
+    out = read_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"])
+    rows = out.to_pylist() if out is not None else []
+    wanted = set(input_ids)
+    out_ids = [r["id"] for r in rows if r["id"] in wanted]
+    missing = sorted(wanted - set(out_ids))
+    stages: dict[str, int] = {}
+    for r in rows:
+        stages[r["stage"]] = stages.get(r["stage"], 0) + 1
+    refs = [(r["reference"], r["text"] or "") for r in rows if r["reference"] and not r["error"]]
+    summary = {
+        "rows_in": len(input_ids),
+        "rows_out": len(out_ids),
+        "duplicate_rows": len(out_ids) - len(set(out_ids)),
+        "missing_ids": missing[:20],
+        "errors": sum(1 for r in rows if r["error"]),
+        "stages": stages,
+        "audio_seconds": sum(r["duration_s"] or 0.0 for r in rows),
+        "wer": corpus_wer([a for a, _ in refs], [b for _, b in refs]) if refs else None,
+        "wer_rows": len(refs),
+        **run,
+    }
+    fs, path = fsspec.core.url_to_fs(dst)
+    fs.makedirs(path, exist_ok=True)
+    with fs.open(posixpath.join(path, SUMMARY_NAME), "w") as fh:
+        json.dump(summary, fh, indent=2)
+    return summary

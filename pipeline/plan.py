@@ -1,0 +1,64 @@
+"""The Ray Data plan: read -> decode/segment (CPU actors) -> Whisper actor pool -> Parquet.
+
+One linear chain (a fork re-runs the model once per branch). Errors are caught per row
+inside the stages, never through `max_errored_blocks`, which drops blocks silently.
+`num_gpus` is requested only when a GPU exists: on a machine without one, Ray waits for
+it forever instead of failing.
+"""
+from __future__ import annotations
+
+import os
+
+from pipeline.config import resolve_device
+from pipeline.records import INPUT_SCHEMA, table
+
+
+def init_ray(cfg) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    kwargs = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
+    if cfg.ray.address:
+        ray.init(address=cfg.ray.address, **kwargs)
+    else:
+        # More logical CPUs than cores, so the CPU stage and the model actors fit together
+        # on small machines; the OS shares the real cores.
+        num_cpus = cfg.ray.num_cpus or max(4, 2 * (os.cpu_count() or 1))
+        ray.init(num_cpus=num_cpus, **kwargs)
+
+
+def build_dataset(rows: list[dict], cfg):
+    import ray
+    from ray.data import ActorPoolStrategy, DataContext
+
+    from actors.audio_prep import AudioPrep
+    from actors.transcriber import Transcriber
+
+    ctx = DataContext.get_current()
+    ctx.execution_options.preserve_order = False
+    if hasattr(ctx, "execution_no_progress_timeout_s"):
+        ctx.execution_no_progress_timeout_s = cfg.ray.no_progress_timeout_s
+    per_block = max(1, cfg.batching.recordings_per_batch)
+    ds = ray.data.from_arrow(table(rows, INPUT_SCHEMA))
+    ds = ds.repartition(max(1, -(-len(rows) // per_block)))
+    config = cfg.to_dict()
+    ds = ds.map_batches(AudioPrep, fn_constructor_kwargs={"config": config},
+                        batch_size=per_block, batch_format="pyarrow",
+                        compute=ActorPoolStrategy(size=cfg.ray.audio_actors),
+                        num_cpus=cfg.ray.audio_actor_cpus)
+    gpu = resolve_device(cfg.model.device).startswith("cuda")
+    extra = {"num_gpus": 1} if gpu else {}
+    ds = ds.map_batches(Transcriber, fn_constructor_kwargs={"config": config},
+                        batch_size=per_block, batch_format="pyarrow",
+                        compute=ActorPoolStrategy(size=cfg.ray.decode_actors),
+                        num_cpus=cfg.ray.decode_actor_cpus, **extra)
+    return ds
+
+
+def run_ray(rows: list[dict], cfg, dst: str) -> None:
+    from ray.data.datasource import FilenameProvider  # noqa: F401  (import check for old Ray)
+
+    init_ray(cfg)
+    build_dataset(rows, cfg).write_parquet(dst)

