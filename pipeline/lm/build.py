@@ -1,0 +1,164 @@
+"""Build token-level n-gram LMs with KenLM's lmplz, and compile them to NGPU-LM tensors.
+
+Seed 002 §IV trains the fusion LM on the ASR model's own token ids (6-gram subword LMs
+built with KenLM, the same ARPA for NGPU-LM and the CPU decoders). Each text line is
+tokenised with the decoder's tokenizer, written as ``chr(id + 100)`` characters
+(``arpa.tokens_line``) and fed to ``lmplz -S <mem> --discount_fallback``; the ARPA is then
+compiled to safetensors beside it (``lm.ngpu.safetensors``) so decoders load it quickly.
+
+Tokenizers: ``"chars"`` is the CTC head's character set (``pipeline.text.charset``: CTC id
+``c`` in 1..95 is LM token ``c - 1``; the blank has no LM token); anything else is a
+``tokenizer.json`` file, a directory holding one, or a local transformers model
+directory/id (never downloaded). BPE LM token ids are the tokenizer's own ids.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.lm.arpa import MAX_VOCAB, tokens_line
+from pipeline.lm.ngpu_lm import NGramLM
+
+ARPA_NAME = "lm.arpa"
+TENSORS_NAME = "lm.ngpu.safetensors"
+INFO_NAME = "lm.json"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class TextTokenizer:
+    """Text -> LM token ids. ``leading_space``: BPE decoders (Whisper) write a space before
+    the first word of a transcript, so LM training lines get one too."""
+
+    name: str
+    vocab_size: int
+    _encode: object
+    leading_space: bool = False
+
+    def encode(self, text: str) -> list[int]:
+        text = text.strip()
+        if self.leading_space and text:
+            text = " " + text
+        return list(self._encode(text))
+
+
+def load_tokenizer(spec: str) -> TextTokenizer:
+    if spec == "chars":
+        from pipeline.text import charset
+
+        return TextTokenizer("chars", len(charset.CHARS), lambda s: [c - 1 for c in charset.encode(s)])
+    path = Path(spec)
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        path = path / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(path))
+        vocab = tok.get_vocab_size(with_added_tokens=True)
+        return TextTokenizer(str(path), vocab, lambda s: tok.encode(s, add_special_tokens=False).ids, True)
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - turn any loader failure into one clear message
+        raise ValueError(f"tokenizer {spec!r}: not 'chars', not a tokenizer.json file or directory, "
+                         f"and not a locally available transformers model ({exc})") from exc
+    return TextTokenizer(spec, len(tok), lambda s: tok.encode(s, add_special_tokens=False), True)
+
+
+def kenlm_bin_dir() -> Path:
+    if os.environ.get("SHARDSCRIBE_KENLM_DIR"):
+        return Path(os.environ["SHARDSCRIBE_KENLM_DIR"]) / "bin"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "shardscribe" / "kenlm" / "bin"
+
+
+def find_lmplz(build: bool = True) -> Path:
+    """lmplz from the build_kenlm.sh cache, else PATH; compiles it once if allowed."""
+    candidate = kenlm_bin_dir() / "lmplz"
+    if candidate.is_file():
+        return candidate
+    on_path = shutil.which("lmplz")
+    if on_path:
+        return Path(on_path)
+    script = REPO_ROOT / "scripts" / "build_kenlm.sh"
+    if build and script.is_file():
+        subprocess.run(["bash", str(script)], check=True, stdout=subprocess.DEVNULL)
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError("KenLM's lmplz is not built: run `bash scripts/build_kenlm.sh` "
+                            "(scripts/setup.sh --test does it)")
+
+
+def write_token_corpus(lines, tokenizer: TextTokenizer, path: Path) -> int:
+    if tokenizer.vocab_size > MAX_VOCAB:
+        raise ValueError(f"vocabulary of {tokenizer.vocab_size} tokens cannot be written as chr(id + 100)")
+    count = 0
+    with open(path, "w", encoding="utf-8", newline="\n") as fh:
+        for line in lines:
+            ids = tokenizer.encode(line)
+            if ids:
+                fh.write(tokens_line(ids) + "\n")
+                count += 1
+    return count
+
+
+def run_lmplz(corpus: Path, arpa: Path, order: int, memory: str = "1G") -> None:
+    lmplz = find_lmplz()
+    with tempfile.TemporaryDirectory() as tmp, open(corpus, "rb") as src, open(arpa, "wb") as dst:
+        proc = subprocess.run([str(lmplz), "-o", str(order), "-S", memory, "-T", tmp,
+                               "--discount_fallback"], stdin=src, stdout=dst,
+                              stderr=subprocess.PIPE)
+    if proc.returncode != 0:
+        raise RuntimeError(f"lmplz failed ({proc.returncode}): {proc.stderr.decode(errors='replace')[-2000:]}")
+
+
+def read_lines(paths) -> list[str]:
+    lines: list[str] = []
+    for p in paths:
+        with open(p, encoding="utf-8") as fh:
+            lines += [line for line in fh.read().splitlines() if line.strip()]
+    return lines
+
+
+def build_lm(text_files, order: int, tokenizer: str, output_dir, memory: str = "1G") -> dict:
+    """Tokenise, run lmplz, compile. Returns the info dict written to ``lm.json``."""
+    tok = load_tokenizer(tokenizer)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        sentences = write_token_corpus(read_lines(text_files), tok, corpus)
+        if sentences == 0:
+            raise ValueError("no text lines left after tokenisation")
+        run_lmplz(corpus, out / ARPA_NAME, order, memory)
+    info = compile_arpa(out / ARPA_NAME, out, tok.vocab_size, tokenizer=tok.name)
+    info["sentences"] = sentences
+    _write_info(out, info)
+    return info
+
+
+def compile_arpa(arpa_path, output_dir, vocab_size: int | None, tokenizer: str | None = None) -> dict:
+    """Compile an existing token-level ARPA; a word-level ARPA is refused with a clear error."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lm = NGramLM.from_arpa(str(arpa_path), vocab_size)
+    lm.save(str(out / TENSORS_NAME))
+    arpa_dst = out / ARPA_NAME
+    if Path(arpa_path).resolve() != arpa_dst.resolve():
+        shutil.copyfile(arpa_path, arpa_dst)
+    info = {"arpa": str(arpa_dst), "tensors": str(out / TENSORS_NAME), "order": lm.order,
+            "vocab_size": lm.vocab_size, "tokenizer": tokenizer, "token_encoding": "chr(id + 100)",
+            "states": lm.graph.num_states, "arcs": int(lm.graph.arc_key.numel()),
+            "arpa_bytes": arpa_dst.stat().st_size, "tensor_bytes": lm.graph.nbytes()}
+    _write_info(out, info)
+    return info
+
+
+def _write_info(out: Path, info: dict) -> None:
+    (out / INFO_NAME).write_text(json.dumps(info, indent=2) + "\n")
