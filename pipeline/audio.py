@@ -18,6 +18,14 @@ class AudioError(ValueError):
     """The bytes are not decodable audio (or hold no samples)."""
 
 
+def _libsndfile_reason(exc: "sf.LibsndfileError") -> str:
+    reason = getattr(exc, "error_string", "") or str(exc)
+    # libsndfile says "not a regular file" when it recognises no container in memory.
+    if "regular file" in reason or "not recognised" in reason.lower():
+        return "unrecognised or corrupt audio format"
+    return reason
+
+
 def decode_audio(data: bytes | None, quality: str = "HQ") -> tuple[np.ndarray, int, int]:
     """Decode bytes of WAV/FLAC/OGG/MP3 to mono float32 at 16 kHz.
 
@@ -31,7 +39,9 @@ def decode_audio(data: bytes | None, quality: str = "HQ") -> tuple[np.ndarray, i
         with sf.SoundFile(io.BytesIO(data)) as f:
             rate, channels = f.samplerate, f.channels
             samples = f.read(dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+    except sf.LibsndfileError as exc:
+        raise AudioError(f"cannot decode audio: {_libsndfile_reason(exc)}") from None
+    except (RuntimeError, TypeError, ValueError) as exc:
         raise AudioError(f"cannot decode audio: {exc}") from None
     if samples.shape[0] == 0:
         raise AudioError("audio has zero samples")

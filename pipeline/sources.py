@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from collections import Counter
 
 import fsspec
@@ -91,7 +92,8 @@ def list_audio_files(uri: str) -> list[dict]:
     fs, path = fsspec.core.url_to_fs(uri)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     if any(ch in path for ch in "*?["):
-        files, root = fs.glob(path), posixpath.dirname(path.split("*")[0])
+        root = posixpath.dirname(re.split(r"[*?\[]", path, maxsplit=1)[0])
+        files = fs.glob(path)
     else:
         files, root = fs.find(path), path
     files = sorted(f for f in files if f.lower().endswith(AUDIO_EXTENSIONS))
@@ -102,7 +104,8 @@ def list_audio_files(uri: str) -> list[dict]:
 def read_source(uri: str) -> list[dict]:
     """Manifest rows for ``uri``; raises SourceError when nothing usable is there."""
     fs, path = fsspec.core.url_to_fs(uri)
-    if not fs.exists(path):
+    is_glob = any(ch in path for ch in "*?[")
+    if not (fs.glob(path) if is_glob else fs.exists(path)):
         raise SourceError(f"input {uri!r} does not exist")
     lower = path.lower()
     if lower.endswith(MANIFEST_EXTENSIONS):

@@ -1,0 +1,62 @@
+"""Config validation: every error names its key, and fails before Ray starts."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import ConfigError, load_config
+
+
+def test_default_is_the_ar_baseline():
+    cfg = load_config()
+    assert cfg.decoder.kind == "ar" and cfg.name == "ar"
+
+
+@pytest.mark.parametrize("override, key", [
+    (["model.dtyp=float16"], "model.dtyp"),
+    (["nosuch.section=1"], "nosuch"),
+    (["decoder.kind=beam_of_light"], "decoder.kind"),
+    (["batching.max_tokens=lots"], "batching.max_tokens"),
+    (["batching.max_tokens=10"], "batching.max_tokens"),
+    (["audio.max_segment_s=45"], "audio.max_segment_s"),
+    (["model.device=tpu"], "model.device"),
+    (["ray.decode_actors=0"], "ray.decode_actors"),
+    (["audio.vad_threshold=.nan"], "audio.vad_threshold"),
+    (["decoder=3"], "decoder"),
+    (["justakey"], "--set 'justakey'"),
+])
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config("ar", override)
+    assert str(err.value).startswith(key), str(err.value)
+
+
+def test_overrides_are_typed():
+    cfg = load_config("ar", ["batching.max_tokens=12000", "audio.max_segment_s=20", "model.cache_dir=null"])
+    assert cfg.batching.max_tokens == 12000
+    assert cfg.audio.max_segment_s == 20.0 and isinstance(cfg.audio.max_segment_s, float)
+    assert cfg.model.cache_dir is None
+
+
+def test_unknown_config_file():
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config("does-not-exist")
+
+
+def test_extends_merges_sections(tmp_path):
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: ar\nbatching:\n  max_tokens: 3000\n")
+    cfg = load_config(str(child))
+    assert cfg.batching.max_tokens == 3000
+    assert cfg.batching.recordings_per_batch == load_config("ar").batching.recordings_per_batch
+
+
+def test_bad_config_fails_before_ray_starts(tmp_path, samples_dir):
+    ray = pytest.importorskip("ray")
+    from jobs.cli import main
+
+    was_running = ray.is_initialized()
+    code = main(["transcribe", "--input", str(samples_dir), "--output", str(tmp_path / "o"),
+                 "--set", "batching.max_tokenz=1"])
+    assert code == 2
+    assert ray.is_initialized() == was_running
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,72 @@
+"""Input sources through fsspec: folders, globs, JSONL manifests and Parquet tables."""
+from __future__ import annotations
+
+import io
+import json
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.sources import SourceError, read_bytes, read_source
+
+
+def test_folder_and_glob(samples_dir):
+    rows = read_source(str(samples_dir))
+    assert len(rows) == 6 and all(r["audio"].endswith(".flac") for r in rows)
+    assert read_bytes(rows[0])[:4] == b"fLaC"
+    globbed = read_source(str(samples_dir / "*_flite_*.flac"))
+    assert {r["id"] for r in globbed} < {r["id"] for r in rows} and len(globbed) == 4
+
+
+def test_jsonl_manifest_with_nemo_keys(tmp_path, samples_dir):
+    man = tmp_path / "m.jsonl"
+    lines = [{"audio_filepath": str(samples_dir / "fox_flite_slt.flac"), "text": "fox"},
+             {"audio": "rel.flac", "id": "r1", "key_phrases": ["pump filter"]}]
+    man.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    rows = read_source(str(man))
+    assert rows[0]["reference"] == "fox" and rows[0]["id"].endswith("fox_flite_slt.flac")
+    assert rows[1]["audio"] == str(tmp_path / "rel.flac") and rows[1]["key_phrases"] == ["pump filter"]
+
+
+def test_manifest_errors_name_the_line(tmp_path):
+    man = tmp_path / "bad.jsonl"
+    man.write_text('{"audio": "a.wav"}\n{"text": "no audio"}\n')
+    with pytest.raises(SourceError, match=r"bad.jsonl:2"):
+        read_source(str(man))
+    man.write_text('{"audio": "a.wav", "id": "x"}\n{"audio": "b.wav", "id": "x"}\n')
+    with pytest.raises(SourceError, match="duplicate ids"):
+        read_source(str(man))
+
+
+def test_parquet_hf_layout_bytes_and_paths(tmp_path, samples_dir):
+    data = (samples_dir / "fox_flite_slt.flac").read_bytes()
+    table = pa.table({
+        "id": ["a", "b", "c"],
+        "audio": [{"bytes": data, "path": "fox.flac"}, {"bytes": None, "path": "x/y.flac"},
+                  {"bytes": data, "path": None}],
+        "text": ["fox", None, "fox again"],
+    })
+    pq.write_table(table, tmp_path / "t.parquet")
+    rows = read_source(str(tmp_path / "t.parquet"))
+    assert [r["id"] for r in rows] == ["a", "b", "c"]
+    assert rows[0]["audio_bytes"] == data and rows[1]["audio"] == str(tmp_path / "x/y.flac")
+    assert rows[2]["reference"] == "fox again"
+
+
+def test_memory_filesystem(samples_dir):
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/corpus/a.flac", (samples_dir / "fox_flite_slt.flac").read_bytes())
+    fs.pipe("/corpus/notes.txt", b"not audio")
+    rows = read_source("memory://corpus")
+    assert [r["id"] for r in rows] == ["a.flac"] and rows[0]["audio"].startswith("memory://")
+    assert read_bytes(rows[0])[:4] == b"fLaC"
+
+
+def test_missing_or_empty_input(tmp_path):
+    with pytest.raises(SourceError, match="does not exist"):
+        read_source(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="no audio files"):
+        read_source(str(tmp_path / "empty"))
