@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runner", choices=["ray", "local"], default="local",
                         help="run actors through Ray or in-process (the GPU machine has no Ray)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available)")
-    parser.add_argument("extra", nargs=argparse.REMAINDER, help="benchmark-specific options")
+    parser.set_defaults(accepts_extra=True)  # benchmark-specific options pass through
 
 
 def format_table(rows: list[dict]) -> str:

@@ -1,0 +1,100 @@
+"""AR baseline benchmark: our batched greedy Whisper against the ctranslate2 runtime
+(faster-whisper's engine) on the same audio, in one process.
+
+Both see the same 16-kHz segments and the same log-mel features; each is timed from audio
+to text (feature extraction included) with its model already loaded. Rows: RTFx, WER and
+the share of our time spent in the encoder's fixed 30-s window.
+"""
+from __future__ import annotations
+
+import time
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--batch", type=int, default=8, help="segments per model call")
+    parser.add_argument("--threads", type=int, default=0, help="torch/ct2 threads (0: default)")
+
+
+def _segments(manifest: str | None, quick: bool):
+    from pipeline.config import load_config as _lc
+    from pipeline.prepare import prepare_row
+    from pipeline.segment import VadSegmenter
+    from pipeline.sources import read_source
+    from pathlib import Path
+
+    src = manifest or str(Path(__file__).resolve().parent.parent / "pipeline/assets/samples/samples.jsonl")
+    rows = read_source(src)
+    if quick:
+        rows = rows[:24]
+    cfg = _lc()
+    seg = VadSegmenter(cfg.audio.max_segment_s, cfg.audio.vad_threshold, cfg.audio.vad_pad_s)
+    audios, refs = [], []
+    for row in rows:
+        prepared = prepare_row(row, seg)
+        if prepared["error"] or not prepared["seg_audio"]:
+            continue
+        # References are per recording: score recordings, so keep their segments together.
+        audios.append(prepared["seg_audio"])
+        refs.append(row.get("reference") or "")
+    return audios, refs
+
+
+def run(args) -> dict:
+    import ctranslate2
+    import torch
+
+    from pipeline.decoding.ar_greedy import greedy_decode
+    from pipeline.metrics import corpus_wer
+    from pipeline.models.whisper_adapter import load_whisper_adapter
+    from pipeline.models.whisper_loader import embedded_ct2_dir
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    recordings, refs = _segments(args.manifest, args.quick)
+    flat = [(r, s) for r, segs in enumerate(recordings) for s in segs]
+    audio_s = sum(len(a) for _, a in flat) / 16000
+    adapter = load_whisper_adapter("embedded", device="cpu")
+    runtime = ctranslate2.models.Whisper(str(embedded_ct2_dir()), device="cpu", compute_type="float32",
+                                         intra_threads=args.threads or 0)
+    # Warm both once so neither pays first-call costs inside the timing.
+    warm = [flat[0][1]]
+    greedy_decode(adapter, adapter.encode(warm).states)
+    runtime.generate(ctranslate2.StorageView.from_array(adapter.features(warm).numpy()),
+                     [adapter.prompt_ids], beam_size=1)
+
+    def texts_by_recording(seg_texts):
+        out = [[] for _ in recordings]
+        for (r, _), t in zip(flat, seg_texts):
+            out[r].append(t)
+        return [" ".join(x) for x in out]
+
+    ours, enc_time = [], 0.0
+    t0 = time.perf_counter()
+    for i in range(0, len(flat), args.batch):
+        batch = [a for _, a in flat[i:i + args.batch]]
+        te = time.perf_counter()
+        states = adapter.encode(batch).states
+        enc_time += time.perf_counter() - te
+        ours += [adapter.text(t) for t in greedy_decode(adapter, states)]
+    ours_s = time.perf_counter() - t0
+
+    ct2_texts = []
+    t0 = time.perf_counter()
+    for i in range(0, len(flat), args.batch):
+        batch = [a for _, a in flat[i:i + args.batch]]
+        feats = ctranslate2.StorageView.from_array(adapter.features(batch).numpy())
+        res = runtime.generate(feats, [adapter.prompt_ids] * len(batch), beam_size=1)
+        ct2_texts += [adapter.text(r.sequences_ids[0]) for r in res]
+    ct2_s = time.perf_counter() - t0
+
+    ours_rec, ct2_rec = texts_by_recording(ours), texts_by_recording(ct2_texts)
+    rows = [
+        {"decoder": "shardscribe AR (torch)", "segments": len(flat), "audio_s": audio_s, "wall_s": ours_s,
+         "rtfx": audio_s / ours_s, "wer": corpus_wer(refs, ours_rec), "encoder_share": enc_time / ours_s},
+        {"decoder": "ctranslate2 runtime", "segments": len(flat), "audio_s": audio_s, "wall_s": ct2_s,
+         "rtfx": audio_s / ct2_s, "wer": corpus_wer(refs, ct2_rec), "encoder_share": None},
+    ]
+    return {"rows": rows, "summary": {
+        "ar_rtfx": rows[0]["rtfx"], "ct2_rtfx": rows[1]["rtfx"], "ar_wer": rows[0]["wer"],
+        "ct2_wer": rows[1]["wer"], "speed_vs_ct2": ct2_s / ours_s, "encoder_share": enc_time / ours_s,
+        "identical_texts": sum(a == b for a, b in zip(ours, ct2_texts)) / len(flat)}}
