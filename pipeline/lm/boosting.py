@@ -1,0 +1,170 @@
+"""GPU-PB: a phrase-boosting tree with Aho-Corasick fail links, in NGPU-LM's tensor format.
+
+Seed 002 §III-B: key phrases are tokenised into a prefix tree whose bonus is spread along
+the prefix depth instead of being paid only at the phrase end, and the tree is stored like
+an n-gram LM so decoders call the same ``advance``. Here:
+
+* token bonus at depth ``d`` (1-based) of a phrase with context score ``c``:
+  ``c`` for ``d = 1``, ``c * depth_scaling + ln(d)`` deeper (the log-depth bonus);
+  a node shared by several phrases takes the largest bonus;
+* ``P(n)``: sum of bonuses from the root to node ``n``; ``bank(n)``: ``P`` of the deepest
+  completed phrase on that path (0 if none); ``credit(n) = P(n) - bank(n)`` is the bonus
+  still "on credit" for an unfinished match;
+* trie edges are arcs weighted by the token bonus; the Aho-Corasick fail link is the
+  back-off arc with weight ``credit(fail) - credit(n) + bank(fail)``: a failed partial match
+  takes its credit back, a completed phrase keeps its bonus, and a phrase that ends inside
+  the failed match (its suffix, ``bank(fail)``) is paid when the match fails;
+* the end-of-utterance weight (``final``) is the whole back-off chain to the root: open
+  credit is taken back.
+
+So along any token sequence the summed bonuses plus ``final`` equal the sum of ``P`` over
+the phrases completed (the longest one wins where a longer phrase contains a shorter one
+that it completes with). Several phrase lists live in one graph, one root each, so every
+utterance of a batch can boost its own list (``init_states(..., lists=...)``).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import torch
+
+from pipeline.lm.backoff_graph import BackoffGraph
+
+
+class BoostingTree:
+    """Boosting bonuses over an LM vocabulary of ``vocab_size`` tokens (same API as NGramLM)."""
+
+    def __init__(self, graph: BackoffGraph, roots: torch.Tensor):
+        self.graph = graph
+        self.roots = roots
+
+    @property
+    def vocab_size(self) -> int:
+        return self.graph.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.graph.device
+
+    def to(self, device) -> "BoostingTree":
+        return BoostingTree(self.graph.to(device), self.roots.to(device))
+
+    @classmethod
+    def from_phrases(cls, phrase_lists, vocab_size: int, tokenize=None, context_score: float = 1.0,
+                     depth_scaling: float = 2.0) -> "BoostingTree":
+        """``phrase_lists``: one list per utterance group; each phrase is a token-id list, a
+        string (tokenised with ``tokenize``), or a ``(phrase, context_score)`` pair."""
+        return cls(*_compile(phrase_lists, vocab_size, tokenize, context_score, depth_scaling))
+
+    def init_states(self, batch_size: int, bos: bool = True, lists: torch.Tensor | None = None) -> torch.Tensor:
+        """Start states; ``lists[b]`` picks the phrase list of row ``b`` (default: list 0).
+        ``bos`` is accepted for API symmetry with the LM: a phrase can start anywhere."""
+        if lists is None:
+            return self.roots[:1].expand(batch_size).clone()
+        return self.roots[lists.to(self.device, torch.int64)]
+
+    def advance(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Boost bonuses [N, V] of every next token and the next states [N, V]."""
+        return self.graph.advance(states)
+
+    def advance_labels(self, states: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.graph.advance_labels(states, labels)
+
+    def final(self, states: torch.Tensor) -> torch.Tensor:
+        """End-of-utterance bonus: the open credit of unfinished matches, taken back."""
+        return self.graph.final(states)
+
+    def score_sentences(self, tokens: torch.Tensor, lengths: torch.Tensor, lists: torch.Tensor | None = None,
+                        eos: bool = True) -> torch.Tensor:
+        states = self.init_states(tokens.shape[0], lists=lists)
+        return self.graph.score_sequences(states, tokens, lengths, eos)
+
+
+def _phrase_tokens(phrase, tokenize, default_score: float):
+    score = default_score
+    if isinstance(phrase, tuple):
+        phrase, score = phrase
+    if isinstance(phrase, str):
+        if tokenize is None:
+            raise ValueError("text phrases need a tokenize function")
+        phrase = tokenize(phrase)
+    return [int(t) for t in phrase], float(score)
+
+
+def _compile(phrase_lists, vocab_size, tokenize, context_score, depth_scaling):
+    parent, token_score, is_end, children, root_of = [], [], [], [], []
+
+    def new_node(par: int, score: float, root: int) -> int:
+        parent.append(par)
+        token_score.append(score)
+        is_end.append(False)
+        children.append({})
+        root_of.append(root if root >= 0 else len(parent) - 1)
+        return len(parent) - 1
+
+    roots, max_len = [], 0
+    for phrases in (phrase_lists or [[]]):
+        root = new_node(-1, 0.0, -1)
+        roots.append(root)
+        for phrase in phrases:
+            tokens, score = _phrase_tokens(phrase, tokenize, context_score)
+            if not tokens:
+                continue
+            if not all(0 <= t < vocab_size for t in tokens):
+                raise ValueError(f"phrase {phrase!r} has tokens outside the vocabulary of {vocab_size}")
+            max_len = max(max_len, len(tokens))
+            node = root
+            for depth, tok in enumerate(tokens, start=1):
+                bonus = score if depth == 1 else score * depth_scaling + math.log(depth)
+                child = children[node].get(tok)
+                if child is None:
+                    child = new_node(node, bonus, root)
+                    children[node][tok] = child
+                else:
+                    token_score[child] = max(token_score[child], bonus)
+                node = child
+            is_end[node] = True
+
+    num = len(parent)
+    potential, bank, fail = [0.0] * num, [0.0] * num, list(range(num))
+    order = []  # breadth-first, so fail targets (shallower) are final before they are used
+    queue = deque(roots)
+    while queue:
+        u = queue.popleft()
+        order.append(u)
+        for tok, c in children[u].items():
+            potential[c] = potential[u] + token_score[c]
+            bank[c] = potential[c] if is_end[c] else bank[u]
+            if parent[u] < 0:
+                fail[c] = u
+            else:
+                f = fail[u]
+                while parent[f] >= 0 and tok not in children[f]:
+                    f = fail[f]
+                fail[c] = children[f].get(tok, f)
+            queue.append(c)
+
+    credit = [p - b for p, b in zip(potential, bank)]
+    backoff_w, final_w = [0.0] * num, [0.0] * num
+    for u in order:
+        if parent[u] >= 0:
+            f = fail[u]
+            backoff_w[u] = credit[f] - credit[u] + bank[f]
+            final_w[u] = backoff_w[u] + final_w[f]
+
+    arcs = [(u, tok, token_score[c], c) for u in range(num) if parent[u] >= 0
+            for tok, c in children[u].items()]
+    root_w = torch.zeros(len(roots), vocab_size)
+    root_to = torch.tensor(roots, dtype=torch.int64)[:, None].repeat(1, vocab_size)
+    for row, root in enumerate(roots):
+        for tok, c in children[root].items():
+            root_w[row, tok] = token_score[c]
+            root_to[row, tok] = c
+    graph = BackoffGraph.build(
+        vocab_size=vocab_size, depth=max_len,
+        arcs_from=[a[0] for a in arcs], arcs_label=[a[1] for a in arcs],
+        arcs_w=[a[2] for a in arcs], arcs_to=[a[3] for a in arcs],
+        backoff_to=fail, backoff_w=backoff_w, final_w=final_w, root_of=root_of, roots=roots,
+        root_w=root_w, root_to=root_to)
+    return graph, torch.tensor(roots, dtype=torch.int64)

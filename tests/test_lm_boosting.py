@@ -1,0 +1,147 @@
+"""GPU-PB boosting tree: golden scores computed by hand from the bonus rule.
+
+Bonus of a phrase token at depth d with context score c: c at d = 1, c * s + ln(d) deeper
+(s = depth_scaling). Tokens: a=0, b=1, c=2, d=3, x=4 (x is in no phrase).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pipeline.lm.boosting import BoostingTree
+
+A, B, C, D, X = range(5)
+V = 5
+
+
+def bonus(depth: int, c: float = 1.0, s: float = 2.0) -> float:
+    return c if depth == 1 else c * s + math.log(depth)
+
+
+def walk(tree: BoostingTree, tokens: list[int], lst: int = 0) -> tuple[list[float], float]:
+    """Step-by-step scores via the full-vocabulary advance, plus the final."""
+    state = tree.init_states(1, lists=torch.tensor([lst]))
+    scores = []
+    for t in tokens:
+        s, n = tree.advance(state)
+        assert s.shape == (1, V) and n.dtype == torch.int64
+        scores.append(s[0, t].item())
+        state = n[:, t]
+    return scores, tree.final(state).item()
+
+
+@pytest.fixture()
+def shared_prefix_tree():
+    return BoostingTree.from_phrases([[[A, B, C], [A, B, D], [A, C]]], vocab_size=V)
+
+
+def test_shared_prefix_spreads_bonus_along_depth(shared_prefix_tree):
+    scores, final = walk(shared_prefix_tree, [A, B, C])
+    assert scores == pytest.approx([bonus(1), bonus(2), bonus(3)])
+    assert final == pytest.approx(0.0)
+    scores, _ = walk(shared_prefix_tree, [A, B, D])  # the other branch of the shared "a b"
+    assert scores == pytest.approx([bonus(1), bonus(2), bonus(3)])
+    scores, _ = walk(shared_prefix_tree, [A, C])
+    assert scores == pytest.approx([bonus(1), bonus(2)])
+
+
+def test_failed_match_takes_bonus_back(shared_prefix_tree):
+    scores, final = walk(shared_prefix_tree, [A, B, X])
+    assert scores == pytest.approx([bonus(1), bonus(2), -(bonus(1) + bonus(2))])
+    assert sum(scores) + final == pytest.approx(0.0)
+    # An unfinished match at the end of the utterance is taken back by final().
+    scores, final = walk(shared_prefix_tree, [X, A, B])
+    assert scores == pytest.approx([0.0, bonus(1), bonus(2)])
+    assert final == pytest.approx(-(bonus(1) + bonus(2)))
+
+
+def test_fail_link_restarts_inside_failed_match(shared_prefix_tree):
+    # "a a c": the second "a" fails out of "a" (take back 1) and starts "a" again (+1);
+    # then "c" completes "a c".
+    scores, final = walk(shared_prefix_tree, [A, A, C])
+    assert scores == pytest.approx([bonus(1), -bonus(1) + bonus(1), bonus(2)])
+    assert sum(scores) + final == pytest.approx(bonus(1) + bonus(2))
+    # "a b a c": "a b" fails at the second "a" (take back a b), which restarts a match.
+    scores, final = walk(shared_prefix_tree, [A, B, A, C, X])
+    assert scores == pytest.approx([bonus(1), bonus(2), -(bonus(1) + bonus(2)) + bonus(1), bonus(2), 0.0])
+    assert final == pytest.approx(0.0)
+
+
+def test_completed_phrase_keeps_bonus(shared_prefix_tree):
+    kept = bonus(1) + bonus(2) + bonus(3)
+    scores, final = walk(shared_prefix_tree, [X, A, B, C, X, X])
+    assert scores == pytest.approx([0.0, bonus(1), bonus(2), bonus(3), 0.0, 0.0])
+    assert sum(scores) + final == pytest.approx(kept)
+    scores, final = walk(shared_prefix_tree, [A, B, C, A, B, D])  # two phrases back to back
+    assert sum(scores) + final == pytest.approx(2 * kept)
+
+
+def test_nested_and_suffix_phrases():
+    # Phrases "a b c d" and "b": "b" ends inside the unfinished "a b"; when "a b x" fails,
+    # the credit of "a b" is taken back and the suffix phrase "b" is paid.
+    tree = BoostingTree.from_phrases([[[A, B, C, D], [B]]], vocab_size=V)
+    scores, final = walk(tree, [A, B, X])
+    assert scores == pytest.approx([bonus(1), bonus(2), -(bonus(1) + bonus(2)) + bonus(1)])
+    assert sum(scores) + final == pytest.approx(bonus(1))
+    # "a b c d" completed: the longest phrase wins; the inner "b" is not paid again.
+    scores, final = walk(tree, [A, B, C, D, X])
+    assert sum(scores) + final == pytest.approx(sum(bonus(d) for d in range(1, 5)))
+    # A phrase that is the prefix of a longer one keeps its bonus when the longer one fails.
+    tree = BoostingTree.from_phrases([[[A, B], [A, B, C, D]]], vocab_size=V)
+    scores, final = walk(tree, [A, B, C, X])
+    assert scores == pytest.approx([bonus(1), bonus(2), bonus(3), -bonus(3)])
+    assert sum(scores) + final == pytest.approx(bonus(1) + bonus(2))
+
+
+def test_custom_context_score_and_depth_scaling():
+    tree = BoostingTree.from_phrases([[([A, B, C], 3.0)]], vocab_size=V, depth_scaling=1.5)
+    scores, _ = walk(tree, [A, B, C])
+    assert scores == pytest.approx([3.0, 3.0 * 1.5 + math.log(2), 3.0 * 1.5 + math.log(3)])
+
+
+def test_text_phrases_through_a_tokenizer():
+    tokenize = lambda text: ["abcdx".index(ch) for ch in text]  # noqa: E731
+    tree = BoostingTree.from_phrases([["abc", "ad"]], vocab_size=V, tokenize=tokenize)
+    scores, _ = walk(tree, [A, D])
+    assert scores == pytest.approx([bonus(1), bonus(2)])
+
+
+def test_per_utterance_lists_in_one_batch():
+    lists = [[[A, B]], [[B, C]], []]
+    tree = BoostingTree.from_phrases(lists, vocab_size=V)
+    states = tree.init_states(3, lists=torch.tensor([0, 1, 2]))
+    rows = torch.arange(3)
+    got = torch.zeros(3, 3)
+    for step, tok in enumerate([A, B, C]):
+        s, n = tree.advance(states)
+        got[:, step] = s[rows, tok]
+        states = n[rows, tok]
+    expected = torch.tensor([
+        [bonus(1), bonus(2), 0.0],  # list 0: "a b" completes, "c" is neutral
+        [0.0, bonus(1), bonus(2)],  # list 1: "b c" completes
+        [0.0, 0.0, 0.0],            # no phrases
+    ])
+    assert torch.allclose(got, expected)
+    # Each row scored alone gives the same as in the batch; score_sentences agrees too.
+    for i in range(3):
+        alone, _ = walk(tree, [A, B, C], lst=i)
+        assert alone == pytest.approx(got[i].tolist())
+    tokens = torch.tensor([[A, B, C]] * 3)
+    per_token = tree.score_sentences(tokens, torch.tensor([3, 3, 3]), lists=torch.tensor([0, 1, 2]))
+    assert torch.allclose(per_token[:, :3], expected)
+    assert torch.allclose(per_token[:, 3], torch.zeros(3))
+
+
+def test_advance_labels_equals_full_advance():
+    gen = torch.Generator().manual_seed(0)
+    phrases = [[torch.randint(0, 7, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen).tolist()
+                for _ in range(6)] for _ in range(3)]
+    tree = BoostingTree.from_phrases(phrases, vocab_size=7)
+    states = torch.arange(tree.graph.num_states).repeat(7)
+    labels = torch.arange(7).repeat_interleave(tree.graph.num_states)
+    full_s, full_n = tree.advance(states)
+    s, n = tree.advance_labels(states, labels)
+    rows = torch.arange(states.numel())
+    assert torch.allclose(s, full_s[rows, labels]) and torch.equal(n, full_n[rows, labels])
