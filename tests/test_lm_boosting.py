@@ -145,3 +145,18 @@ def test_advance_labels_equals_full_advance():
     s, n = tree.advance_labels(states, labels)
     rows = torch.arange(states.numel())
     assert torch.allclose(s, full_s[rows, labels]) and torch.equal(n, full_n[rows, labels])
+
+
+def test_batch_phrase_lists_share_roots_and_merge_config_phrases(tmp_path):
+    from pipeline.lm.boosting import batch_phrase_lists, read_phrase_file
+
+    path = tmp_path / "phrases.txt"
+    path.write_text("# key phrases\nab\n\nad\n")
+    shared = read_phrase_file(str(path))
+    lists, rows = batch_phrase_lists(shared, [["bc"], None, ["bc"], []])
+    assert lists == [["ab", "ad", "bc"], ["ab", "ad"]]
+    assert rows.tolist() == [0, 1, 0, 1]
+    tokenize = lambda text: ["abcdx".index(ch) for ch in text]  # noqa: E731
+    tree = BoostingTree.from_phrases(lists, vocab_size=V, tokenize=tokenize)
+    per_token = tree.score_sentences(torch.tensor([[B, C]] * 4), torch.tensor([2] * 4), lists=rows)
+    assert per_token[:, :2].sum(1).tolist() == pytest.approx([bonus(1) + bonus(2), 0.0] * 2)

@@ -187,3 +187,30 @@ class BackoffGraph:
         if eos:
             out.scatter_(1, lengths[:, None], self.final(state)[:, None])
         return out
+
+
+class GraphScorer:
+    """The decoder-facing API shared by the n-gram LM and the boosting tree."""
+
+    graph: BackoffGraph
+
+    @property
+    def vocab_size(self) -> int:
+        return self.graph.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.graph.device
+
+    def advance(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Natural-log scores (LM) or bonuses (boosting) [N, V] of every next token, and
+        the next states [N, V] (int64)."""
+        return self.graph.advance(states)
+
+    def advance_labels(self, states: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score and next state of one token per state (for decoders that only need emitted ones)."""
+        return self.graph.advance_labels(states, labels)
+
+    def final(self, states: torch.Tensor) -> torch.Tensor:
+        """End-of-sentence score of each state."""
+        return self.graph.final(states)

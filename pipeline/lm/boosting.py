@@ -29,23 +29,15 @@ from collections import deque
 
 import torch
 
-from pipeline.lm.backoff_graph import BackoffGraph
+from pipeline.lm.backoff_graph import BackoffGraph, GraphScorer
 
 
-class BoostingTree:
+class BoostingTree(GraphScorer):
     """Boosting bonuses over an LM vocabulary of ``vocab_size`` tokens (same API as NGramLM)."""
 
     def __init__(self, graph: BackoffGraph, roots: torch.Tensor):
         self.graph = graph
         self.roots = roots
-
-    @property
-    def vocab_size(self) -> int:
-        return self.graph.vocab_size
-
-    @property
-    def device(self) -> torch.device:
-        return self.graph.device
 
     def to(self, device) -> "BoostingTree":
         return BoostingTree(self.graph.to(device), self.roots.to(device))
@@ -63,17 +55,6 @@ class BoostingTree:
         if lists is None:
             return self.roots[:1].expand(batch_size).clone()
         return self.roots[lists.to(self.device, torch.int64)]
-
-    def advance(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Boost bonuses [N, V] of every next token and the next states [N, V]."""
-        return self.graph.advance(states)
-
-    def advance_labels(self, states: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.graph.advance_labels(states, labels)
-
-    def final(self, states: torch.Tensor) -> torch.Tensor:
-        """End-of-utterance bonus: the open credit of unfinished matches, taken back."""
-        return self.graph.final(states)
 
     def score_sentences(self, tokens: torch.Tensor, lengths: torch.Tensor, lists: torch.Tensor | None = None,
                         eos: bool = True) -> torch.Tensor:
@@ -168,3 +149,25 @@ def _compile(phrase_lists, vocab_size, tokenize, context_score, depth_scaling):
         backoff_to=fail, backoff_w=backoff_w, final_w=final_w, root_of=root_of, roots=roots,
         root_w=root_w, root_to=root_to)
     return graph, torch.tensor(roots, dtype=torch.int64)
+
+
+def read_phrase_file(path: str) -> list[str]:
+    """Key phrases from a text file, one per line (blank lines and ``#`` comments skipped)."""
+    with open(path, encoding="utf-8") as fh:
+        return [line.strip() for line in fh if line.strip() and not line.lstrip().startswith("#")]
+
+
+def batch_phrase_lists(shared: list[str], per_row: list[list[str] | None]) -> tuple[list[list[str]], torch.Tensor]:
+    """Phrase lists for one batch: every row boosts the shared phrases (file/config) plus its
+    own ``key_phrases``; rows with equal lists share one root. Returns the distinct lists
+    and the list index of each row, for ``BoostingTree.from_phrases`` / ``init_states``."""
+    index: dict[tuple[str, ...], int] = {}
+    lists: list[list[str]] = []
+    rows = []
+    for own in per_row:
+        key = tuple(dict.fromkeys(list(shared) + list(own or [])))
+        if key not in index:
+            index[key] = len(lists)
+            lists.append(list(key))
+        rows.append(index[key])
+    return lists, torch.tensor(rows, dtype=torch.int64)

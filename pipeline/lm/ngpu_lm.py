@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipeline.lm.arpa import BOS, EOS, UNK, Arpa, read_arpa, word_token
-from pipeline.lm.backoff_graph import BackoffGraph
+from pipeline.lm.backoff_graph import BackoffGraph, GraphScorer
 
 FORMAT = "shardscribe-ngpu-lm/1"
 KENLM_MISSING_UNK_LOG10 = -100.0  # KenLM's probability for <unk> when an ARPA omits it
@@ -35,7 +35,7 @@ def _word_level_message(path: str, words: list[str]) -> str:
             "n-gram cannot be turned into an exact token n-gram by spelling its words.")
 
 
-class NGramLM:
+class NGramLM(GraphScorer):
     """Batched n-gram LM over an LM vocabulary of ``vocab_size`` tokens."""
 
     def __init__(self, graph: BackoffGraph, order: int, bos_state: int, start_state: int):
@@ -43,14 +43,6 @@ class NGramLM:
         self.order = order
         self.bos_state = bos_state
         self.start_state = start_state
-
-    @property
-    def vocab_size(self) -> int:
-        return self.graph.vocab_size
-
-    @property
-    def device(self) -> torch.device:
-        return self.graph.device
 
     def to(self, device) -> "NGramLM":
         return NGramLM(self.graph.to(device), self.order, self.bos_state, self.start_state)
@@ -93,18 +85,6 @@ class NGramLM:
     def init_states(self, batch_size: int, bos: bool = True) -> torch.Tensor:
         state = self.bos_state if bos else self.start_state
         return torch.full((batch_size,), state, dtype=torch.int64, device=self.device)
-
-    def advance(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Natural-log scores [N, V] of every next token and the next states [N, V]."""
-        return self.graph.advance(states)
-
-    def advance_labels(self, states: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score and next state of one token per state (for decoders that only need emitted ones)."""
-        return self.graph.advance_labels(states, labels)
-
-    def final(self, states: torch.Tensor) -> torch.Tensor:
-        """Natural-log end-of-sentence score of each state."""
-        return self.graph.final(states)
 
     def score_sentences(self, tokens: torch.Tensor, lengths: torch.Tensor, bos: bool = True,
                         eos: bool = True) -> torch.Tensor:
