@@ -26,9 +26,23 @@ class EncoderBatch:
     valid_frames: torch.Tensor  # [B] int64, states that cover real audio
 
 
+@dataclass
+class CTCDraftBatch:
+    log_probs: torch.Tensor     # [B, T, C] over valid frames (padding beyond lengths)
+    lengths: torch.Tensor       # [B]
+    texts: list[str]            # greedy CTC text per row
+    entropy: torch.Tensor       # [B, T] nats, 0 on padded frames
+    max_entropy: torch.Tensor   # [B] over valid frames only
+
+
 class WhisperAdapter:
-    def __init__(self, model, processor, device: str | torch.device = "cpu"):
-        self.model = model
+    def __init__(self, model, processor, device: str | torch.device = "cpu", ctc_head=None,
+                 ctc_decode=None):
+        self.model = model.requires_grad_(False)
+        # A CTC head over the encoder states: module(states [B,T,D], lengths [B]) -> logits
+        # [B,T,C]; ctc_decode maps its collapsed ids to text.
+        self.ctc_head = ctc_head.to(device).eval() if ctc_head is not None else None
+        self.ctc_decode = ctc_decode
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.device = torch.device(device)
@@ -79,6 +93,22 @@ class WhisperAdapter:
         valid = torch.tensor([self.valid_frames(len(a), states.shape[1]) for a in audios],
                              dtype=torch.long, device=self.device)
         return EncoderBatch(states=states, valid_frames=valid)
+
+    @torch.inference_mode()
+    def ctc_draft(self, enc: EncoderBatch) -> CTCDraftBatch:
+        """Greedy CTC draft and frame entropies over valid frames (the SSD gate's inputs)."""
+        from pipeline.decoding.ctc_greedy import ctc_greedy
+
+        if self.ctc_head is None:
+            raise ValueError("this model has no CTC head: configure model.ctc_head")
+        T = int(enc.valid_frames.max())
+        states = enc.states[:, :T]
+        logits = self.ctc_head(states.to(next(self.ctc_head.parameters()).dtype), enc.valid_frames)
+        log_probs = logits.float().log_softmax(-1)
+        g = ctc_greedy(log_probs, enc.valid_frames)
+        return CTCDraftBatch(log_probs=log_probs, lengths=enc.valid_frames,
+                             texts=[self.ctc_decode(t) for t in g.tokens],
+                             entropy=g.entropy, max_entropy=g.max_entropy)
 
     # --- decoder side -----------------------------------------------------------------
     def decoder_hidden(self, input_ids, encoder_states, cache=None, attention_mask=None,

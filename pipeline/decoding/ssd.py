@@ -1,0 +1,96 @@
+"""Self-speculative decoding with CTC drafts (seed 000, eqs. 3, 5, 6, 7).
+
+1. Gate (eq. 3): a non-empty greedy CTC draft whose max frame entropy over VALID frames is
+   below tau_ctc is the final transcript.
+2. Verify (eq. 5): other drafts are re-tokenised with the decoder's tokenizer and scored
+   in one batched teacher-forced pass (pipeline.decoding.ssd_verify).
+3. Fall back (eqs. 6-7): rejected rows continue greedy AR decoding from the verified
+   prefix (tokens < j), not from scratch.
+
+The split into `first_pass` and `fallback` lets the pipeline run them in two actor pools
+with the encoder states travelling between them as CPU arrays (the paper's CPU offload).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.decoding.ar_greedy import greedy_decode
+from pipeline.decoding.ssd_verify import verify_drafts
+
+CTC_GATE, LLM_VERIFY, AR_FALLBACK = "ctc_gate", "llm_verify", "ar_fallback"
+
+
+@dataclass
+class SSDRow:
+    """The outcome (or pending state) of one segment."""
+    stage: str | None                 # None while waiting for the fallback
+    text: str
+    max_entropy: float
+    draft_text: str
+    draft_tokens: list[int] = field(default_factory=list)  # decoder tokens of the draft
+    prefix: list[int] = field(default_factory=list)        # verified prefix (tokens < j)
+    min_prob: float | None = None
+    generated: int = 0                # tokens produced by AR fallback
+    tokens: list[int] = field(default_factory=list)        # final decoder tokens (not for ctc_gate)
+
+    @property
+    def prefix_len(self) -> int | None:
+        return None if self.stage == CTC_GATE else len(self.prefix)
+
+
+def gate(max_entropy: torch.Tensor, nonempty: torch.Tensor, tau_ctc: float) -> torch.Tensor:
+    """Eq. 3: accept the CTC draft when max_t H_t < tau_ctc (non-empty drafts only)."""
+    return nonempty & (max_entropy < tau_ctc)
+
+
+class SelfSpeculativeDecoder:
+    def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224):
+        self.adapter = adapter
+        self.tau_ctc = tau_ctc
+        self.tau_slm = tau_slm
+        self.max_new_tokens = max_new_tokens
+
+    @torch.inference_mode()
+    def first_pass(self, encoder_states: torch.Tensor, draft_texts: list[str],
+                   max_entropy: torch.Tensor) -> list[SSDRow]:
+        ad = self.adapter
+        nonempty = torch.tensor([bool(t.strip()) for t in draft_texts], device=max_entropy.device)
+        gated = gate(max_entropy, nonempty, self.tau_ctc).tolist()
+        rows = [SSDRow(stage=CTC_GATE if g else None, text=t.strip() if g else "",
+                       max_entropy=float(h), draft_text=t)
+                for g, t, h in zip(gated, draft_texts, max_entropy.tolist())]
+        todo = [i for i, r in enumerate(rows) if r.stage is None and r.draft_text.strip()]
+        if todo:
+            drafts = [ad.tokenize(rows[i].draft_text) for i in todo]
+            ver = verify_drafts(ad, encoder_states[todo], drafts, self.tau_slm)
+            for n, i in enumerate(todo):
+                j = int(ver.first_reject[n])
+                row = rows[i]
+                row.draft_tokens, row.min_prob = drafts[n], float(ver.min_prob[n])
+                row.prefix = drafts[n][:j]
+                if bool(ver.accepted[n]):
+                    row.stage, row.text, row.tokens = LLM_VERIFY, ad.text(drafts[n]), drafts[n]
+        return rows
+
+    @torch.inference_mode()
+    def fallback(self, encoder_states: torch.Tensor, rows: list[SSDRow]) -> list[SSDRow]:
+        """Finish pending rows (``encoder_states`` holds exactly those rows, in order)."""
+        if not rows:
+            return rows
+        gen = greedy_decode(self.adapter, encoder_states, prefixes=[r.prefix for r in rows],
+                            max_new_tokens=self.max_new_tokens)
+        for row, tokens in zip(rows, gen):
+            row.stage, row.generated = AR_FALLBACK, len(tokens)
+            row.tokens = row.prefix + tokens
+            row.text = self.adapter.text(row.tokens)
+        return rows
+
+    def decode(self, encoder_states: torch.Tensor, draft_texts: list[str],
+               max_entropy: torch.Tensor) -> list[SSDRow]:
+        rows = self.first_pass(encoder_states, draft_texts, max_entropy)
+        pending = [i for i, r in enumerate(rows) if r.stage is None]
+        if pending:
+            self.fallback(encoder_states[pending], [rows[i] for i in pending])
+        return rows
