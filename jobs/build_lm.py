@@ -1,0 +1,50 @@
+"""Build a token-level n-gram LM (KenLM lmplz) and its NGPU-LM tensors for shallow fusion.
+
+    shardscribe build-lm --text FILE [FILE ...] --order N --tokenizer chars|PATH|MODEL --output DIR
+    shardscribe build-lm --arpa LM.arpa --tokenizer chars|PATH|MODEL --output DIR
+
+Text lines are tokenised with the decoder's tokenizer ("chars": the CTC head's characters,
+LM token = CTC id - 1; otherwise a tokenizer.json or local transformers model), written
+as chr(id + 100) tokens and counted by lmplz (-S, --discount_fallback). DIR receives
+lm.arpa, lm.ngpu.safetensors (loaded by decoders) and lm.json. --arpa compiles an existing
+token-level ARPA instead; a word-level ARPA is refused with an explanation.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+COMMAND = "build-lm"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--text", nargs="+", help="training text files, one sentence per line")
+    parser.add_argument("--arpa", help="compile this existing token-level ARPA instead of building one")
+    parser.add_argument("--order", type=int, default=6, help="n-gram order (default 6)")
+    parser.add_argument("--tokenizer", default="chars",
+                        help="'chars', a tokenizer.json (or its directory), or a local model id")
+    parser.add_argument("--output", required=True, help="output directory")
+    parser.add_argument("--memory", default="1G", help="lmplz -S memory budget (default 1G)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.lm.build import build_lm, compile_arpa, load_tokenizer
+
+    if bool(args.text) == bool(args.arpa):
+        print("build-lm: give either --text FILE... or --arpa FILE", file=sys.stderr)
+        return 2
+    if args.order < 1:
+        print("build-lm: --order must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        if args.arpa:
+            tok = load_tokenizer(args.tokenizer)
+            info = compile_arpa(args.arpa, args.output, tok.vocab_size, tokenizer=tok.name)
+        else:
+            info = build_lm(args.text, args.order, args.tokenizer, args.output, memory=args.memory)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"build-lm: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(info, indent=2))
+    return 0
