@@ -27,6 +27,7 @@ class ModelConfig:
     device: str = "auto"              # auto | cpu | cuda | cuda:N
     dtype: str = "float32"            # float32 | float16 | bfloat16
     cache_dir: str | None = None      # converted checkpoints; default ~/.cache/shardscribe
+    ctc_head: str | None = None       # "embedded" (the shipped head), a head directory, or null
     num_threads: int = 0              # torch intra-op threads per worker; 0 = torch default
 
     def validate(self, key: str) -> None:
@@ -38,12 +39,48 @@ class ModelConfig:
 
 @dataclass
 class DecoderConfig:
-    kind: str = "ar"                  # ar
+    kind: str = "ar"                  # ar | ctc_greedy | ssd
     max_new_tokens: int = 224
 
     def validate(self, key: str) -> None:
-        _choice(f"{key}.kind", self.kind, ("ar",))
+        _choice(f"{key}.kind", self.kind, DECODER_KINDS)
         _at_least(f"{key}.max_new_tokens", self.max_new_tokens, 1)
+
+
+DECODER_KINDS = ("ar", "ctc_greedy", "ssd")
+NEEDS_CTC_HEAD = ("ctc_greedy", "ssd")
+
+
+@dataclass
+class SSDConfig:
+    """Self-speculative decoding thresholds: a named preset, optionally overridden."""
+    preset: str = "high_accuracy"
+    tau_ctc: float | None = None      # overrides the preset's gate threshold (nats)
+    tau_slm: float | None = None      # overrides the preset's verification threshold
+    presets: dict = field(default_factory=lambda: {
+        "high_accuracy": {"tau_ctc": 0.7, "tau_slm": 0.2},
+        "high_rtfx": {"tau_ctc": 3.0, "tau_slm": 0.1},
+    })
+
+    def validate(self, key: str) -> None:
+        if not isinstance(self.presets, dict) or not self.presets:
+            raise ConfigError(f"{key}.presets: expected a mapping of name -> {{tau_ctc, tau_slm}}")
+        for name, p in self.presets.items():
+            if not isinstance(p, dict) or set(p) != {"tau_ctc", "tau_slm"}:
+                raise ConfigError(f"{key}.presets.{name}: expected exactly tau_ctc and tau_slm")
+            for k, v in p.items():
+                _coerce(f"{key}.presets.{name}.{k}", v, float)
+        _choice(f"{key}.preset", self.preset, tuple(self.presets))
+        tau_ctc, tau_slm = self.thresholds()
+        if tau_ctc < 0:
+            raise ConfigError(f"{key}.tau_ctc: must be >= 0, got {tau_ctc}")
+        if not 0.0 <= tau_slm <= 1.0:
+            raise ConfigError(f"{key}.tau_slm: must be in [0, 1], got {tau_slm}")
+
+    def thresholds(self) -> tuple[float, float]:
+        p = self.presets[self.preset]
+        return (float(self.tau_ctc if self.tau_ctc is not None else p["tau_ctc"]),
+                float(self.tau_slm if self.tau_slm is not None else p["tau_slm"]))
 
 
 @dataclass
@@ -78,6 +115,8 @@ class RayConfig:
     num_cpus: int | None = None       # logical CPUs for a local instance (default: 2 x cores)
     decode_actors: int = 1            # model actors (GPU: one per GPU)
     decode_actor_cpus: float = 1.0
+    fallback_actors: int = 1          # SSD AR-fallback pool
+    fallback_actor_cpus: float = 1.0
     audio_actors: int = 1             # decode/segment workers
     audio_actor_cpus: float = 0.5
     no_progress_timeout_s: float = 1800.0
@@ -96,6 +135,7 @@ class JobConfig:
     name: str = "ar"
     model: ModelConfig = field(default_factory=ModelConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    ssd: SSDConfig = field(default_factory=SSDConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -105,6 +145,8 @@ class JobConfig:
             value = getattr(self, f.name)
             if hasattr(value, "validate"):
                 value.validate(f.name)
+        if self.decoder.kind in NEEDS_CTC_HEAD and not self.model.ctc_head:
+            raise ConfigError(f"model.ctc_head: decoder.kind={self.decoder.kind} needs a CTC head")
         return self
 
     def to_dict(self) -> dict:

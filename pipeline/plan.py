@@ -34,6 +34,7 @@ def build_dataset(rows: list[dict], cfg):
     from ray.data import ActorPoolStrategy, DataContext
 
     from actors.audio_prep import AudioPrep
+    from actors.ssd_fallback import SSDFallback
     from actors.transcriber import Transcriber
 
     ctx = DataContext.get_current()
@@ -54,6 +55,13 @@ def build_dataset(rows: list[dict], cfg):
                         batch_size=per_block, batch_format="pyarrow",
                         compute=ActorPoolStrategy(size=cfg.ray.decode_actors),
                         num_cpus=cfg.ray.decode_actor_cpus, **extra)
+    if cfg.decoder.kind == "ssd":
+        # Second pool: only rows that failed verification are decoded; their encoder
+        # states arrive through the object store as CPU arrays.
+        ds = ds.map_batches(SSDFallback, fn_constructor_kwargs={"config": config},
+                            batch_size=per_block, batch_format="pyarrow",
+                            compute=ActorPoolStrategy(size=cfg.ray.fallback_actors),
+                            num_cpus=cfg.ray.fallback_actor_cpus, **extra)
     return ds
 
 

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+# Per segment: the text, the stage that produced it (ar / ctc_greedy / ctc_gate /
+# llm_verify / ar_fallback / beam / error) and its evidence: max CTC frame entropy (nats,
+# valid frames), min verified token probability, accepted prefix length j, decoder tokens
+# drafted and generated.
 SEGMENT_TYPE = pa.struct([
     ("start", pa.float64()), ("end", pa.float64()), ("text", pa.string()),
-    ("stage", pa.string()), ("tokens", pa.int32()),
+    ("stage", pa.string()), ("tokens", pa.int32()), ("max_entropy", pa.float64()),
+    ("min_prob", pa.float64()), ("prefix_len", pa.int32()), ("drafted", pa.int32()),
+    ("generated", pa.int32()), ("error", pa.string()),
 ])
 
 INPUT_SCHEMA = pa.schema([
@@ -31,7 +37,16 @@ OUTPUT_SCHEMA = pa.schema([
     ("text", pa.string()), ("reference", pa.string()), ("segments", pa.list_(SEGMENT_TYPE)),
     ("stage", pa.string()), ("error", pa.string()), ("decoder", pa.string()),
     ("t_prepare_s", pa.float64()), ("t_encode_s", pa.float64()), ("t_decode_s", pa.float64()),
+    ("t_fallback_s", pa.float64()),
 ])
+
+# Between the SSD verify pool and the fallback pool: segments still waiting for AR
+# fallback, with their encoder states as flat float32 arrays (the paper's CPU offload).
+PENDING_FIELDS = [
+    ("pending_index", pa.list_(pa.int32())), ("pending_prefix", pa.list_(pa.list_(pa.int32()))),
+    ("pending_states", pa.list_(pa.list_(pa.float32()))), ("pending_shape", pa.list_(pa.int32())),
+]
+INTERMEDIATE_SCHEMA = pa.schema(list(OUTPUT_SCHEMA) + PENDING_FIELDS)
 
 ERROR_STAGE = "error"
 
@@ -49,15 +64,19 @@ def recording_stage(segment_stages: list[str], error: str | None) -> str:
     return first if all(s == first for s in segment_stages) else "mixed"
 
 
-def prepared_rows(batch: pa.Table) -> list[dict]:
-    """Rows of a prepared table, with `seg_audio` as float32 numpy views (no Python floats)."""
-    rows = batch.drop_columns(["seg_audio"]).to_pylist()
-    column = batch.column("seg_audio").combine_chunks()
+def rows_with_arrays(batch: pa.Table, column: str) -> list[dict]:
+    """Rows of ``batch`` with the list<list<float32>> ``column`` as numpy arrays (no Python floats)."""
+    rows = batch.drop_columns([column]).to_pylist()
+    values = batch.column(column).combine_chunks()
     for i, row in enumerate(rows):
-        segs = column[i]
+        segs = values[i]
         if not segs.is_valid:
-            row["seg_audio"] = []
+            row[column] = []
             continue
-        inner = segs.values  # ListArray of segments
-        row["seg_audio"] = [inner[j].values.to_numpy(zero_copy_only=False) for j in range(len(inner))]
+        inner = segs.values
+        row[column] = [inner[j].values.to_numpy(zero_copy_only=False) for j in range(len(inner))]
     return rows
+
+
+def prepared_rows(batch: pa.Table) -> list[dict]:
+    return rows_with_arrays(batch, "seg_audio")

@@ -4,30 +4,50 @@ Segments of all recordings in a batch are pooled, sorted by length and packed un
 padded-token budget (pipeline.batching), decoded, then put back per recording. A failure
 while decoding one sub-batch retries its segments one at a time, so only the segment that
 really fails marks its recording with an `error`.
+
+Decoders: full AR (the baseline), greedy CTC (the draft alone) and the SSD first pass
+(gate + verify). SSD segments that fail verification come back *pending*, carrying their
+encoder states as CPU arrays; `complete_pending` runs the AR fallback on them, in the
+same process or in a separate actor pool.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from pipeline.batching import pack_by_budget
 from pipeline.decoding.ar_greedy import greedy_decode
+from pipeline.decoding.ssd import SelfSpeculativeDecoder, SSDRow
 from pipeline.records import recording_stage
 
 ENCODER_FRAMES = 1500  # Whisper encodes a fixed 30-s window per segment
+PENDING = "pending"
 
 
 @dataclass
 class SegmentResult:
     text: str
     stage: str
-    tokens: int
-    t_encode_s: float
-    t_decode_s: float
+    tokens: int = 0
+    t_encode_s: float = 0.0
+    t_decode_s: float = 0.0
     error: str | None = None
+    max_entropy: float | None = None
+    min_prob: float | None = None
+    prefix_len: int | None = None
+    drafted: int | None = None
+    generated: int | None = None
+    # Only while pending: what the AR fallback needs.
+    ssd_row: SSDRow | None = None
+    states: np.ndarray | None = field(default=None, repr=False)
+
+
+def _sync(t: torch.Tensor) -> None:
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
 
 
 class ARSegmentDecoder:
@@ -47,13 +67,71 @@ class ARSegmentDecoder:
         tokens = greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens)
         t2 = time.perf_counter()
         n = len(audios)
-        return [SegmentResult(self.adapter.text(t), "ar", len(t), (t1 - t0) / n, (t2 - t1) / n)
-                for t in tokens]
+        return [SegmentResult(self.adapter.text(t), "ar", len(t), (t1 - t0) / n, (t2 - t1) / n,
+                              generated=len(t)) for t in tokens]
 
 
-def _sync(t: torch.Tensor) -> None:
-    if t.is_cuda:
-        torch.cuda.synchronize(t.device)
+class CTCGreedySegmentDecoder:
+    """The greedy CTC draft alone: encoder + CTC head, no decoder pass."""
+
+    name = "ctc_greedy"
+
+    def __init__(self, adapter):
+        self.adapter = adapter
+
+    def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
+        t0 = time.perf_counter()
+        enc = self.adapter.encode(audios)
+        _sync(enc.states)
+        t1 = time.perf_counter()
+        draft = self.adapter.ctc_draft(enc)
+        t2 = time.perf_counter()
+        n = len(audios)
+        return [SegmentResult(t.strip(), "ctc_greedy", len(t), (t1 - t0) / n, (t2 - t1) / n,
+                              max_entropy=float(h)) for t, h in zip(draft.texts, draft.max_entropy.tolist())]
+
+
+class SSDFirstPassDecoder:
+    """Encode, draft, gate and verify; rows that fail come back pending with CPU states."""
+
+    name = "ssd"
+
+    def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224):
+        self.adapter = adapter
+        self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens)
+
+    def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
+        t0 = time.perf_counter()
+        enc = self.adapter.encode(audios)
+        _sync(enc.states)
+        t1 = time.perf_counter()
+        draft = self.adapter.ctc_draft(enc)
+        rows = self.ssd.first_pass(enc.states, draft.texts, draft.max_entropy)
+        t2 = time.perf_counter()
+        n = len(audios)
+        out = []
+        for i, row in enumerate(rows):
+            res = SegmentResult(row.text, row.stage or PENDING, len(row.tokens), (t1 - t0) / n, (t2 - t1) / n,
+                                max_entropy=row.max_entropy, min_prob=row.min_prob,
+                                prefix_len=row.prefix_len, drafted=len(row.draft_tokens), generated=0)
+            if row.stage is None:
+                res.ssd_row = row
+                res.states = enc.states[i].float().cpu().numpy()
+            out.append(res)
+        return out
+
+    def fallback(self, results: list[SegmentResult]) -> float:
+        """Finish pending results in place; returns the seconds spent."""
+        t0 = time.perf_counter()
+        device = self.adapter.device
+        dtype = self.adapter.dtype
+        states = torch.stack([torch.from_numpy(r.states) for r in results]).to(device, dtype)
+        rows = self.ssd.fallback(states, [r.ssd_row for r in results])
+        for res, row in zip(results, rows):
+            res.text, res.stage, res.tokens = row.text, row.stage, len(row.tokens)
+            res.prefix_len, res.generated = len(row.prefix), row.generated
+            res.ssd_row, res.states = None, None
+        return time.perf_counter() - t0
 
 
 def decode_segments(decoder, audios: list[np.ndarray], max_tokens: int) -> list[SegmentResult]:
@@ -72,11 +150,29 @@ def _decode_one(decoder, audio: np.ndarray) -> SegmentResult:
     try:
         return decoder.decode([audio])[0]
     except Exception as exc:
-        return SegmentResult("", "error", 0, 0.0, 0.0, f"{type(exc).__name__} while decoding: {exc}")
+        return SegmentResult("", "error", error=f"{type(exc).__name__} while decoding: {exc}")
+
+
+def _segment_dict(row: dict, s: int, res: SegmentResult) -> dict:
+    return {"start": row["seg_start"][s], "end": row["seg_end"][s], "text": res.text, "stage": res.stage,
+            "tokens": res.tokens, "max_entropy": res.max_entropy, "min_prob": res.min_prob,
+            "prefix_len": res.prefix_len, "drafted": res.drafted, "generated": res.generated,
+            "error": res.error}
+
+
+def finalize_row(row: dict) -> dict:
+    """Fill text, stage and error of an output row from its segments."""
+    segments = row["segments"]
+    error = row.get("prepare_error") or next((sg["error"] for sg in segments if sg.get("error")), None)
+    row["error"] = error
+    row["text"] = None if error else " ".join(sg["text"] for sg in segments if sg["text"])
+    row["stage"] = recording_stage([sg["stage"] for sg in segments], error)
+    return row
 
 
 def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict]:
-    """Output rows (records.OUTPUT_SCHEMA) for prepared rows, one per input row."""
+    """Output rows, one per input row. Pending SSD segments keep their states in
+    ``pending_*`` fields (see records.INTERMEDIATE_SCHEMA)."""
     flat: list[tuple[int, int]] = []
     audios: list[np.ndarray] = []
     for r, row in enumerate(rows):
@@ -92,17 +188,52 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict
     out = []
     for r, row in enumerate(rows):
         segs = sorted(per_row.get(r, []), key=lambda x: x[0])
-        error = row.get("error") or next((res.error for _, res in segs if res.error), None)
-        segments = [{"start": row["seg_start"][s], "end": row["seg_end"][s], "text": res.text,
-                     "stage": res.stage, "tokens": res.tokens} for s, res in segs]
-        out.append({
+        pending = [(s, res) for s, res in segs if res.stage == PENDING]
+        out_row = {
             "id": row["id"], "audio": row["audio"], "duration_s": row.get("duration_s"),
-            "text": None if error else " ".join(t for t in (sg["text"] for sg in segments) if t),
-            "reference": row.get("reference"), "segments": segments,
-            "stage": recording_stage([sg["stage"] for sg in segments], error),
-            "error": error, "decoder": decoder.name,
-            "t_prepare_s": row.get("t_prepare_s"),
+            "reference": row.get("reference"), "prepare_error": row.get("error"),
+            "segments": [_segment_dict(row, s, res) for s, res in segs],
+            "decoder": decoder.name, "t_prepare_s": row.get("t_prepare_s"),
             "t_encode_s": sum(res.t_encode_s for _, res in segs),
-            "t_decode_s": sum(res.t_decode_s for _, res in segs),
-        })
+            "t_decode_s": sum(res.t_decode_s for _, res in segs), "t_fallback_s": 0.0,
+            "pending_index": [s for s, _ in pending],
+            "pending_prefix": [res.ssd_row.prefix for _, res in pending],
+            "pending_states": [res.states.reshape(-1) for _, res in pending],
+            "pending_shape": list(pending[0][1].states.shape) if pending else [],
+        }
+        out.append(finalize_row(out_row))
     return out
+
+
+def complete_pending(rows: list[dict], decoder: SSDFirstPassDecoder, max_tokens: int) -> list[dict]:
+    """Run the AR fallback on every pending segment of ``rows``; others pass untouched."""
+    work: list[tuple[int, int, SegmentResult]] = []
+    for r, row in enumerate(rows):
+        shape = row.get("pending_shape") or []
+        for k, s in enumerate(row.get("pending_index") or []):
+            seg = row["segments"][s]
+            ssd_row = SSDRow(stage=None, text="", max_entropy=seg["max_entropy"] or 0.0, draft_text="",
+                             prefix=list(row["pending_prefix"][k]), min_prob=seg["min_prob"])
+            states = np.asarray(row["pending_states"][k], dtype=np.float32).reshape(shape)
+            work.append((r, s, SegmentResult("", PENDING, ssd_row=ssd_row, states=states,
+                                             max_entropy=seg["max_entropy"], min_prob=seg["min_prob"],
+                                             drafted=seg["drafted"])))
+    for batch in pack_by_budget([ENCODER_FRAMES] * len(work), max_tokens):
+        items = [work[i][2] for i in batch]
+        try:
+            seconds = decoder.fallback(items)
+        except Exception as exc:
+            seconds = 0.0
+            for item in items:
+                item.stage, item.error = "error", f"{type(exc).__name__} in AR fallback: {exc}"
+        for i in batch:
+            r, s, res = work[i]
+            seg = rows[r]["segments"][s]
+            seg.update(text=res.text, stage=res.stage, tokens=res.tokens, prefix_len=res.prefix_len,
+                       generated=res.generated, error=res.error)
+            rows[r]["t_fallback_s"] = (rows[r].get("t_fallback_s") or 0.0) + seconds / len(batch)
+    for row in rows:
+        for key in ("pending_index", "pending_prefix", "pending_states", "pending_shape"):
+            row[key] = []
+        finalize_row(row)
+    return rows

@@ -131,8 +131,16 @@ class WhisperAdapter:
 
 
 def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
-                         dtype: torch.dtype = torch.float32, cache_dir=None) -> WhisperAdapter:
+                         dtype: torch.dtype = torch.float32, cache_dir=None,
+                         ctc_head: str | None = None) -> WhisperAdapter:
+    """Whisper (+ an optional character CTC head: "embedded" or a head directory)."""
     from pipeline.models.whisper_loader import load_whisper
 
     model, processor = load_whisper(source, device=device, dtype=dtype, cache_dir=cache_dir)
-    return WhisperAdapter(model, processor, device=device)
+    head = decode = None
+    if ctc_head:
+        from pipeline.models.ctc_head import load_ctc_head
+        from pipeline.text import charset
+
+        head, decode = load_ctc_head(ctc_head, device=device), charset.decode
+    return WhisperAdapter(model, processor, device=device, ctc_head=head, ctc_decode=decode)

@@ -1,0 +1,26 @@
+"""SSD AR-fallback actor (seed 000 eqs. 6-7): the second pool of the SSD plan.
+
+Takes the first pool's rows, re-batches only the segments that failed verification (by
+token budget, across all rows of the batch), resumes greedy decoding from each verified
+prefix on the encoder states that travelled as CPU arrays, and passes every other row
+through untouched. Usable with Ray Data or in-process.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from actors.transcriber import build_segment_decoder
+from pipeline.config import config_from_dict
+from pipeline.records import OUTPUT_SCHEMA, rows_with_arrays, table
+from pipeline.transcribe import complete_pending
+
+
+class SSDFallback:
+    def __init__(self, config: dict, decoder=None):
+        self.cfg = config_from_dict(config)
+        # In-process runs pass the first stage's decoder, so the model is loaded once.
+        self.decoder = decoder or build_segment_decoder(self.cfg)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        rows = rows_with_arrays(batch, "pending_states")
+        return table(complete_pending(rows, self.decoder, self.cfg.batching.max_tokens), OUTPUT_SCHEMA)
