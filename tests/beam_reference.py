@@ -1,0 +1,82 @@
+"""Independent references for the beam-search tests: a dense bigram fusion model and a
+brute-force search over every CTC alignment (tiny inputs only)."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+
+class BigramTable:
+    """A fusion model (pipeline.decoding.ctc_beam.FusionModel) from a dense table.
+
+    States: 0..V-1 = last LM token, V = sentence start. ``table`` [V+1, V] natural-log
+    scores, ``eos`` [V+1]. ``with_labels`` adds the optional ``advance_labels`` lookup.
+    """
+
+    def __init__(self, table: torch.Tensor, eos: torch.Tensor, with_labels: bool = True):
+        self.table, self.eos = table.float(), eos.float()
+        self.vocab_size = table.shape[1]
+        if with_labels:
+            self.advance_labels = self._advance_labels
+
+    @classmethod
+    def random(cls, vocab_size: int, seed: int, with_labels: bool = True) -> "BigramTable":
+        g = torch.Generator().manual_seed(seed)
+        table = torch.randn(vocab_size + 1, vocab_size + 1, generator=g).log_softmax(-1)
+        return cls(table[:, :vocab_size], table[:, vocab_size], with_labels)
+
+    def init_states(self, batch_size: int, bos: bool = True) -> torch.Tensor:
+        return torch.full((batch_size,), self.vocab_size if bos else 0, dtype=torch.int64)
+
+    def advance(self, states):
+        n = states.numel()
+        return self.table[states], torch.arange(self.vocab_size).expand(n, -1).clone()
+
+    def _advance_labels(self, states, labels):
+        return self.table[states, labels], labels.clone()
+
+    def final(self, states):
+        return self.eos[states]
+
+    def sentence(self, lm_tokens: list[int]) -> float:
+        """Total log score of a token sequence including end of sentence."""
+        state, total = self.vocab_size, 0.0
+        for tok in lm_tokens:
+            total += float(self.table[state, tok])
+            state = tok
+        return total + float(self.eos[state])
+
+
+def collapse(path, blank: int = 0) -> tuple[int, ...]:
+    out, prev = [], None
+    for x in path:
+        if x != blank and x != prev:
+            out.append(x)
+        prev = x
+    return tuple(out)
+
+
+def brute_force(log_probs: torch.Tensor, beta: float = 0.0, fusion=(), merge: str = "max",
+                blank: int = 0) -> list[tuple[tuple[int, ...], float]]:
+    """Every transcript with its eq. 1 score: acoustic part merged over all alignments by
+    max or logsumexp, plus beta * N and alpha * (fusion model sentence score incl. end),
+    best first. ``fusion``: [(model with .sentence(), alpha)]; LM token = id - 1 (blank 0)."""
+    lp = log_probs.double()
+    t, v1 = lp.shape
+    acoustic: dict[tuple[int, ...], list[float]] = {}
+    for path in itertools.product(range(v1), repeat=t):
+        score = float(sum(lp[i, c] for i, c in enumerate(path)))
+        acoustic.setdefault(collapse(path, blank), []).append(score)
+    out = []
+    for prefix, scores in acoustic.items():
+        if merge == "max":
+            am = max(scores)
+        else:
+            top = max(scores)
+            am = top + math.log(sum(math.exp(s - top) for s in scores))
+        lm_tokens = [c - 1 if blank == 0 else (c if c < blank else c - 1) for c in prefix]
+        total = am + beta * len(prefix) + sum(a * m.sentence(lm_tokens) for m, a in fusion)
+        out.append((prefix, total))
+    return sorted(out, key=lambda x: -x[1])
