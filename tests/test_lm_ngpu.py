@@ -167,3 +167,13 @@ def test_cuda_equals_cpu(char_lm, bpe_lm):
         gs, gn = gpu.advance(states.cuda())
         assert (gs.cpu() - cs).abs().max().item() < 1e-5
         assert torch.equal(gn.cpu(), cn)
+
+
+@pytest.mark.parametrize("which", ["char_lm", "bpe_lm"])
+def test_sync_free_path_equals_flat_path(which, request):
+    lm, _ = request.getfixturevalue(which)
+    gen = torch.Generator().manual_seed(5)
+    states = torch.randint(0, lm.graph.num_states, (48,), generator=gen)
+    flat_s, flat_n = lm.graph.advance(states, sync_free=False)
+    pad_s, pad_n = lm.graph.advance(states, sync_free=True)
+    assert torch.equal(flat_s, pad_s) and torch.equal(flat_n, pad_n)

@@ -36,17 +36,17 @@ class BackoffGraph:
     vocab_size: int
     depth: int
     arc_key: torch.Tensor      # [A] int64, sorted: from * V + label
-    arc_label: torch.Tensor    # [A] int64
+    arc_label: torch.Tensor    # [A] int32
     arc_w: torch.Tensor        # [A] float32
-    arc_to: torch.Tensor       # [A] int64
+    arc_to: torch.Tensor       # [A] int32
     arc_start: torch.Tensor    # [S + 1] int64, CSR offsets into the arcs
-    backoff_to: torch.Tensor   # [S] int64 (a root points to itself)
+    backoff_to: torch.Tensor   # [S] int32 (a root points to itself)
     backoff_w: torch.Tensor    # [S] float32 (0 at roots)
     final_w: torch.Tensor      # [S] float32
-    root_row: torch.Tensor     # [S] int64, row of root_w/root_to the chain ends at
+    root_row: torch.Tensor     # [S] int32, row of root_w/root_to the chain ends at
     is_root: torch.Tensor      # [S] bool
     root_w: torch.Tensor       # [R, V] float32
-    root_to: torch.Tensor      # [R, V] int64
+    root_to: torch.Tensor      # [R, V] int32
 
     @property
     def num_states(self) -> int:
@@ -99,17 +99,17 @@ class BackoffGraph:
         if bool(counts[roots_t].any()):
             raise ValueError("roots keep their arcs in the dense root table, not as arcs")
         return cls(
-            vocab_size=vocab_size, depth=depth, arc_key=key, arc_label=lab[order],
+            vocab_size=vocab_size, depth=depth, arc_key=key, arc_label=lab[order].to(torch.int32),
             arc_w=torch.as_tensor(arcs_w, dtype=torch.float32).reshape(-1)[order],
-            arc_to=torch.as_tensor(arcs_to, dtype=torch.int64).reshape(-1)[order],
+            arc_to=torch.as_tensor(arcs_to, dtype=torch.int64).reshape(-1)[order].to(torch.int32),
             arc_start=arc_start,
-            backoff_to=torch.as_tensor(backoff_to, dtype=torch.int64),
+            backoff_to=torch.as_tensor(backoff_to, dtype=torch.int32),
             backoff_w=torch.as_tensor(backoff_w, dtype=torch.float32),
             final_w=torch.as_tensor(final_w, dtype=torch.float32),
-            root_row=row_of_root[torch.as_tensor(root_of, dtype=torch.int64)],
+            root_row=row_of_root[torch.as_tensor(root_of, dtype=torch.int64)].to(torch.int32),
             is_root=is_root,
             root_w=torch.as_tensor(root_w, dtype=torch.float32).reshape(len(roots), vocab_size),
-            root_to=torch.as_tensor(root_to, dtype=torch.int64).reshape(len(roots), vocab_size),
+            root_to=torch.as_tensor(root_to, dtype=torch.int32).reshape(len(roots), vocab_size),
         )
 
     # ----------------------------------------------------------------- queries
@@ -121,19 +121,59 @@ class BackoffGraph:
         for _ in range(self.depth):
             levels.append((cur, acc))
             acc = acc + self.backoff_w[cur]
-            cur = self.backoff_to[cur]
+            cur = self.backoff_to[cur].long()
         return levels, acc
 
-    def advance(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scores [N, V] (float32) and next states [N, V] (int64) for every label."""
+    def __post_init__(self) -> None:
+        # Most explicit arcs leaving one state: sizes the padded path; read once, here,
+        # so that no later call syncs with the device.
+        counts = self.arc_start[1:] - self.arc_start[:-1]
+        self.max_degree = int(counts.max()) if counts.numel() else 0
+
+    def advance(self, states: torch.Tensor, sync_free: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores [N, V] (float32) and next states [N, V] (int64) for every label.
+
+        Two equal implementations of the per-level arc scatter: the flat one gathers
+        exactly the arcs of the N states (its size is data-dependent, so it reads one
+        number back from the device per level); the sync-free one gathers a padded
+        [N, max_degree] block per level, with no host sync, so a CUDA graph can capture
+        it. Default: sync-free on CUDA, flat on CPU.
+        """
         states = states.reshape(-1).to(self.device, torch.int64)
         n, v = states.numel(), self.vocab_size
         levels, acc_root = self._chain(states)
         rows = self.root_row[states]
-        scores = self.root_w[rows] + acc_root[:, None]
-        next_states = self.root_to[rows]
-        flat_scores, flat_next = scores.view(-1), next_states.view(-1)
-        batch_index = torch.arange(n, device=states.device)
+        # One spare trailing element takes the padded path's masked-out writes.
+        scores_buf = torch.empty(n * v + 1, dtype=torch.float32, device=states.device)
+        next_buf = torch.empty(n * v + 1, dtype=torch.int64, device=states.device)
+        scores, next_states = scores_buf[:-1].view(n, v), next_buf[:-1].view(n, v)
+        torch.add(self.root_w[rows], acc_root[:, None], out=scores)
+        next_states.copy_(self.root_to[rows])
+        if sync_free is None:
+            sync_free = states.device.type == "cuda"
+        if self.arc_key.numel() == 0:
+            return scores, next_states
+        if sync_free:
+            self._scatter_padded(levels, n, scores_buf, next_buf)
+        else:
+            self._scatter_flat(levels, n, scores_buf, next_buf)
+        return scores, next_states
+
+    def _scatter_padded(self, levels, n: int, flat_scores: torch.Tensor, flat_next: torch.Tensor) -> None:
+        v, degree = self.vocab_size, self.max_degree
+        offsets = torch.arange(degree, device=flat_scores.device)
+        base = torch.arange(n, device=flat_scores.device)[:, None] * v
+        for cur, acc in reversed(levels):
+            start = self.arc_start[cur]
+            valid = offsets[None, :] < (self.arc_start[cur + 1] - start)[:, None]
+            arc = torch.where(valid, start[:, None] + offsets[None, :], 0)
+            flat = torch.where(valid, base + self.arc_label[arc], n * v)
+            flat_scores[flat.view(-1)] = (acc[:, None] + self.arc_w[arc]).view(-1)
+            flat_next[flat.view(-1)] = self.arc_to[arc].view(-1).long()
+
+    def _scatter_flat(self, levels, n: int, flat_scores: torch.Tensor, flat_next: torch.Tensor) -> None:
+        v = self.vocab_size
+        batch_index = torch.arange(n, device=flat_scores.device)
         for cur, acc in reversed(levels):
             start = self.arc_start[cur]
             counts = self.arc_start[cur + 1] - start
@@ -142,11 +182,10 @@ class BackoffGraph:
                 continue
             row = torch.repeat_interleave(batch_index, counts, output_size=total)
             first = torch.cumsum(counts, 0) - counts
-            arc = torch.arange(total, device=states.device) - first[row] + start[row]
+            arc = torch.arange(total, device=flat_scores.device) - first[row] + start[row]
             flat = row * v + self.arc_label[arc]
             flat_scores[flat] = acc[row] + self.arc_w[arc]
-            flat_next[flat] = self.arc_to[arc]
-        return scores, next_states
+            flat_next[flat] = self.arc_to[arc].long()
 
     def advance_labels(self, states: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Score and next state of one given label per state (binary search in the arcs)."""
@@ -155,7 +194,7 @@ class BackoffGraph:
         levels, acc_root = self._chain(states)
         rows = self.root_row[states]
         scores = self.root_w[rows, labels] + acc_root
-        next_states = self.root_to[rows, labels]
+        next_states = self.root_to[rows, labels].long()
         num_arcs = self.arc_key.numel()
         if num_arcs == 0:
             return scores, next_states
@@ -164,7 +203,7 @@ class BackoffGraph:
             pos = torch.searchsorted(self.arc_key, key).clamp_(max=num_arcs - 1)
             hit = self.arc_key[pos] == key
             scores = torch.where(hit, acc + self.arc_w[pos], scores)
-            next_states = torch.where(hit, self.arc_to[pos], next_states)
+            next_states = torch.where(hit, self.arc_to[pos].long(), next_states)
         return scores, next_states
 
     def final(self, states: torch.Tensor) -> torch.Tensor:
