@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'chars', a tokenizer.json (or its directory), or a local model id")
     parser.add_argument("--output", required=True, help="output directory")
     parser.add_argument("--memory", default="1G", help="lmplz -S memory budget (default 1G)")
+    parser.add_argument("--prune", type=int, nargs="+", default=None,
+                        help="lmplz --prune count thresholds per order, e.g. 0 0 1")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
             tok = load_tokenizer(args.tokenizer)
             info = compile_arpa(args.arpa, args.output, tok.vocab_size, tokenizer=tok.name)
         else:
-            info = build_lm(args.text, args.order, args.tokenizer, args.output, memory=args.memory)
+            info = build_lm(args.text, args.order, args.tokenizer, args.output, memory=args.memory,
+                            prune=args.prune)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"build-lm: {exc}", file=sys.stderr)
         return 1

@@ -177,3 +177,13 @@ def test_sync_free_path_equals_flat_path(which, request):
     flat_s, flat_n = lm.graph.advance(states, sync_free=False)
     pad_s, pad_n = lm.graph.advance(states, sync_free=True)
     assert torch.equal(flat_s, pad_s) and torch.equal(flat_n, pad_n)
+
+
+def test_pruned_lm_matches_kenlm(tmp_path, lmplz):
+    # Pruned ARPAs (seed 002 prunes its SPGI LM) leave contexts whose n-grams are partly
+    # gone, so back-off chains skip levels: the case the state rules must get right.
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(pydoc_sentences()[:1500]) + "\n")
+    info = build_lm([text], 5, "chars", tmp_path / "lm", prune=[0, 0, 1, 1, 2])
+    lm, ref = NGramLM.load(info["tensors"]), KenLMReference(info["arpa"], info["vocab_size"])
+    assert _walk(lm, ref, steps=12, batch=16, seed=7, check_every_step=True) < TOL

@@ -108,12 +108,14 @@ def write_token_corpus(lines, tokenizer: TextTokenizer, path: Path) -> int:
     return count
 
 
-def run_lmplz(corpus: Path, arpa: Path, order: int, memory: str = "1G") -> None:
+def run_lmplz(corpus: Path, arpa: Path, order: int, memory: str = "1G", prune: list[int] | None = None) -> None:
+    """``prune``: lmplz count thresholds per order (e.g. [0, 0, 1]: drop singleton 3-grams)."""
     lmplz = find_lmplz()
+    command = [str(lmplz), "-o", str(order), "-S", memory, "--discount_fallback"]
+    if prune:
+        command += ["--prune", *(str(int(p)) for p in prune)]
     with tempfile.TemporaryDirectory() as tmp, open(corpus, "rb") as src, open(arpa, "wb") as dst:
-        proc = subprocess.run([str(lmplz), "-o", str(order), "-S", memory, "-T", tmp,
-                               "--discount_fallback"], stdin=src, stdout=dst,
-                              stderr=subprocess.PIPE)
+        proc = subprocess.run(command + ["-T", tmp], stdin=src, stdout=dst, stderr=subprocess.PIPE)
     if proc.returncode != 0:
         raise RuntimeError(f"lmplz failed ({proc.returncode}): {proc.stderr.decode(errors='replace')[-2000:]}")
 
@@ -126,7 +128,8 @@ def read_lines(paths) -> list[str]:
     return lines
 
 
-def build_lm(text_files, order: int, tokenizer: str, output_dir, memory: str = "1G") -> dict:
+def build_lm(text_files, order: int, tokenizer: str, output_dir, memory: str = "1G",
+             prune: list[int] | None = None) -> dict:
     """Tokenise, run lmplz, compile. Returns the info dict written to ``lm.json``."""
     tok = load_tokenizer(tokenizer)
     out = Path(output_dir)
@@ -136,7 +139,7 @@ def build_lm(text_files, order: int, tokenizer: str, output_dir, memory: str = "
         sentences = write_token_corpus(read_lines(text_files), tok, corpus)
         if sentences == 0:
             raise ValueError("no text lines left after tokenisation")
-        run_lmplz(corpus, out / ARPA_NAME, order, memory)
+        run_lmplz(corpus, out / ARPA_NAME, order, memory, prune)
     info = compile_arpa(out / ARPA_NAME, out, tok.vocab_size, tokenizer=tok.name)
     info["sentences"] = sentences
     _write_info(out, info)
