@@ -1,0 +1,188 @@
+"""SSD benchmark (seed 000 Table 1 / Fig. 3 in shape): full AR, greedy CTC, the two
+presets and a tau_CTC sweep, side by side on one held-out set, in one process.
+
+Every configuration starts from the same encoder output: the encoder pass (Whisper's
+fixed 30-s window) is timed once and added to each configuration's own decode time, so
+RTFx = audio seconds / (encoder seconds + that configuration's seconds). This is the
+same work each configuration would do alone, measured without running the encoder nine
+times on a 2-core machine. Rows: WER, RTFx, %C (gated), %L (verified), %F (fallback),
+mean j (accepted prefix length of verified/fallback rows).
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+DEFAULT_MANIFEST = Path(__file__).resolve().parent.parent / "pipeline/assets/samples/samples.jsonl"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--batch", type=int, default=8, help="segments per model call")
+    parser.add_argument("--sweep", default="0.1,0.3,0.7,1.5,3.0,6.0", help="tau_CTC values to sweep")
+    parser.add_argument("--sweep-slm", type=float, default=0.1, help="tau_SLM used in the sweep")
+    parser.add_argument("--limit", type=int, default=0, help="use only the first N recordings")
+    parser.add_argument("--plot", default=None, help="PNG path for WER vs RTFx (default: beside --out)")
+    parser.add_argument("--config", default="ssd", help="config providing presets and the CTC head")
+
+
+def _load_segments(manifest, limit, cfg):
+    from pipeline.prepare import prepare_row
+    from pipeline.segment import VadSegmenter
+    from pipeline.sources import read_source
+
+    rows = read_source(manifest)
+    if limit:
+        rows = rows[:limit]
+    seg = VadSegmenter(cfg.audio.max_segment_s, cfg.audio.vad_threshold, cfg.audio.vad_pad_s)
+    recordings, refs = [], []
+    for row in rows:
+        p = prepare_row(row, seg)
+        if p["error"] or not p["seg_audio"]:
+            continue
+        recordings.append(p["seg_audio"])
+        refs.append(row.get("reference") or "")
+    return recordings, refs
+
+
+def _timed(fn, device):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
+def run(args) -> dict:
+    import torch
+
+    from actors.transcriber import load_adapter
+    from pipeline.config import load_config
+    from pipeline.decoding.ar_greedy import greedy_decode
+    from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
+    from pipeline.metrics import corpus_wer
+
+    overrides = [f"model.device={args.device}"] if args.device else []
+    cfg = load_config(args.config, overrides)
+    manifest = args.manifest or str(DEFAULT_MANIFEST)
+    limit = args.limit or (24 if args.quick else 0)
+    recordings, refs = _load_segments(manifest, limit, cfg)
+    flat = [(r, a) for r, segs in enumerate(recordings) for a in segs]
+    audio_s = sum(len(a) for _, a in flat) / 16000
+    adapter = load_adapter(cfg)
+    device = adapter.device
+    batches = [list(range(i, min(i + args.batch, len(flat)))) for i in range(0, len(flat), args.batch)]
+
+    # Warm-up (first calls allocate and pick kernels).
+    warm = adapter.encode([flat[0][1]])
+    greedy_decode(adapter, warm.states)
+    adapter.ctc_draft(warm)
+
+    encoded, t_enc = [], 0.0
+    for b in batches:
+        enc, t = _timed(lambda: adapter.encode([flat[i][1] for i in b]), device)
+        encoded.append(enc)
+        t_enc += t
+    drafts, t_ctc = [], 0.0
+    for enc in encoded:
+        d, t = _timed(lambda: adapter.ctc_draft(enc), device)
+        drafts.append(d)
+        t_ctc += t
+
+    def by_recording(seg_texts):
+        out = [[] for _ in recordings]
+        for (r, _), t in zip(flat, seg_texts):
+            out[r].append(t)
+        return [" ".join(x for x in texts if x) for texts in out]
+
+    rows = []
+
+    def record(name, texts, seconds, tau_ctc=None, tau_slm=None, ssd_rows=None):
+        n = len(flat)
+        row = {"config": name, "tau_ctc": tau_ctc, "tau_slm": tau_slm,
+               "wer": corpus_wer(refs, by_recording(texts)), "rtfx": audio_s / (t_enc + seconds),
+               "decode_s": seconds, "pct_C": None, "pct_L": None, "pct_F": None, "mean_j": None}
+        if ssd_rows is not None:
+            stages = [r.stage for r in ssd_rows]
+            row["pct_C"] = 100.0 * stages.count(CTC_GATE) / n
+            row["pct_L"] = 100.0 * stages.count(LLM_VERIFY) / n
+            row["pct_F"] = 100.0 * stages.count(AR_FALLBACK) / n
+            js = [len(r.prefix) for r in ssd_rows if r.stage != CTC_GATE]
+            row["mean_j"] = sum(js) / len(js) if js else None
+        rows.append(row)
+        return row
+
+    ar_texts, t_ar = [], 0.0
+    for enc in encoded:
+        toks, t = _timed(lambda: greedy_decode(adapter, enc.states, max_new_tokens=cfg.decoder.max_new_tokens),
+                         device)
+        ar_texts += [adapter.text(x) for x in toks]
+        t_ar += t
+    ar = record("full AR", ar_texts, t_ar)
+    ctc = record("CTC greedy", [t.strip() for d in drafts for t in d.texts], t_ctc)
+
+    def run_ssd(tau_ctc, tau_slm):
+        ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, cfg.decoder.max_new_tokens)
+        out, total = [], t_ctc
+        for enc, d in zip(encoded, drafts):
+            res, t = _timed(lambda: ssd.decode(enc.states, d.texts, d.max_entropy), device)
+            out += res
+            total += t
+        return out, total
+
+    presets = {}
+    for name in ("high_accuracy", "high_rtfx"):
+        tc, ts = cfg.ssd.presets[name]["tau_ctc"], cfg.ssd.presets[name]["tau_slm"]
+        res, t = run_ssd(tc, ts)
+        presets[name] = record(f"SSD {name}", [r.text for r in res], t, tc, ts, res)
+    sweep = [float(x) for x in args.sweep.split(",") if x]
+    if args.quick:
+        sweep = sweep[::2]
+    for tc in sweep:
+        res, t = run_ssd(tc, args.sweep_slm)
+        record("SSD sweep", [r.text for r in res], t, tc, args.sweep_slm, res)
+
+    plot = args.plot or (str(Path(args.out).with_suffix(".png")) if args.out else None)
+    if plot:
+        _plot(rows, plot)
+    hr, ha = presets["high_rtfx"], presets["high_accuracy"]
+    summary = {
+        "ar_wer": ar["wer"], "ar_rtfx": ar["rtfx"], "ctc_greedy_wer": ctc["wer"],
+        "ctc_greedy_rtfx": ctc["rtfx"], "high_rtfx_wer": hr["wer"], "high_rtfx_rtfx": hr["rtfx"],
+        "high_accuracy_wer": ha["wer"], "high_accuracy_rtfx": ha["rtfx"],
+        "pct_ctc_gated": hr["pct_C"], "pct_llm_verified": hr["pct_L"],
+        "high_accuracy_pct_ctc_gated": ha["pct_C"], "high_accuracy_pct_llm_verified": ha["pct_L"],
+        "high_rtfx_share_of_ceiling": hr["rtfx"] / ctc["rtfx"],
+        "high_rtfx_speedup_vs_ar": hr["rtfx"] / ar["rtfx"],
+        "encoder_share_of_ar": t_enc / (t_enc + t_ar),
+        "segments": len(flat), "audio_seconds": audio_s, "device": str(device),
+    }
+    return {"rows": rows, "summary": summary}
+
+
+def _plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sweep = [r for r in rows if r["config"] == "SSD sweep" and r["wer"] is not None]
+    if sweep:
+        ax.plot([r["rtfx"] for r in sweep], [100 * r["wer"] for r in sweep], "o-", label="SSD tau_CTC sweep")
+        for r in sweep:
+            ax.annotate(f"{r['tau_ctc']:g}", (r["rtfx"], 100 * r["wer"]), fontsize=7)
+    for r in rows:
+        if r["config"] != "SSD sweep" and r["wer"] is not None:
+            ax.plot(r["rtfx"], 100 * r["wer"], "s", label=r["config"])
+    ax.set_xlabel("RTFx")
+    ax.set_ylabel("WER (%)")
+    ax.set_title("Self-speculative decoding: WER vs RTFx")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
