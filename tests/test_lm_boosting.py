@@ -160,3 +160,13 @@ def test_batch_phrase_lists_share_roots_and_merge_config_phrases(tmp_path):
     tree = BoostingTree.from_phrases(lists, vocab_size=V, tokenize=tokenize)
     per_token = tree.score_sentences(torch.tensor([[B, C]] * 4), torch.tensor([2] * 4), lists=rows)
     assert per_token[:, :2].sum(1).tolist() == pytest.approx([bonus(1) + bonus(2), 0.0] * 2)
+
+
+def test_bound_lists_repeat_per_beam():
+    tree = BoostingTree.from_phrases([[[A, B]], [[B, C]]], vocab_size=V).with_lists(torch.tensor([1, 0]))
+    states = tree.init_states(2 * 3, bos=True)  # batch 2 x beam 3, as a beam search asks
+    assert states.tolist() == [tree.roots[1].item()] * 3 + [tree.roots[0].item()] * 3
+    scores, _ = tree.advance(states)
+    assert scores[:3, B].tolist() == [bonus(1)] * 3 and scores[3:, A].tolist() == [bonus(1)] * 3
+    with pytest.raises(ValueError):
+        tree.init_states(5)

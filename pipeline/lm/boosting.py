@@ -35,12 +35,19 @@ from pipeline.lm.backoff_graph import BackoffGraph, GraphScorer
 class BoostingTree(GraphScorer):
     """Boosting bonuses over an LM vocabulary of ``vocab_size`` tokens (same API as NGramLM)."""
 
-    def __init__(self, graph: BackoffGraph, roots: torch.Tensor):
+    def __init__(self, graph: BackoffGraph, roots: torch.Tensor, row_lists: torch.Tensor | None = None):
         self.graph = graph
         self.roots = roots
+        self.row_lists = row_lists
 
     def to(self, device) -> "BoostingTree":
-        return BoostingTree(self.graph.to(device), self.roots.to(device))
+        rows = None if self.row_lists is None else self.row_lists.to(device)
+        return BoostingTree(self.graph.to(device), self.roots.to(device), rows)
+
+    def with_lists(self, row_lists: torch.Tensor) -> "BoostingTree":
+        """The same tree with each utterance's phrase list bound, so a decoder that only
+        calls ``init_states(B * beam)`` gets per-utterance boosting (rows repeated per beam)."""
+        return BoostingTree(self.graph, self.roots, torch.as_tensor(row_lists, dtype=torch.int64).to(self.device))
 
     @classmethod
     def from_phrases(cls, phrase_lists, vocab_size: int, tokenize=None, context_score: float = 1.0,
@@ -50,11 +57,17 @@ class BoostingTree(GraphScorer):
         return cls(*_compile(phrase_lists, vocab_size, tokenize, context_score, depth_scaling))
 
     def init_states(self, batch_size: int, bos: bool = True, lists: torch.Tensor | None = None) -> torch.Tensor:
-        """Start states; ``lists[b]`` picks the phrase list of row ``b`` (default: list 0).
+        """Start states; ``lists[b]`` picks the phrase list of row ``b`` (default: the lists
+        bound by ``with_lists``, else list 0). With ``batch_size = len(lists) * beam`` each
+        list is repeated for the ``beam`` consecutive rows of its utterance.
         ``bos`` is accepted for API symmetry with the LM: a phrase can start anywhere."""
+        lists = self.row_lists if lists is None else lists
         if lists is None:
             return self.roots[:1].expand(batch_size).clone()
-        return self.roots[lists.to(self.device, torch.int64)]
+        lists = torch.as_tensor(lists, dtype=torch.int64).to(self.device)
+        if batch_size % lists.numel():
+            raise ValueError(f"batch of {batch_size} rows for {lists.numel()} phrase lists")
+        return self.roots[lists.repeat_interleave(batch_size // lists.numel())]
 
     def score_sentences(self, tokens: torch.Tensor, lengths: torch.Tensor, lists: torch.Tensor | None = None,
                         eos: bool = True) -> torch.Tensor:
