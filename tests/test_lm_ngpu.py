@@ -187,3 +187,22 @@ def test_pruned_lm_matches_kenlm(tmp_path, lmplz):
     info = build_lm([text], 5, "chars", tmp_path / "lm", prune=[0, 0, 1, 1, 2])
     lm, ref = NGramLM.load(info["tensors"]), KenLMReference(info["arpa"], info["vocab_size"])
     assert _walk(lm, ref, steps=12, batch=16, seed=7, check_every_step=True) < TOL
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_capture_of_sync_free_advance(char_lm):
+    lm = char_lm[0].to("cuda")
+    states = torch.arange(0, lm.graph.num_states, max(1, lm.graph.num_states // 256), device="cuda")
+    expected = lm.advance(states)
+    static_states = states.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        lm.advance(static_states)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_scores, out_next = lm.advance(static_states)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_scores, expected[0]) and torch.equal(out_next, expected[1])
