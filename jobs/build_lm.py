@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'chars', a tokenizer.json (or its directory), or a local model id")
     parser.add_argument("--output", required=True, help="output directory")
     parser.add_argument("--memory", default="1G", help="lmplz -S memory budget (default 1G)")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="LM vocabulary size when the decoder's is larger than the tokenizer's")
     parser.add_argument("--prune", type=int, nargs="+", default=None,
                         help="lmplz --prune count thresholds per order, e.g. 0 0 1")
 
@@ -42,10 +44,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.arpa:
             tok = load_tokenizer(args.tokenizer)
-            info = compile_arpa(args.arpa, args.output, tok.vocab_size, tokenizer=tok.name)
+            info = compile_arpa(args.arpa, args.output, args.vocab_size or tok.vocab_size, tokenizer=tok.name)
         else:
             info = build_lm(args.text, args.order, args.tokenizer, args.output, memory=args.memory,
-                            prune=args.prune)
+                            prune=args.prune, vocab_size=args.vocab_size)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"build-lm: {exc}", file=sys.stderr)
         return 1

@@ -62,6 +62,15 @@ def test_build_lm_cli_chars_then_recompile_arpa(lmplz, tmp_path):
     back = NGramLM.load(str(tmp_path / "re" / "lm.ngpu.safetensors"))
     assert torch.equal(back.advance(back.init_states(1))[0], scores)
 
+    # A wider decoder vocabulary: the extra tokens are unknown words (<unk> probability).
+    wide = cli("--arpa", str(tmp_path / "lm" / "lm.arpa"), "--tokenizer", "chars", "--vocab-size", "100",
+               "--output", str(tmp_path / "wide"))
+    assert wide.returncode == 0, wide.stderr
+    wide_lm = NGramLM.load(str(tmp_path / "wide" / "lm.ngpu.safetensors"))
+    wide_scores, wide_next = wide_lm.advance(wide_lm.init_states(1))
+    assert wide_scores.shape == (1, 100) and torch.equal(wide_scores[:, :95], scores)
+    assert (wide_next[0, 95:] == wide_lm.start_state).all()
+
 
 def test_word_level_arpa_is_refused_clearly(tmp_path):
     arpa = tmp_path / "words.arpa"

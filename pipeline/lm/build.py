@@ -129,9 +129,13 @@ def read_lines(paths) -> list[str]:
 
 
 def build_lm(text_files, order: int, tokenizer: str, output_dir, memory: str = "1G",
-             prune: list[int] | None = None) -> dict:
-    """Tokenise, run lmplz, compile. Returns the info dict written to ``lm.json``."""
+             prune: list[int] | None = None, vocab_size: int | None = None) -> dict:
+    """Tokenise, run lmplz, compile. Returns the info dict written to ``lm.json``.
+    ``vocab_size`` widens the LM vocabulary to the decoder's output size where that is
+    larger than the tokenizer's (Whisper's logits include timestamp tokens)."""
     tok = load_tokenizer(tokenizer)
+    if vocab_size is not None and vocab_size < tok.vocab_size:
+        raise ValueError(f"--vocab-size {vocab_size} is smaller than the tokenizer's {tok.vocab_size}")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,7 +144,7 @@ def build_lm(text_files, order: int, tokenizer: str, output_dir, memory: str = "
         if sentences == 0:
             raise ValueError("no text lines left after tokenisation")
         run_lmplz(corpus, out / ARPA_NAME, order, memory, prune)
-    info = compile_arpa(out / ARPA_NAME, out, tok.vocab_size, tokenizer=tok.name)
+    info = compile_arpa(out / ARPA_NAME, out, vocab_size or tok.vocab_size, tokenizer=tok.name)
     info["sentences"] = sentences
     _write_info(out, info)
     return info
