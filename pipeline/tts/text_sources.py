@@ -1,0 +1,98 @@
+"""Real English prose from sources that ship offline with a clean licence.
+
+Not a paper algorithm: training text for the CTC draft head (seed 000's CTC encoder drafts).
+Sources, both under the Python Software Foundation licence:
+- ``pydoc_data.topics``: the Python language reference prose that ``help()`` prints;
+- docstrings of the Python standard library modules, read with ``ast`` (nothing imported).
+Sentences are kept only when a TTS engine can read them as written and Whisper would write
+them the same way: plain words and punctuation, no code, digits, or abbreviations.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import sysconfig
+from pathlib import Path
+
+_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+_ALLOWED = re.compile(r"^[A-Za-z ,.;:'?!-]+$")
+_BAD_WORDS = re.compile(r"\b(e\.g|i\.e|etc|vs|cf|ie|eg)\b|\.\.|--|\s'|'\s|::", re.I)
+_PAREN = re.compile(r"\([^()]*\)")
+
+
+def clean_sentence(raw: str, min_words: int = 4, max_words: int = 24) -> str | None:
+    """The sentence as a Whisper-style transcript, or None when unfit for TTS."""
+    s = " ".join(_PAREN.sub("", raw).split())
+    s = s.replace(" ,", ",").replace(" .", ".")
+    if not s or not _ALLOWED.match(s) or _BAD_WORDS.search(s):
+        return None
+    words = s.split()
+    if not (min_words <= len(words) <= max_words):
+        return None
+    # Identifiers (camelCase, ALLCAPS, single letters other than "a"/"I") read badly.
+    for w in words:
+        core = w.strip(",.;:'?!-")
+        if not core or (len(core) == 1 and core not in ("a", "A", "I")):
+            return None
+        if core.isupper() and len(core) > 1 or re.search(r"[a-z][A-Z]", core):
+            return None
+    s = s[0].upper() + s[1:]
+    if s[-1] not in ".?!":
+        return None
+    return s
+
+
+def sentences_from_prose(text: str) -> list[str]:
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        # Indented blocks in these sources are code samples or grammar rules.
+        lines = [ln for ln in para.splitlines() if not ln.startswith(("   ", "\t", ">>>"))]
+        flat = " ".join(ln.strip() for ln in lines)
+        for raw in _SPLIT.split(flat):
+            s = clean_sentence(raw)
+            if s:
+                out.append(s)
+    return out
+
+
+def pydoc_topic_sentences() -> list[str]:
+    import pydoc_data.topics as topics
+
+    out = []
+    for key in sorted(topics.topics):
+        out.extend(sentences_from_prose(topics.topics[key]))
+    return out
+
+
+def stdlib_docstring_sentences(max_files: int | None = None) -> list[str]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py")
+                   if "site-packages" not in p.parts and "test" not in p.parts
+                   and "tests" not in p.parts and "idle_test" not in p.parts)
+    out = []
+    for path in files[:max_files]:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=True)
+                if doc:
+                    out.extend(sentences_from_prose(doc))
+    return out
+
+
+def prose_sentences() -> dict[str, list[str]]:
+    """Deduplicated sentences per source, in a stable order."""
+    seen: set[str] = set()
+    result = {}
+    for name, sents in (("pydoc_topics", pydoc_topic_sentences()),
+                        ("stdlib_docstrings", stdlib_docstring_sentences())):
+        keep = []
+        for s in sents:
+            if s.lower() not in seen:
+                seen.add(s.lower())
+                keep.append(s)
+        result[name] = keep
+    return result
