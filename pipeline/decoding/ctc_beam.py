@@ -10,12 +10,15 @@ kept in [B, beam] tensors. Per frame:
 1. candidate scores [B, beam, V+1] = accumulated score + frame log-prob; tokens that are
    *new* (non-blank and not a repeat of the hypothesis's last frame label) also get
    ``beta`` and the weighted LM / boosting scores of their fusion state;
-2. a flat TopK over beam x vocab per utterance (``beam`` survivors);
+2. a flat TopK over beam x vocab per utterance (``preselect x beam`` candidates);
 3. pruning: scores below ``best - prune_threshold`` become -inf;
 4. recombination of equal hypotheses, i.e. equal (rolling hash, length, last label);
    the merged score is the **max** (Viterbi, the default) or the **logsumexp** (prefix
    probability) of the group, ``merge="max"|"logsumexp"``; the survivor keeps the
-   back-pointers of the best member;
+   back-pointers of the best member; then the best ``beam`` survive. With
+   ``preselect=1`` this is Algorithm 1 verbatim (duplicates can take beam slots); the
+   default 2 merges before the final selection, which is what flashlight does, and
+   matched flashlight-text's max-merge results exactly on the libri logits with an LM;
 5. fusion states follow the parent, advancing only where a new token was emitted.
 
 Storage is the trie of seed 004 §2.1: per frame one label and one back-pointer per
@@ -44,6 +47,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from pipeline.decoding.flop import prune_frame
+from pipeline.decoding.fusion_table import DenseFusionTable
 
 HASH_BASE = 1_000_003
 HASH_MOD = 2_147_483_647  # 2^31 - 1: hash * HASH_BASE + token stays far below 2^63
@@ -133,6 +137,13 @@ class CTCBeamSearch:
         track_beams: also report the mean number of live hypotheses per frame.
         use_cuda_graphs: on CUDA, replay a captured frame step (falls back to eager
             when capture fails); ignored on CPU.
+        preselect: the flat TopK keeps ``preselect * beam_size`` candidates, recombines
+            them, then keeps the best ``beam_size``; 1 = Algorithm 1 (recombine after
+            TopK, duplicates may occupy beam slots), 2-3 = merge before selection, as
+            flashlight does.
+        dense_fusion_max_bytes: fusion models that report their state count and fit
+            are replaced by exact dense [states, V] lookup tables
+            (``pipeline.decoding.fusion_table``); 0 disables.
 
     ``__call__(log_probs [B, T, V+1], lengths [B]) -> BeamSearchResult``; log_probs must be
     normalised log-probabilities (log_softmax).
@@ -142,7 +153,8 @@ class CTCBeamSearch:
                  alpha_lm: float = 0.0, boost: FusionModel | None = None, alpha_boost: float = 0.0,
                  prune_threshold: float | None = None, flop_top_n: int | None = None,
                  flop_ratio: float | None = None, nbest: int | None = None, merge: str = "max",
-                 track_beams: bool = False, use_cuda_graphs: bool = True):
+                 track_beams: bool = False, use_cuda_graphs: bool = True,
+                 dense_fusion_max_bytes: int = 256 * 2 ** 20, preselect: int = 2):
         if beam_size < 1:
             raise ValueError("beam_size must be >= 1")
         if blank < 0:
@@ -154,15 +166,19 @@ class CTCBeamSearch:
         self.beam_size = beam_size
         self.blank = blank
         self.beta = float(beta)
-        self.lm, self.alpha_lm = lm, float(alpha_lm)
-        self.boost, self.alpha_boost = boost, float(alpha_boost)
+        self.dense_fusion_max_bytes = dense_fusion_max_bytes
+        if preselect < 1:
+            raise ValueError("preselect must be >= 1")
+        self.preselect = preselect
+        self.lm, self.alpha_lm = self._dense(lm), float(alpha_lm)
+        self.boost, self.alpha_boost = self._dense(boost), float(alpha_boost)
         self.prune_threshold = prune_threshold
         self.flop_top_n, self.flop_ratio = flop_top_n, flop_ratio
         self.nbest = nbest or beam_size
         self.merge = merge
         self.track_beams = track_beams
         self.use_cuda_graphs = use_cuda_graphs
-        self._graphs = None
+        self._graphs: dict = {}  # input shape -> GraphedFrameLoop
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
@@ -178,19 +194,22 @@ class CTCBeamSearch:
         fusion = self._fusion(boost)
         frames, theta = self._frames(log_probs, lengths)
         beams = self._init_beams(b, device, fusion)
+        loop = self.eager_loop
         if self.use_cuda_graphs and device.type == "cuda":
-            from pipeline.decoding.ctc_beam_graphs import GraphedFrameLoop
-
-            if self._graphs is None or not self._graphs.matches(frames, fusion):
-                self._graphs = GraphedFrameLoop(self, frames, fusion)
-            run = self._graphs.run if self._graphs.ok else None
-        else:
-            run = None
-        if run is not None:
-            beams, labels, parents, alive = run(frames, theta, beams)
-        else:
-            beams, labels, parents, alive = self.eager_loop(frames, theta, beams, fusion, lengths)
+            graphs = self._graphed_loop(frames, fusion)
+            if graphs.ok:
+                loop = graphs.run
+        beams, labels, parents, alive = loop(frames, theta, beams, fusion, lengths)
         return self._finish(beams, labels, parents, alive, fusion, lengths)
+
+    def _graphed_loop(self, frames, fusion):
+        from pipeline.decoding.ctc_beam_graphs import GraphedFrameLoop
+
+        key = (tuple(frames.shape), str(frames.device))
+        graphs = self._graphs.get(key)
+        if graphs is None or not graphs.matches(frames, fusion):
+            graphs = self._graphs[key] = GraphedFrameLoop(self, frames, fusion)
+        return graphs
 
     # --------------------------------------------------------------- the search
     def _fusion(self, boost):
@@ -198,10 +217,15 @@ class CTCBeamSearch:
         out = []
         if self.lm is not None:
             out.append((self.lm, self.alpha_lm))
-        boost = boost if boost is not None else self.boost
+        boost = self._dense(boost) if boost is not None else self.boost
         if boost is not None:
             out.append((boost, self.alpha_boost))
         return out
+
+    def _dense(self, model):
+        if model is None or self.dense_fusion_max_bytes <= 0:
+            return model
+        return DenseFusionTable.maybe(model, self.dense_fusion_max_bytes)
 
     def _frames(self, log_probs, lengths):
         """Frames as [T, B, V+1] with blank moved to column 0 and padded frames frozen
@@ -250,7 +274,8 @@ class CTCBeamSearch:
         else:
             cand, cand_labels, next_states = self._expand_full(beams, frame, fusion)
         width = cand.shape[-1]
-        scores, idx = cand.view(b, k * width).topk(k, dim=1)
+        m = min(k * self.preselect, k * width)
+        scores, idx = cand.view(b, k * width).topk(m, dim=1)
         scores = scores.masked_fill(scores < scores[:, :1] - threshold[:, None], NEG_INF)
         parent = torch.div(idx, width, rounding_mode="floor")
         label = idx - parent * width if cand_labels is None else cand_labels.gather(1, idx - parent * width)
@@ -259,8 +284,12 @@ class CTCBeamSearch:
         hash_parent = beams.hash.gather(1, parent)
         new_hash = torch.where(is_new, (hash_parent * HASH_BASE + label) % HASH_MOD, hash_parent)
         length = beams.length.gather(1, parent) + is_new.long()
-        states = [nxt.view(b, -1).gather(1, idx) for nxt in next_states]
         scores = self._recombine(scores, (length * HASH_MOD + new_hash) * (frame.shape[-1]) + label)
+        if m > k:  # merged first, then the best ``beam`` distinct hypotheses
+            scores, keep = scores.topk(k, dim=1)
+            idx, parent, label = idx.gather(1, keep), parent.gather(1, keep), label.gather(1, keep)
+            new_hash, length = new_hash.gather(1, keep), length.gather(1, keep)
+        states = [nxt.view(b, -1).gather(1, idx) for nxt in next_states]
         return _Beams(scores, label, new_hash, length, states), label, parent
 
     def _expand_full(self, beams: _Beams, frame, fusion):
