@@ -40,11 +40,13 @@ OUTPUT_SCHEMA = pa.schema([
     ("t_fallback_s", pa.float64()),
 ])
 
-# Between the SSD verify pool and the fallback pool: segments still waiting for AR
-# fallback, with their encoder states as flat float32 arrays (the paper's CPU offload).
+# Between a model pool and a second pool: segments still waiting (SSD AR fallback, CTC
+# beam search), each with a flat float32 array (encoder states or CTC log-probs) and its
+# shape, travelling through the object store (the paper's CPU offload).
 PENDING_FIELDS = [
     ("pending_index", pa.list_(pa.int32())), ("pending_prefix", pa.list_(pa.list_(pa.int32()))),
-    ("pending_states", pa.list_(pa.list_(pa.float32()))), ("pending_shape", pa.list_(pa.int32())),
+    ("pending_states", pa.list_(pa.list_(pa.float32()))),
+    ("pending_shape", pa.list_(pa.list_(pa.int32()))),
 ]
 INTERMEDIATE_SCHEMA = pa.schema(list(OUTPUT_SCHEMA) + PENDING_FIELDS)
 

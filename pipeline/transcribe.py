@@ -199,7 +199,7 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict
             "pending_index": [s for s, _ in pending],
             "pending_prefix": [res.ssd_row.prefix for _, res in pending],
             "pending_states": [res.states.reshape(-1) for _, res in pending],
-            "pending_shape": list(pending[0][1].states.shape) if pending else [],
+            "pending_shape": [list(res.states.shape) for _, res in pending],
         }
         out.append(finalize_row(out_row))
     return out
@@ -209,12 +209,11 @@ def complete_pending(rows: list[dict], decoder: SSDFirstPassDecoder, max_tokens:
     """Run the AR fallback on every pending segment of ``rows``; others pass untouched."""
     work: list[tuple[int, int, SegmentResult]] = []
     for r, row in enumerate(rows):
-        shape = row.get("pending_shape") or []
         for k, s in enumerate(row.get("pending_index") or []):
             seg = row["segments"][s]
             ssd_row = SSDRow(stage=None, text="", max_entropy=seg["max_entropy"] or 0.0, draft_text="",
                              prefix=list(row["pending_prefix"][k]), min_prob=seg["min_prob"])
-            states = np.asarray(row["pending_states"][k], dtype=np.float32).reshape(shape)
+            states = np.asarray(row["pending_states"][k], dtype=np.float32).reshape(row["pending_shape"][k])
             work.append((r, s, SegmentResult("", PENDING, ssd_row=ssd_row, states=states,
                                              max_entropy=seg["max_entropy"], min_prob=seg["min_prob"],
                                              drafted=seg["drafted"])))
