@@ -3,7 +3,8 @@
 Runs on the GPU when the config's device resolves to CUDA, else on CPU. Usable with Ray
 Data (`map_batches(Transcriber, compute=ActorPoolStrategy(...))`) or in-process. For SSD
 it is the first pool (encode, draft, gate, verify): its rows carry the segments that
-still need AR fallback, with their encoder states, to the SSDFallback pool.
+still need AR fallback, with their encoder states, to the SSDFallback pool; for ctc_beam
+it emits CTC log-probs for the CTCBeamDecoder pool.
 """
 from __future__ import annotations
 
@@ -37,11 +38,18 @@ def build_segment_decoder(cfg, adapter=None):
     if kind == "ssd":
         tau_ctc, tau_slm = cfg.ssd.thresholds()
         return SSDFirstPassDecoder(adapter, tau_ctc, tau_slm, cfg.decoder.max_new_tokens)
+    if kind == "ctc_beam":
+        from pipeline.beam_stage import CTCLogProbsDecoder
+
+        return CTCLogProbsDecoder(adapter)
     raise ValueError(f"decoder.kind {kind!r} is not available")
 
 
+TWO_STAGE_KINDS = ("ssd", "ctc_beam")
+
+
 def output_schema(cfg) -> pa.Schema:
-    return INTERMEDIATE_SCHEMA if cfg.decoder.kind == "ssd" else OUTPUT_SCHEMA
+    return INTERMEDIATE_SCHEMA if cfg.decoder.kind in TWO_STAGE_KINDS else OUTPUT_SCHEMA
 
 
 class Transcriber:

@@ -39,7 +39,7 @@ class ModelConfig:
 
 @dataclass
 class DecoderConfig:
-    kind: str = "ar"                  # ar | ctc_greedy | ssd
+    kind: str = "ar"                  # ar | ctc_greedy | ssd | ctc_beam
     max_new_tokens: int = 224
 
     def validate(self, key: str) -> None:
@@ -47,8 +47,43 @@ class DecoderConfig:
         _at_least(f"{key}.max_new_tokens", self.max_new_tokens, 1)
 
 
-DECODER_KINDS = ("ar", "ctc_greedy", "ssd")
-NEEDS_CTC_HEAD = ("ctc_greedy", "ssd")
+DECODER_KINDS = ("ar", "ctc_greedy", "ssd", "ctc_beam")
+NEEDS_CTC_HEAD = ("ctc_greedy", "ssd", "ctc_beam")
+
+
+@dataclass
+class BeamConfig:
+    """FlexCTC beam search (seed 002 eq. 1) with FLToP (seed 003) and shallow fusion."""
+    size: int = 8
+    beta: float = 0.0                 # insertion bonus per new token
+    prune_threshold: float | None = None   # theta, relative to the best hypothesis
+    flop_top_n: int | None = None     # FLToP N (null: exact search)
+    flop_ratio: float | None = None   # FLToP R
+    lm_path: str | None = None        # build-lm output dir or its lm.ngpu.safetensors
+    alpha_lm: float = 0.5
+    key_phrases: list = field(default_factory=list)
+    key_phrases_file: str | None = None
+    alpha_boost: float = 1.0
+    context_score: float = 1.0
+    depth_scaling: float = 2.0
+    use_cuda_graphs: bool = True
+
+    def validate(self, key: str) -> None:
+        _at_least(f"{key}.size", self.size, 1)
+        if self.flop_ratio is not None and self.flop_top_n is None:
+            raise ConfigError(f"{key}.flop_ratio: needs {key}.flop_top_n")
+        if self.flop_top_n is not None:
+            _at_least(f"{key}.flop_top_n", self.flop_top_n, 1)
+        if self.flop_ratio is not None and not 0.0 < self.flop_ratio <= 1.0:
+            raise ConfigError(f"{key}.flop_ratio: must be in (0, 1], got {self.flop_ratio}")
+        if self.prune_threshold is not None and self.prune_threshold <= 0:
+            raise ConfigError(f"{key}.prune_threshold: must be > 0, got {self.prune_threshold}")
+        if not isinstance(self.key_phrases, list) or not all(isinstance(p, str) for p in self.key_phrases):
+            raise ConfigError(f"{key}.key_phrases: expected a list of strings")
+        for name in ("lm_path", "key_phrases_file"):
+            path = getattr(self, name)
+            if path and not Path(path).exists():
+                raise ConfigError(f"{key}.{name}: {path} does not exist")
 
 
 @dataclass
@@ -136,6 +171,7 @@ class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     ssd: SSDConfig = field(default_factory=SSDConfig)
+    beam: BeamConfig = field(default_factory=BeamConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     ray: RayConfig = field(default_factory=RayConfig)

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from actors.audio_prep import AudioPrep
+from actors.ctc_beam import CTCBeamDecoder
 from actors.ssd_fallback import SSDFallback
 from actors.transcriber import Transcriber
 from pipeline.records import INPUT_SCHEMA, OUTPUT_SCHEMA, table
@@ -28,7 +29,11 @@ def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int = 1024, progre
     prep = AudioPrep(cfg.to_dict())
     model = Transcriber(cfg.to_dict())
     # The SSD fallback stage shares the first stage's model in-process (no second copy).
-    fallback = SSDFallback(cfg.to_dict(), decoder=model.decoder) if cfg.decoder.kind == "ssd" else None
+    second = None
+    if cfg.decoder.kind == "ssd":
+        second = SSDFallback(cfg.to_dict(), decoder=model.decoder)
+    elif cfg.decoder.kind == "ctc_beam":
+        second = CTCBeamDecoder(cfg.to_dict())
     fs, path = fsspec.core.url_to_fs(dst)
     fs.makedirs(path, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
@@ -48,8 +53,8 @@ def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int = 1024, progre
     for i in range(0, len(rows), step):
         batch = table(rows[i:i + step], INPUT_SCHEMA)
         out = model(prep(batch))
-        if fallback is not None:
-            out = fallback(out)
+        if second is not None:
+            out = second(out)
         assert out.schema == OUTPUT_SCHEMA
         pending.append(out)
         written += out.num_rows

@@ -34,6 +34,7 @@ def build_dataset(rows: list[dict], cfg):
     from ray.data import ActorPoolStrategy, DataContext
 
     from actors.audio_prep import AudioPrep
+    from actors.ctc_beam import CTCBeamDecoder
     from actors.ssd_fallback import SSDFallback
     from actors.transcriber import Transcriber
 
@@ -50,15 +51,18 @@ def build_dataset(rows: list[dict], cfg):
                         compute=ActorPoolStrategy(size=cfg.ray.audio_actors),
                         num_cpus=cfg.ray.audio_actor_cpus)
     gpu = resolve_device(cfg.model.device).startswith("cuda")
-    extra = {"num_gpus": 1} if gpu else {}
+    two_stage = cfg.decoder.kind in ("ssd", "ctc_beam")
+    # Both pools of a two-stage plan share one GPU; a whole GPU each would need two.
+    extra = {"num_gpus": 0.5 if two_stage else 1.0} if gpu else {}
     ds = ds.map_batches(Transcriber, fn_constructor_kwargs={"config": config},
                         batch_size=per_block, batch_format="pyarrow",
                         compute=ActorPoolStrategy(size=cfg.ray.decode_actors),
                         num_cpus=cfg.ray.decode_actor_cpus, **extra)
-    if cfg.decoder.kind == "ssd":
-        # Second pool: only rows that failed verification are decoded; their encoder
-        # states arrive through the object store as CPU arrays.
-        ds = ds.map_batches(SSDFallback, fn_constructor_kwargs={"config": config},
+    # Second pool: SSD AR fallback (only rows that failed verification are decoded; their
+    # encoder states arrive through the object store as CPU arrays) or CTC beam search.
+    second = {"ssd": SSDFallback, "ctc_beam": CTCBeamDecoder}.get(cfg.decoder.kind)
+    if second is not None:
+        ds = ds.map_batches(second, fn_constructor_kwargs={"config": config},
                             batch_size=per_block, batch_format="pyarrow",
                             compute=ActorPoolStrategy(size=cfg.ray.fallback_actors),
                             num_cpus=cfg.ray.fallback_actor_cpus, **extra)

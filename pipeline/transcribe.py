@@ -40,9 +40,10 @@ class SegmentResult:
     prefix_len: int | None = None
     drafted: int | None = None
     generated: int | None = None
-    # Only while pending: what the AR fallback needs.
+    # Only while pending: what the second stage needs.
     ssd_row: SSDRow | None = None
     states: np.ndarray | None = field(default=None, repr=False)
+    key_phrases: list[str] | None = None
 
 
 def _sync(t: torch.Tensor) -> None:
@@ -120,8 +121,11 @@ class SSDFirstPassDecoder:
             out.append(res)
         return out
 
-    def fallback(self, results: list[SegmentResult]) -> float:
-        """Finish pending results in place; returns the seconds spent."""
+    def cost(self, result: SegmentResult) -> int:
+        return ENCODER_FRAMES
+
+    def finish(self, results: list[SegmentResult]) -> float:
+        """AR fallback for pending results, in place; returns the seconds spent."""
         t0 = time.perf_counter()
         device = self.adapter.device
         dtype = self.adapter.dtype
@@ -197,7 +201,7 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict
             "t_encode_s": sum(res.t_encode_s for _, res in segs),
             "t_decode_s": sum(res.t_decode_s for _, res in segs), "t_fallback_s": 0.0,
             "pending_index": [s for s, _ in pending],
-            "pending_prefix": [res.ssd_row.prefix for _, res in pending],
+            "pending_prefix": [res.ssd_row.prefix if res.ssd_row else [] for _, res in pending],
             "pending_states": [res.states.reshape(-1) for _, res in pending],
             "pending_shape": [list(res.states.shape) for _, res in pending],
         }
@@ -205,26 +209,31 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict
     return out
 
 
-def complete_pending(rows: list[dict], decoder: SSDFirstPassDecoder, max_tokens: int) -> list[dict]:
-    """Run the AR fallback on every pending segment of ``rows``; others pass untouched."""
+def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
+    """Finish every pending segment of ``rows`` with ``finisher`` (SSD AR fallback, CTC
+    beam search), re-batched across rows under the token budget; other segments and rows
+    pass through untouched. ``finisher`` has ``cost(result) -> int`` (padded tokens) and
+    ``finish(results) -> seconds``, which fills the results in place."""
     work: list[tuple[int, int, SegmentResult]] = []
     for r, row in enumerate(rows):
         for k, s in enumerate(row.get("pending_index") or []):
             seg = row["segments"][s]
-            ssd_row = SSDRow(stage=None, text="", max_entropy=seg["max_entropy"] or 0.0, draft_text="",
-                             prefix=list(row["pending_prefix"][k]), min_prob=seg["min_prob"])
-            states = np.asarray(row["pending_states"][k], dtype=np.float32).reshape(row["pending_shape"][k])
-            work.append((r, s, SegmentResult("", PENDING, ssd_row=ssd_row, states=states,
-                                             max_entropy=seg["max_entropy"], min_prob=seg["min_prob"],
-                                             drafted=seg["drafted"])))
-    for batch in pack_by_budget([ENCODER_FRAMES] * len(work), max_tokens):
+            prefix = list(row["pending_prefix"][k] or [])
+            array = np.asarray(row["pending_states"][k], dtype=np.float32).reshape(row["pending_shape"][k])
+            res = SegmentResult("", PENDING, states=array, max_entropy=seg["max_entropy"],
+                                min_prob=seg["min_prob"], drafted=seg["drafted"],
+                                ssd_row=SSDRow(stage=None, text="", max_entropy=seg["max_entropy"] or 0.0,
+                                               draft_text="", prefix=prefix, min_prob=seg["min_prob"]))
+            res.key_phrases = row.get("key_phrases")
+            work.append((r, s, res))
+    for batch in pack_by_budget([finisher.cost(w[2]) for w in work], max_tokens):
         items = [work[i][2] for i in batch]
         try:
-            seconds = decoder.fallback(items)
+            seconds = finisher.finish(items)
         except Exception as exc:
             seconds = 0.0
             for item in items:
-                item.stage, item.error = "error", f"{type(exc).__name__} in AR fallback: {exc}"
+                item.stage, item.error = "error", f"{type(exc).__name__} in {finisher.name}: {exc}"
         for i in batch:
             r, s, res = work[i]
             seg = rows[r]["segments"][s]
