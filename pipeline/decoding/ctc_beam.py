@@ -288,8 +288,15 @@ class CTCBeamSearch:
         if m > k:  # merged first, then the best ``beam`` distinct hypotheses
             scores, keep = scores.topk(k, dim=1)
             idx, parent, label = idx.gather(1, keep), parent.gather(1, keep), label.gather(1, keep)
-            new_hash, length = new_hash.gather(1, keep), length.gather(1, keep)
-        states = [nxt.view(b, -1).gather(1, idx) for nxt in next_states]
+            new_hash, length, is_new = new_hash.gather(1, keep), length.gather(1, keep), is_new.gather(1, keep)
+        states = []
+        for (model, _), old, nxt in zip(fusion, beams.fusion, next_states):
+            if nxt is not None:
+                states.append(nxt.view(b, -1).gather(1, idx))
+            else:  # look the next state up only for the kept (parent, token) pairs
+                prev = old.gather(1, parent)
+                moved = model.advance_labels(prev, (label - 1).clamp(min=0))[1]
+                states.append(torch.where(is_new, moved, prev))
         return _Beams(scores, label, new_hash, length, states), label, parent
 
     def _expand_full(self, beams: _Beams, frame, fusion):
@@ -301,6 +308,14 @@ class CTCBeamSearch:
         bonus = torch.full((b, k, frame.shape[-1] - 1), self.beta, device=frame.device)
         next_states = []
         for (model, alpha), states in zip(fusion, beams.fusion):
+            if hasattr(model, "advance_labels"):  # next states later, for kept tokens only
+                if hasattr(model, "scores_only"):
+                    scores = model.scores_only(states)
+                else:
+                    scores = model.advance(states.reshape(-1))[0]
+                bonus = bonus + alpha * scores.view(b, k, -1)
+                next_states.append(None)
+                continue
             scores, nxt = model.advance(states.reshape(-1))
             bonus = bonus + alpha * scores.view(b, k, -1)
             # blank and repeat columns keep the current state

@@ -60,12 +60,7 @@ class GraphedFrameLoop:
         frame = self.frames.index_select(0, self.t)[0]
         threshold = self.thresholds.index_select(0, self.t)[0]
         new, label, parent = self.search.step(self.beams, frame, threshold, self.fusion)
-        self.beams.scores.copy_(new.scores)
-        self.beams.last.copy_(new.last)
-        self.beams.hash.copy_(new.hash)
-        self.beams.length.copy_(new.length)
-        for dst, src in zip(self.beams.fusion, new.fusion):
-            dst.copy_(src)
+        self._set_beams(new)
         self.labels.index_copy_(0, self.t, label[None])
         self.parents.index_copy_(0, self.t, parent[None])
         if self.search.track_beams:
@@ -76,12 +71,16 @@ class GraphedFrameLoop:
     def _load(self, beams) -> None:
         self.t.zero_()
         self.alive.zero_()
-        self.beams.scores.copy_(beams.scores)
-        self.beams.last.copy_(beams.last)
-        self.beams.hash.copy_(beams.hash)
-        self.beams.length.copy_(beams.length)
-        for dst, src in zip(self.beams.fusion, beams.fusion):
+        self._set_beams(beams)
+
+    def _set_beams(self, beams) -> None:
+        """Copy ``beams`` into the static buffers (in place: the graph reads these)."""
+        for dst, src in zip(self._static(), [beams.scores, beams.last, beams.hash, beams.length, *beams.fusion]):
             dst.copy_(src)
+
+    def _static(self) -> list[torch.Tensor]:
+        b = self.beams
+        return [b.scores, b.last, b.hash, b.length, *b.fusion]
 
     def _capture(self) -> None:
         init = self.search._init_beams(self.shape[1], self.device, self.fusion)

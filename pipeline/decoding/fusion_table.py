@@ -61,11 +61,22 @@ class DenseFusionTable:
     def init_states(self, batch_size: int, bos: bool = True) -> torch.Tensor:
         return self.model.init_states(batch_size, bos=bos)
 
+    # index_select / flat index_select: several times faster than advanced indexing on CPU
     def advance(self, states: torch.Tensor):
-        return self.scores[states], self.next[states].long()
+        flat = states.reshape(-1)
+        shape = tuple(states.shape) + (self.vocab_size,)
+        return (self.scores.index_select(0, flat).view(shape),
+                self.next.index_select(0, flat).long().view(shape))
 
     def advance_labels(self, states: torch.Tensor, labels: torch.Tensor):
-        return self.scores[states, labels], self.next[states, labels].long()
+        flat = (states * self.vocab_size + labels).reshape(-1)
+        return (self.scores.view(-1).index_select(0, flat).view(states.shape),
+                self.next.view(-1).index_select(0, flat).long().view(states.shape))
+
+    def scores_only(self, states: torch.Tensor) -> torch.Tensor:
+        """[..., V] scores without the next states (the decoder looks those up only for
+        the tokens it keeps)."""
+        return self.scores.index_select(0, states.reshape(-1)).view(tuple(states.shape) + (self.vocab_size,))
 
     def final(self, states: torch.Tensor) -> torch.Tensor:
-        return self.final_scores[states]
+        return self.final_scores.index_select(0, states.reshape(-1)).view(states.shape)

@@ -1,0 +1,382 @@
+"""`shardscribe bench ctc-beam`: FlexCTC (seed 002) vs pyctcdecode vs flashlight-text on
+IDENTICAL log-probs and the same LM text, side by side in one process.
+
+Rows: WER and ms/utterance for greedy; ours at beams 4/8/16/64 x batch 1/8/32 with and
+without LM, 0/100/1000 key phrases, FLToP (seed 003) off/on with the average number of
+surviving hypotheses; flashlight-text's LexiconFreeDecoder on the same token-level ARPA;
+pyctcdecode with a word-level KenLM built from the same text (it cannot use a token LM).
+
+Inputs: ``--logprobs FILE.safetensors`` (tensors ``log_probs`` [N, T, 96] over
+``pipeline.text.charset``, ``lengths`` [N]; metadata ``texts``: JSON list of references)
+holds real encoder outputs (the embedded CTC head on held-out audio). Without it the
+bench SIMULATES CTC posteriors from held-out sentences of Python's language reference
+(``pipeline.lm.sample_text``): 1-2 frames per character and 0-2 blank frames between
+them, noisy logits, and a competing character on a share of the frames (case flips,
+neighbouring letters, random characters) that sometimes wins. The LM is a character
+6-gram (lmplz) on the other sentences; key phrases are the held-out words that are rare
+or absent in the LM text (plus distractors for the 1000 list). Simulated numbers say how
+the decoders compare on identical inputs, not what WER a real model gets.
+
+Speed is single-threaded CPU (torch.set_num_threads(1)) unless --device says otherwise;
+every ratio in ``summary`` is measured in this run.
+"""
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+SUMMARY_BEAM = 8
+SUMMARY_BATCH = 32
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--logprobs", help="safetensors with log_probs, lengths (+ texts metadata)")
+    parser.add_argument("--utterances", type=int, default=None, help="held-out utterances (default 96, quick 32)")
+    parser.add_argument("--alpha", type=float, default=0.5, help="LM weight (natural-log units)")
+    parser.add_argument("--beta", type=float, default=1.0, help="insertion bonus per token")
+    parser.add_argument("--alpha-boost", type=float, default=1.0)
+    parser.add_argument("--flop-top-n", type=int, default=4)
+    parser.add_argument("--flop-ratio", type=float, default=0.01)
+    parser.add_argument("--prune-threshold", type=float, default=12.0, help="theta (seed 002 uses 12)")
+    parser.add_argument("--plot", help="PNG path (default: beside --out, else ctc_beam.png)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+# ----------------------------------------------------------------------- inputs
+def split_text(seed: int):
+    """Held-out and LM-training sentences (every 10th sentence is held out)."""
+    from pipeline.lm.sample_text import pydoc_sentences
+
+    sentences = [s for s in pydoc_sentences(min_chars=20, max_chars=110)]
+    held = [s for i, s in enumerate(sentences) if i % 10 == seed % 10]
+    train = [s for i, s in enumerate(sentences) if i % 10 != seed % 10]
+    return held, train
+
+
+def simulate_log_probs(texts: list[str], seed: int):
+    """Noisy CTC posteriors [N, T, 96] for ``texts`` (see the module docstring)."""
+    import numpy as np
+    import torch
+
+    from pipeline.text import charset
+
+    rng = np.random.default_rng(seed)
+    v1 = charset.NUM_CLASSES
+    letters = [charset.encode(c)[0] for c in "abcdefghijklmnopqrstuvwxyz"]
+    rows = []
+    for text in texts:
+        labels, prev = [], 0
+        for c in charset.encode(text):
+            # a blank must separate a doubled character, as in any real CTC alignment
+            labels += [0] * int(rng.integers(1 if c == prev else 0, 3)) + [c] * int(rng.integers(1, 3))
+            prev = c
+        labels += [0] * int(rng.integers(1, 3))
+        t = len(labels)
+        logits = rng.normal(0.0, 1.0, size=(t, v1))
+        for i, y in enumerate(labels):
+            logits[i, y] += rng.normal(8.0, 2.0) if y != 0 else rng.normal(9.0, 1.5)
+            if y != 0 and rng.random() < 0.25:
+                ch = charset.CHARS[y - 1]
+                roll = rng.random()
+                if ch.isalpha() and roll < 0.2:
+                    rival = charset.encode(ch.swapcase())[0]
+                elif ch.isalpha() and roll < 0.6:
+                    rival = letters[(letters.index(charset.encode(ch.lower())[0]) + int(rng.choice([-1, 1]))) % 26]
+                else:
+                    rival = int(rng.choice(letters))
+                logits[i, rival] = logits[i, y] + rng.normal(-0.5, 1.5)
+        rows.append(torch.log_softmax(torch.tensor(logits, dtype=torch.float32), -1))
+    lengths = torch.tensor([r.shape[0] for r in rows])
+    out = torch.full((len(rows), int(lengths.max()), v1), float("-inf"))
+    out[:, :, 0] = 0.0
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+    return out, lengths
+
+
+def load_log_probs(path: str):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    tensors = load_file(path)
+    with safe_open(path, framework="pt") as fh:
+        meta = fh.metadata() or {}
+    return tensors["log_probs"].float(), tensors["lengths"].long(), json.loads(meta.get("texts", "[]"))
+
+
+def key_phrases(held: list[str], train: list[str], count: int) -> list[str]:
+    """Words of the held-out text that the LM text has at most once (the domain terms a
+    user would boost), then rare training words as distractors, ``count`` in all."""
+    word = re.compile(r"[A-Za-z][A-Za-z_]{4,}")
+    train_counts = Counter(w for s in train for w in word.findall(s))
+    held_words = [w for w, _ in Counter(w for s in held for w in word.findall(s)).most_common()]
+    phrases = [w for w in held_words if train_counts[w] <= 1]
+    for w, n in sorted(train_counts.items(), key=lambda x: (x[1], x[0])):
+        if len(phrases) >= count:
+            break
+        if w not in phrases:
+            phrases.append(w)
+    return phrases[:count]
+
+
+def word_error_rate(refs: list[str], hyps: list[str]) -> float:
+    """Corpus WER on lower-cased, whitespace-split text. Not Whisper's normaliser: it
+    deletes parenthesised text, which the Python reference is full of."""
+    import jiwer
+
+    norm = lambda s: " ".join(s.lower().split())  # noqa: E731
+    pairs = [(norm(r), norm(h)) for r, h in zip(refs, hyps) if norm(r)]
+    return jiwer.wer([r for r, _ in pairs], [h for _, h in pairs])
+
+
+def phrase_fscore(refs: list[str], hyps: list[str], phrases: list[str]) -> float:
+    """F-score (0-100) of boosted phrase occurrences, per utterance, word-level matches."""
+    targets = set(phrases)
+    word = re.compile(r"[A-Za-z][A-Za-z_]*")
+    tp = n_ref = n_hyp = 0
+    for r, h in zip(refs, hyps):
+        rc = Counter(w for w in word.findall(r) if w in targets)
+        hc = Counter(w for w in word.findall(h) if w in targets)
+        tp += sum(min(n, hc[w]) for w, n in rc.items())
+        n_ref += sum(rc.values())
+        n_hyp += sum(hc.values())
+    if tp == 0:
+        return 0.0
+    p, r = tp / n_hyp, tp / n_ref
+    return 100.0 * 2 * p * r / (p + r)
+
+
+# ------------------------------------------------------------------- decoders
+def build_lms(train: list[str], workdir: Path):
+    """Token-level char 6-gram (ours + flashlight) and word 4-gram (pyctcdecode), same text."""
+    from pipeline.lm.build import build_lm, run_lmplz
+
+    text = workdir / "train.txt"
+    text.write_text("\n".join(train) + "\n")
+    info = build_lm([str(text)], order=6, tokenizer="chars", output_dir=workdir / "char")
+    words = workdir / "words.txt"
+    words.write_text("\n".join(" ".join(s.split()) for s in train) + "\n")
+    run_lmplz(words, workdir / "words.arpa", order=4)
+    return info["arpa"], info["tensors"], str(workdir / "words.arpa")
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def decode_ours(search, log_probs, lengths, batch: int, boost=None):
+    """All utterances in batches of ``batch`` (sorted by length, as the pipeline does)."""
+    import torch
+
+    order = torch.argsort(lengths, descending=True)
+    tokens = [None] * len(lengths)
+    beams = []
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        t = int(lengths[idx].max())
+        res = search(log_probs[idx, :t], lengths[idx], boost=boost)
+        for j, i in enumerate(idx.tolist()):
+            tokens[i] = res.tokens[j]
+        if res.avg_beams is not None:
+            beams += res.avg_beams.tolist()
+    return tokens, (sum(beams) / len(beams) if beams else None)
+
+
+# ------------------------------------------------------------------------- run
+def run(args) -> dict:
+    import torch
+
+    from pipeline.decoding.ctc_beam import CTCBeamSearch
+    from pipeline.decoding.ctc_greedy import ctc_greedy
+    from pipeline.decoding.flop import surviving_tokens
+    from pipeline.lm.boosting import BoostingTree
+    from pipeline.lm.ngpu_lm import NGramLM
+    from pipeline.text import charset
+
+    torch.set_num_threads(1)
+    quick = bool(getattr(args, "quick", False))
+    n_utts = args.utterances or (32 if quick else 96)
+    held, train = split_text(args.seed)
+    if args.logprobs:
+        log_probs, lengths, refs = load_log_probs(args.logprobs)
+        source = f"real: {args.logprobs}"
+    else:
+        refs = held[:n_utts]
+        log_probs, lengths = simulate_log_probs(refs, args.seed)
+        source = "simulated from held-out text"
+    log_probs, lengths = log_probs[:n_utts], lengths[:n_utts]
+    refs = refs[: len(lengths)]
+    n = len(lengths)
+    text_of = charset.decode
+    work = Path(tempfile.mkdtemp(prefix="bench-ctc-beam-"))
+    arpa, tensors, word_arpa = build_lms(train, work)
+    lm = NGramLM.load(tensors)
+    phrases = {k: key_phrases(held, train, k) for k in (100, 1000)}
+    trees = {k: BoostingTree.from_phrases([p], vocab_size=lm.vocab_size,
+                                          tokenize=lambda s: [c - 1 for c in charset.encode(s)])
+             for k, p in phrases.items()}
+    rows: list[dict] = []
+
+    def wer(hyps):
+        return word_error_rate(refs, hyps)
+
+    def add(decoder, beam, batch, lm_on, n_phr, flop, hyps, seconds, count, beams=None, tokens_kept=None):
+        row = {"decoder": decoder, "beam": beam, "batch": batch, "lm": lm_on, "phrases": n_phr,
+               "flop": flop, "wer": word_error_rate(refs[:count], hyps),
+               "ms_per_utt": 1000.0 * seconds / count, "utts": count}
+        # F-score of the 100-phrase list for every row, boosted or not
+        row["phrase_f"] = phrase_fscore(refs[:count], hyps, phrases[100])
+        if beams is not None:
+            row["avg_beams"] = beams
+        if tokens_kept is not None:
+            row["avg_tokens"] = tokens_kept
+        rows.append(row)
+        return row
+
+    # greedy
+    g, secs = timed(lambda: ctc_greedy(log_probs, lengths))
+    add("greedy", 1, n, False, 0, False, [text_of(t) for t in g.tokens], secs, n)
+
+    def ours(beam, batch, lm_on, n_phr=0, flop=False, reps=1):
+        kw = dict(beam_size=beam, beta=args.beta if lm_on else 0.0, prune_threshold=args.prune_threshold,
+                  track_beams=True)
+        if lm_on:
+            kw.update(lm=lm, alpha_lm=args.alpha)
+        if n_phr:
+            kw.update(boost=trees[n_phr], alpha_boost=args.alpha_boost)
+        if flop:
+            kw.update(flop_top_n=args.flop_top_n, flop_ratio=args.flop_ratio)
+        search = CTCBeamSearch(**kw)
+        decode_ours(search, log_probs[:batch], lengths[:batch], batch)  # warm-up (+ dense tables)
+        best = None
+        for _ in range(reps):
+            (toks, beams), secs = timed(lambda: decode_ours(search, log_probs, lengths, batch))
+            best = secs if best is None else min(best, secs)
+        kept = float(surviving_tokens(log_probs, lengths, args.flop_top_n, args.flop_ratio).mean()) if flop else None
+        return add("ours", beam, batch, lm_on, n_phr, flop, [text_of(t) for t in toks], best, n, beams, kept)
+
+    beams_grid = [4, 8, 16] if quick else [4, 8, 16, 64]
+    batch_grid = [1, 32] if quick else [1, 8, 32]
+    for beam in beams_grid:
+        for batch in batch_grid:
+            ours(beam, batch, True)
+        ours(beam, SUMMARY_BATCH, False)
+        ours(beam, SUMMARY_BATCH, True, flop=True)
+    if not quick:
+        ours(64, SUMMARY_BATCH, True, flop=True)
+    for n_phr in (100, 1000):
+        ours(SUMMARY_BEAM, SUMMARY_BATCH, True, n_phr)
+        ours(SUMMARY_BEAM, SUMMARY_BATCH, True, n_phr, flop=True)
+    # FLToP headline: repeated timings (min of 3) at the summary point
+    flop_off = ours(SUMMARY_BEAM, SUMMARY_BATCH, True, reps=3)
+    flop_on = ours(SUMMARY_BEAM, SUMMARY_BATCH, True, flop=True, reps=3)
+
+    # flashlight-text: same token ARPA, same weight, one utterance at a time
+    from pipeline.decoding.reference_decoders import FlashlightCTC, PyCTCDecode
+
+    np_lp = [log_probs[i, : int(lengths[i])].numpy() for i in range(n)]
+    for beam in beams_grid:
+        for lm_on in (False, True):
+            fl = FlashlightCTC(charset.NUM_CLASSES, 0, beam, space=charset.encode(" ")[0],
+                               arpa_path=arpa if lm_on else None, lm_weight=args.alpha if lm_on else 0.0,
+                               beam_threshold=args.prune_threshold)
+            # flashlight has no insertion bonus for lexicon-free decoding: compare at beta=0 too
+            out, secs = timed(lambda: [fl.decode(x)[0] for x in np_lp])
+            add("flashlight", beam, 1, lm_on, 0, False, [text_of(t) for t in out], secs, n)
+    for beam in ([8] if quick else [4, 8]):
+        ours_beta0 = CTCBeamSearch(beam, lm=lm, alpha_lm=args.alpha, prune_threshold=args.prune_threshold)
+        (toks, _), secs = timed(lambda: decode_ours(ours_beta0, log_probs, lengths, SUMMARY_BATCH))
+        add("ours(beta=0)", beam, SUMMARY_BATCH, True, 0, False, [text_of(t) for t in toks], secs, n)
+
+    # pyctcdecode: word-level KenLM on the same text, hotwords = the key phrases
+    labels = [""] + charset.CHARS
+    n_py = 8 if quick else 24
+    py_lm = PyCTCDecode(labels, kenlm_path=word_arpa, alpha=args.alpha, beta=args.beta)
+    py_plain = PyCTCDecode(labels)
+    for beam in ([8] if quick else [4, 8, 16]):
+        for lm_on, dec in ((False, py_plain), (True, py_lm)):
+            out, secs = timed(lambda: [dec.decode(x, beam, beam_prune_logp=-args.prune_threshold, token_min_logp=-5.0)
+                                       for x in np_lp[:n_py]])
+            add("pyctcdecode", beam, 1, lm_on, 0, False, out, secs, n_py)
+    out, secs = timed(lambda: [py_lm.decode(x, SUMMARY_BEAM, hotwords=phrases[100], beam_prune_logp=-args.prune_threshold,
+                                            token_min_logp=-5.0) for x in np_lp[:n_py]])
+    add("pyctcdecode", SUMMARY_BEAM, 1, True, 100, False, out, secs, n_py)
+
+    summary = _summary(rows, flop_off, flop_on, source)
+    _plot(rows, args)
+    return {"rows": rows, "summary": summary}
+
+
+def _find(rows, **kw):
+    for r in rows:
+        if all(r.get(k) == v for k, v in kw.items()):
+            return r
+    return None
+
+
+def _summary(rows, flop_off, flop_on, source) -> dict:
+    greedy = _find(rows, decoder="greedy")
+    beam_lm = flop_off
+    fl = _find(rows, decoder="flashlight", beam=SUMMARY_BEAM, lm=True)
+    py = _find(rows, decoder="pyctcdecode", beam=SUMMARY_BEAM, lm=True, phrases=0)
+    no_boost = _find(rows, decoder="ours", beam=SUMMARY_BEAM, batch=SUMMARY_BATCH, lm=True, phrases=0, flop=False)
+    boost = _find(rows, decoder="ours", beam=SUMMARY_BEAM, batch=SUMMARY_BATCH, lm=True, phrases=100, flop=False)
+    base_f = no_boost["phrase_f"]
+    return {
+        "input": source,
+        "wer_greedy": greedy["wer"],
+        "wer_beam_lm": beam_lm["wer"],
+        "wer_flashlight": fl["wer"],
+        "wer_beam_lm_rel_vs_greedy": (beam_lm["wer"] - greedy["wer"]) / greedy["wer"] if greedy["wer"] else None,
+        "speedup_vs_pyctcdecode": py["ms_per_utt"] / beam_lm["ms_per_utt"],
+        "speedup_vs_flashlight": fl["ms_per_utt"] / beam_lm["ms_per_utt"],
+        "flop_speedup": flop_off["ms_per_utt"] / flop_on["ms_per_utt"],
+        "flop_wer_rel_change": ((flop_on["wer"] - flop_off["wer"]) / flop_off["wer"]) if flop_off["wer"] else 0.0,
+        "flop_avg_beams_off": flop_off.get("avg_beams"),
+        "flop_avg_beams_on": flop_on.get("avg_beams"),
+        "boost_fscore_gain": boost["phrase_f"] - base_f if boost else None,
+        "boost_fscore": boost["phrase_f"] if boost else None,
+        "boost_fscore_without": base_f,
+    }
+
+
+def _plot(rows, args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = args.plot or (str(Path(args.out).with_suffix(".png")) if getattr(args, "out", None) else "ctc_beam.png")
+    fig, (ax_t, ax_w) = plt.subplots(1, 2, figsize=(11, 4))
+    series = {}
+    for r in rows:
+        if r["decoder"] == "greedy" or r["phrases"] or r["flop"]:
+            continue
+        name = f'{r["decoder"]} {"LM" if r["lm"] else "no LM"}' + (f' b={r["batch"]}' if r["decoder"] == "ours" else "")
+        series.setdefault(name, []).append(r)
+    for name, rs in sorted(series.items()):
+        rs = sorted(rs, key=lambda r: r["beam"])
+        ax_t.plot([r["beam"] for r in rs], [r["ms_per_utt"] for r in rs], marker="o", label=name)
+        ax_w.plot([r["beam"] for r in rs], [r["wer"] for r in rs], marker="o", label=name)
+    flop = sorted([r for r in rows if r["decoder"] == "ours" and r["flop"] and not r["phrases"]], key=lambda r: r["beam"])
+    if flop:
+        ax_t.plot([r["beam"] for r in flop], [r["ms_per_utt"] for r in flop], marker="x", ls="--", label="ours LM+FLToP b=32")
+        ax_w.plot([r["beam"] for r in flop], [r["wer"] for r in flop], marker="x", ls="--", label="ours LM+FLToP b=32")
+    greedy = _find(rows, decoder="greedy")
+    ax_w.axhline(greedy["wer"], color="gray", ls=":", label="greedy")
+    for ax, label in ((ax_t, "ms / utterance (CPU, 1 thread)"), (ax_w, "WER")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("beam")
+        ax.set_ylabel(label)
+    ax_t.set_yscale("log")
+    ax_w.legend(fontsize=7)
+    fig.suptitle("CTC beam search: FlexCTC (ours) vs flashlight-text vs pyctcdecode")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
