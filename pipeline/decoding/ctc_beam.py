@@ -179,6 +179,7 @@ class CTCBeamSearch:
         self.track_beams = track_beams
         self.use_cuda_graphs = use_cuda_graphs
         self._graphs: dict = {}  # input shape -> GraphedFrameLoop
+        self._masks: dict = {}
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
@@ -254,16 +255,19 @@ class CTCBeamSearch:
 
     def eager_loop(self, frames, thresholds, beams, fusion, lengths):
         t, b, _ = frames.shape
-        k = self.beam_size
-        labels = torch.empty((t, b, k), dtype=torch.int64, device=frames.device)
-        parents = torch.empty_like(labels)
+        labels, parents = [], []
         alive = torch.zeros(b, device=frames.device) if self.track_beams else None
         valid = (torch.arange(t, device=frames.device)[:, None] < lengths[None, :]).float()
         for i in range(t):
-            beams, labels[i], parents[i] = self.step(beams, frames[i], thresholds[i], fusion)
+            beams, label, parent = self.step(beams, frames[i], thresholds[i], fusion)
+            labels.append(label)
+            parents.append(parent)
             if alive is not None:
                 alive = alive + (beams.scores > NEG_INF).sum(1) * valid[i]
-        return beams, labels, parents, alive
+        if t == 0:
+            empty = torch.zeros((0, b, self.beam_size), dtype=torch.int64, device=frames.device)
+            return beams, empty, empty, alive
+        return beams, torch.stack(labels), torch.stack(parents), alive
 
     def step(self, beams: _Beams, frame: torch.Tensor, threshold: torch.Tensor, fusion):
         """One frame of Algorithm 1 for the whole batch. ``frame`` [B, V+1] (blank at 0),
@@ -276,7 +280,8 @@ class CTCBeamSearch:
         width = cand.shape[-1]
         m = min(k * self.preselect, k * width)
         scores, idx = cand.view(b, k * width).topk(m, dim=1)
-        scores = scores.masked_fill(scores < scores[:, :1] - threshold[:, None], NEG_INF)
+        if self.prune_threshold is not None:
+            scores = scores.masked_fill(scores < scores[:, :1] - threshold[:, None], NEG_INF)
         parent = torch.div(idx, width, rounding_mode="floor")
         label = idx - parent * width if cand_labels is None else cand_labels.gather(1, idx - parent * width)
         last_parent = beams.last.gather(1, parent)
@@ -305,7 +310,7 @@ class CTCBeamSearch:
         cand = beams.scores[:, :, None] + frame[:, None, :]
         if not fusion and self.beta == 0.0:
             return cand, None, []
-        bonus = torch.full((b, k, frame.shape[-1] - 1), self.beta, device=frame.device)
+        bonus = None  # beta + sum of alpha * fusion scores over the V non-blank tokens
         next_states = []
         for (model, alpha), states in zip(fusion, beams.fusion):
             if hasattr(model, "advance_labels"):  # next states later, for kept tokens only
@@ -313,17 +318,19 @@ class CTCBeamSearch:
                     scores = model.scores_only(states)
                 else:
                     scores = model.advance(states.reshape(-1))[0]
-                bonus = bonus + alpha * scores.view(b, k, -1)
                 next_states.append(None)
-                continue
-            scores, nxt = model.advance(states.reshape(-1))
-            bonus = bonus + alpha * scores.view(b, k, -1)
-            # blank and repeat columns keep the current state
-            nxt = torch.cat([states[:, :, None], nxt.view(b, k, -1)], dim=2)
-            next_states.append(nxt.scatter_(2, beams.last[:, :, None], states[:, :, None]))
+            else:
+                scores, nxt = model.advance(states.reshape(-1))
+                # blank and repeat columns keep the current state
+                nxt = torch.cat([states[:, :, None], nxt.view(b, k, -1)], dim=2)
+                next_states.append(nxt.scatter_(2, beams.last[:, :, None], states[:, :, None]))
+            scores = scores.view(b, k, -1)
+            bonus = scores.mul(alpha).add_(self.beta) if bonus is None else bonus.add_(scores, alpha=alpha)
+        if bonus is None:
+            bonus = torch.full((b, k, frame.shape[-1] - 1), self.beta, device=frame.device)
         # column 0 is blank; the repeat column (last label) gets nothing either
         bonus = torch.nn.functional.pad(bonus, (1, 0)).scatter_(2, beams.last[:, :, None], 0.0)
-        return cand + bonus, None, next_states
+        return cand.add_(bonus), None, next_states
 
     def _expand_pruned(self, beams: _Beams, frame, fusion):
         """FLToP candidates: only each frame's surviving tokens, [B, beam, N]."""
@@ -354,13 +361,18 @@ class CTCBeamSearch:
     def _recombine(self, scores, key):
         """Merge hypotheses with equal keys into the first (best-scored: TopK output is
         sorted) member of each group; the others become -inf."""
-        k = scores.shape[1]
         same = key[:, :, None] == key[:, None, :]
-        earlier = torch.ones(k, k, dtype=torch.bool, device=scores.device).tril(-1)
-        duplicate = (same & earlier).any(-1)
+        duplicate = (same & self._earlier(scores.shape[1], scores.device)).any(-1)
         if self.merge == "logsumexp":
             scores = torch.logsumexp(scores[:, None, :].masked_fill(~same, NEG_INF), dim=-1)
         return scores.masked_fill(duplicate, NEG_INF)
+
+    def _earlier(self, k: int, device) -> torch.Tensor:
+        """[k, k] mask of j < i (constant per shape; cached outside CUDA-graph capture)."""
+        key = (k, str(device))
+        if key not in self._masks:
+            self._masks[key] = torch.ones(k, k, dtype=torch.bool, device=device).tril(-1)
+        return self._masks[key]
 
     # ------------------------------------------------------------------ the end
     def _finish(self, beams: _Beams, labels, parents, alive, fusion, lengths) -> BeamSearchResult:
