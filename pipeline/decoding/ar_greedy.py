@@ -1,10 +1,12 @@
 """Batched greedy autoregressive decoding with a KV cache (the AR baseline; SSD eq. 6).
 
 Every row may start from its own forced prefix (SSD resumes from the verified prefix j),
-so rows are left-padded to a common length with an attention mask and explicit
-positions. The begin-suppress rule (no blank / end-of-text as the first token) applies
-only where a row's transcript is still empty, i.e. not after a non-empty forced prefix:
-a prefix is text already decided, so the next token is not the transcript's first.
+and may have its own prompt (``adapter.batch_prompts``: granite-speech puts one audio
+token per audio embedding in it; Whisper's is fixed), so rows are left-padded to a
+common length with an attention mask and explicit positions. The begin-suppress rule
+(no blank / end-of-text as the first token) applies only where a row's transcript is
+still empty, i.e. not after a non-empty forced prefix: a prefix is text already decided,
+so the next token is not the transcript's first.
 Finished rows leave the batch (their cache rows are dropped), so the tail of a batch
 costs only what its unfinished rows need.
 """
@@ -20,8 +22,8 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     B = encoder_states.shape[0]
     device = encoder_states.device
     prefixes = prefixes or [[] for _ in range(B)]
-    prompt = adapter.prompt_ids
-    seqs = [prompt + list(p) for p in prefixes]
+    prompts = adapter.batch_prompts(encoder_states)
+    seqs = [prompt + list(p) for prompt, p in zip(prompts, prefixes)]
     L = max(len(s) for s in seqs)
     limit = min(max_new_tokens, adapter.max_positions - L)
     eot = adapter.eot_id

@@ -3,8 +3,10 @@
 All drafts of a batch are right-padded behind the prompt and scored in ONE teacher-forced
 decoder pass over the (reused) encoder output. Logits are computed only where they are
 needed: the hidden state at position P-1+k predicts draft token k (prompt length P), and
-the one at P-1+K predicts what follows the whole draft. The suppress masks of greedy
-decoding apply, so a token greedy decoding could never emit is never accepted.
+the one at P-1+K predicts what follows the whole draft. Prompts may differ per row
+(``adapter.batch_prompts``); shorter ones are left-padded so that every prompt ends at
+column P-1, and positions count from each row's first real token. The suppress masks of
+greedy decoding apply, so a token greedy decoding could never emit is never accepted.
 
 A draft is accepted when every token has probability > tau_slm and end-of-text is the
 most likely token after it; otherwise j is the first failing position (j = K when all
@@ -30,19 +32,19 @@ def verify_drafts(adapter, encoder_states: torch.Tensor, drafts: list[list[int]]
                   tau_slm: float) -> Verification:
     B = len(drafts)
     device = encoder_states.device
-    prompt = adapter.prompt_ids
-    P = len(prompt)
+    prompts = adapter.batch_prompts(encoder_states)
+    P = max((len(p) for p in prompts), default=0)
+    lead = torch.tensor([P - len(p) for p in prompts], dtype=torch.long, device=device)  # left padding
     K = torch.tensor([len(d) for d in drafts], device=device)
     Kmax = int(K.max()) if B else 0
     eot = adapter.eot_id
     ids = torch.full((B, P + Kmax), eot, dtype=torch.long, device=device)
-    ids[:, :P] = torch.tensor(prompt, device=device)
-    for i, d in enumerate(drafts):
-        if d:
-            ids[i, P:P + len(d)] = torch.tensor(d, device=device)
+    for i, (p, d) in enumerate(zip(prompts, drafts)):
+        ids[i, P - len(p):P + len(d)] = torch.tensor(p + list(d), dtype=torch.long, device=device)
     steps = torch.arange(Kmax + 1, device=device)
-    mask = (torch.arange(P + Kmax, device=device).unsqueeze(0) < (P + K).unsqueeze(1)).long()
-    positions = torch.arange(P + Kmax, device=device).unsqueeze(0).expand(B, -1)
+    cols = torch.arange(P + Kmax, device=device).unsqueeze(0)
+    mask = ((cols >= lead.unsqueeze(1)) & (cols < (P + K).unsqueeze(1))).long()
+    positions = (cols - lead.unsqueeze(1)).clamp(min=0)
     hidden, _ = adapter.decoder_hidden(ids, encoder_states, None, mask, positions)
     # Only the positions that predict draft tokens (and the one after the draft).
     gather_at = (P - 1 + torch.minimum(steps.unsqueeze(0), K.unsqueeze(1)))      # [B, Kmax+1]

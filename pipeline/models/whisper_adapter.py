@@ -74,6 +74,10 @@ class WhisperAdapter:
         self.begin_suppress_ids = torch.tensor(list(begin), dtype=torch.long, device=self.device)
         self.max_positions = int(cfg.max_target_positions)
 
+    def batch_prompts(self, encoder_states: torch.Tensor) -> list[list[int]]:
+        """Per-row decoder prompts (the decoders' interface); Whisper's is the same for all."""
+        return [self.prompt_ids] * encoder_states.shape[0]
+
     # --- audio side -------------------------------------------------------------------
     def features(self, audios: list[np.ndarray]) -> torch.Tensor:
         fe = self.processor.feature_extractor
