@@ -129,7 +129,10 @@ class SSDFirstPassDecoder:
         t0 = time.perf_counter()
         device = self.adapter.device
         dtype = self.adapter.dtype
-        states = torch.stack([torch.from_numpy(r.states) for r in results]).to(device, dtype)
+        # Zero-padded to the longest row: Whisper's rows are all 1500 frames; adapters with
+        # per-row lengths (granite) read zero rows as padding.
+        states = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(r.states) for r in results],
+                                                 batch_first=True).to(device, dtype)
         rows = self.ssd.fallback(states, [r.ssd_row for r in results])
         for res, row in zip(results, rows):
             res.text, res.stage, res.tokens = row.text, row.stage, len(row.tokens)
