@@ -180,6 +180,7 @@ class CTCBeamSearch:
         self.use_cuda_graphs = use_cuda_graphs
         self._graphs: dict = {}  # input shape -> GraphedFrameLoop
         self._masks: dict = {}
+        self._call_boost = None  # (tree given to __call__, its dense table)
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
@@ -218,7 +219,12 @@ class CTCBeamSearch:
         out = []
         if self.lm is not None:
             out.append((self.lm, self.alpha_lm))
-        boost = self._dense(boost) if boost is not None else self.boost
+        if boost is None:
+            boost = self.boost
+        else:  # per-batch tree: keep its table while the same tree comes back (graph reuse)
+            if self._call_boost is None or self._call_boost[0] is not boost:
+                self._call_boost = (boost, self._dense(boost))
+            boost = self._call_boost[1]
         if boost is not None:
             out.append((boost, self.alpha_boost))
         return out

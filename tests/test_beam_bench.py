@@ -1,0 +1,42 @@
+"""Helpers of `shardscribe bench ctc-beam`: the simulated posteriors really encode their
+text, the phrase F-score counts what it should, and key phrases come from held-out text."""
+from __future__ import annotations
+
+import torch
+
+from jobs.bench_ctc_beam import key_phrases, phrase_fscore, simulate_log_probs, word_error_rate
+from pipeline.decoding.ctc_beam import CTCBeamSearch
+from pipeline.text import charset
+
+
+def test_simulated_posteriors_are_normalised_and_decodable():
+    texts = ["Hello world.", "aa bb"]
+    lp, lengths = simulate_log_probs(texts, seed=1)
+    assert lp.shape[2] == charset.NUM_CLASSES
+    valid = torch.arange(lp.shape[1])[None, :] < lengths[:, None]
+    sums = lp.exp().sum(-1)
+    assert torch.allclose(sums[valid], torch.ones(int(valid.sum())), atol=1e-4)
+    # the reference is reachable: forcing the blank between doubled letters works
+    assert lp.isfinite()[valid].all()
+    again, _ = simulate_log_probs(texts, seed=1)
+    assert torch.equal(lp, again)
+    res = CTCBeamSearch(8)(lp, lengths)
+    assert word_error_rate(texts, [charset.decode(t) for t in res.tokens]) < 1.0
+
+
+def test_phrase_fscore_counts_per_utterance_matches():
+    refs = ["the Lambda system", "a Lambda here"]
+    hyps = ["the Lambda systen", "Lambda Lambda here"]
+    # ref phrases: Lambda x2, system x1 -> 3; hyp phrases: Lambda x3 -> tp 2
+    f = phrase_fscore(refs, hyps, ["Lambda", "system"])
+    p, r = 2 / 3, 2 / 3
+    assert abs(f - 100 * 2 * p * r / (p + r)) < 1e-9
+    assert phrase_fscore(refs, refs, ["Lambda", "system"]) == 100.0
+
+
+def test_key_phrases_prefer_held_out_rare_words():
+    held = ["Quokkas enjoy breakfast", "quokkas are small"]
+    train = ["breakfast is served", "breakfast again", "zebras run", "elephants walk"]
+    phrases = key_phrases(held, train, 3)
+    assert phrases[0] == "Quokkas" and "breakfast" not in phrases
+    assert len(phrases) == 3
