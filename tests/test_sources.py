@@ -14,7 +14,7 @@ from pipeline.sources import SourceError, read_bytes, read_source
 
 def test_folder_and_glob(samples_dir):
     rows = read_source(str(samples_dir))
-    assert len(rows) == 6 and all(r["audio"].endswith(".flac") for r in rows)
+    assert len(rows) == 7 and all(r["audio"].endswith(".flac") for r in rows)
     assert read_bytes(rows[0])[:4] == b"fLaC"
     globbed = read_source(str(samples_dir / "*_flite_*.flac"))
     assert {r["id"] for r in globbed} < {r["id"] for r in rows} and len(globbed) == 4
