@@ -117,3 +117,18 @@ def test_lm_score_of_best_hypothesis_is_kenlm_sentence_score(libri, libri_arpa):
     lm_log10 = kenlm.Model(libri_arpa).score(tokens_line(res.tokens[0]), bos=True, eos=True)
     expected = acoustic + alpha * lm_log10 * 2.302585092994046 + beta * len(res.tokens[0])
     assert float(res.scores[0]) == pytest.approx(expected, abs=2e-3)
+
+
+def test_flop_on_real_log_probs_keeps_the_exact_result(libri, libri_arpa):
+    """Seed 003's point: on real (peaky) posteriors, top-N + relative-threshold token
+    pruning changes nothing, while it keeps ~1-2 of 29 tokens per frame."""
+    from pipeline.decoding.flop import surviving_tokens
+    from pipeline.lm.ngpu_lm import NGramLM
+
+    lm = NGramLM.from_arpa(libri_arpa, 28)
+    lp = libri[None]
+    exact = CTCBeamSearch(8, blank=BLANK, lm=lm, alpha_lm=0.5)(lp)
+    pruned = CTCBeamSearch(8, blank=BLANK, lm=lm, alpha_lm=0.5, flop_top_n=8, flop_ratio=1e-3)(lp)
+    assert pruned.tokens == exact.tokens
+    assert torch.equal(pruned.scores, exact.scores)
+    assert float(surviving_tokens(lp, torch.tensor([371]), 8, 1e-3)[0]) < 2.0

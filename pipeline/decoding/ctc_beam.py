@@ -87,6 +87,10 @@ class BeamSearchResult:
     alignments: torch.Tensor
     avg_beams: torch.Tensor | None = None
 
+    def words(self, b: int, space_token: int, frame_shift_s: float = 1.0):
+        """Word timestamps of utterance ``b``'s best hypothesis (see ``word_timestamps``)."""
+        return word_timestamps(self.tokens[b], self.token_frames[b], space_token, frame_shift_s)
+
 
 def word_timestamps(tokens: list[int], frames: list[int], space_token: int,
                     frame_shift_s: float = 1.0) -> list[tuple[list[int], float, float]]:
