@@ -6,7 +6,10 @@ without LM, 0/100/1000 key phrases, FLToP (seed 003) off/on with the average num
 surviving hypotheses; flashlight-text's LexiconFreeDecoder on the same token-level ARPA;
 pyctcdecode with a word-level KenLM built from the same text (it cannot use a token LM).
 
-Inputs: ``--logprobs FILE.safetensors`` (tensors ``log_probs`` [N, T, 96] over
+Inputs: ``--manifest FILE.jsonl`` runs the embedded Whisper encoder + CTC head
+(``--ctc-head``) over held-out audio with references (``--save-logprobs`` keeps them);
+``--lm-text`` is the in-domain LM text (e.g. the TTS corpus's train.jsonl). Or
+``--logprobs FILE.safetensors`` (tensors ``log_probs`` [N, T, 96] over
 ``pipeline.text.charset``, ``lengths`` [N]; metadata ``texts``: JSON list of references)
 holds real encoder outputs (the embedded CTC head on held-out audio). Without it the
 bench SIMULATES CTC posteriors from held-out sentences of Python's language reference
@@ -35,6 +38,10 @@ SUMMARY_BATCH = 32
 
 def add_arguments(parser) -> None:
     parser.add_argument("--logprobs", help="safetensors with log_probs, lengths (+ texts metadata)")
+    parser.add_argument("--ctc-head", default="embedded", help="with --manifest: the CTC head to run")
+    parser.add_argument("--save-logprobs", help="with --manifest: also write the log-probs here")
+    parser.add_argument("--lm-text", help="LM training text (lines, or JSONL with 'text'); default: "
+                        "Python reference sentences other than the references")
     parser.add_argument("--utterances", type=int, default=None, help="held-out utterances (default 96, quick 32)")
     parser.add_argument("--alpha", type=float, default=0.5, help="LM weight (natural-log units)")
     parser.add_argument("--beta", type=float, default=0.0,
@@ -128,6 +135,46 @@ def simulate_token_log_probs(n: int, vocab: int, seed: int, tokens_per_utt: int 
     for i, r in enumerate(rows):
         out[i, : r.shape[0]] = r
     return out, lengths, truths
+
+
+def manifest_log_probs(manifest: str, head: str, device: str | None, limit: int, batch: int = 8):
+    """Real encoder outputs: the embedded Whisper encoder + CTC head over the first ``limit``
+    rows (with references) of a manifest."""
+    import torch
+
+    from pipeline.audio import decode_audio
+    from pipeline.models.whisper_adapter import load_whisper_adapter
+    from pipeline.sources import read_bytes, read_source
+
+    rows = [r for r in read_source(manifest) if r.get("reference")][:limit]
+    adapter = load_whisper_adapter("embedded", device=device or "cpu", ctc_head=head)
+    chunks, refs = [], []
+    for start in range(0, len(rows), batch):
+        part = rows[start:start + batch]
+        enc = adapter.encode([decode_audio(read_bytes(r))[0] for r in part])
+        draft = adapter.ctc_draft(enc)
+        chunks += [draft.log_probs[j, : int(draft.lengths[j])].float().cpu() for j in range(len(part))]
+        refs += [r["reference"] for r in part]
+    lengths = torch.tensor([c.shape[0] for c in chunks])
+    out = torch.full((len(chunks), int(lengths.max()), chunks[0].shape[1]), float("-inf"))
+    out[:, :, 0] = 0.0
+    for i, c in enumerate(chunks):
+        out[i, : c.shape[0]] = c
+    return out, lengths, refs
+
+
+def save_log_probs(path: str, log_probs, lengths, texts) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"log_probs": log_probs.contiguous(), "lengths": lengths.contiguous()}, path,
+              metadata={"texts": json.dumps(texts)})
+
+
+def read_lm_text(path: str) -> list[str]:
+    lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if path.endswith(".jsonl"):
+        return [json.loads(ln)["text"] for ln in lines if json.loads(ln).get("text")]
+    return lines
 
 
 def load_log_probs(path: str):
@@ -245,9 +292,11 @@ def run(args) -> dict:
     n_utts = args.utterances or (32 if quick else 96)
     held, train = split_text(args.seed)
     if getattr(args, "manifest", None) and not args.logprobs:
-        raise SystemExit("bench ctc-beam takes CTC log-probs, not audio: run the CTC head over the "
-                         "manifest and pass --logprobs FILE.safetensors (see the module docstring)")
-    if args.logprobs:
+        log_probs, lengths, refs = manifest_log_probs(args.manifest, args.ctc_head, getattr(args, "device", None), n_utts)
+        if args.save_logprobs:
+            save_log_probs(args.save_logprobs, log_probs, lengths, refs)
+        source = f"real: CTC head {args.ctc_head} on {args.manifest}"
+    elif args.logprobs:
         log_probs, lengths, refs = load_log_probs(args.logprobs)
         source = f"real: {args.logprobs}"
     else:
@@ -256,15 +305,23 @@ def run(args) -> dict:
         source = "simulated from held-out text"
     log_probs, lengths = log_probs[:n_utts], lengths[:n_utts]
     refs = refs[: len(lengths)]
+    if not source.startswith("simulated"):  # every reference is held out of the LM text
+        ref_set = set(refs)
+        train = read_lm_text(args.lm_text) if args.lm_text else held + train
+        train = [s for s in train if s not in ref_set]
+        held = list(refs)
     n = len(lengths)
     text_of = charset.decode
     work = Path(tempfile.mkdtemp(prefix="bench-ctc-beam-"))
     arpa, tensors, word_arpa = build_lms(train, work)
-    lm = NGramLM.load(tensors)
+    device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    lm = NGramLM.load(tensors, device=device)
     phrases = {k: key_phrases(held, train, k) for k in (100, 1000)}
     trees = {k: BoostingTree.from_phrases([p], vocab_size=lm.vocab_size,
-                                          tokenize=lambda s: [c - 1 for c in charset.encode(s)])
+                                          tokenize=lambda s: [c - 1 for c in charset.encode(s)]).to(device)
              for k, p in phrases.items()}
+    cpu_lp = log_probs
+    log_probs, lengths = log_probs.to(device), lengths.to(device)
     rows: list[dict] = []
 
     def wer(hyps):
@@ -284,7 +341,7 @@ def run(args) -> dict:
         return row
 
     # greedy
-    g, secs = timed(lambda: ctc_greedy(log_probs, lengths))
+    g, secs = timed(lambda: ctc_greedy(log_probs, lengths))  # includes the .tolist() sync
     add("greedy", 1, n, False, 0, False, [text_of(t) for t in g.tokens], secs, n)
 
     reps_default = args.reps or (2 if quick else 3)
@@ -326,6 +383,7 @@ def run(args) -> dict:
 
     # FLToP where it is meant to pay off: a 1024-token vocabulary (no LM), exact vs pruned
     big_lp, big_len, truths = simulate_token_log_probs(n, 1024, args.seed)
+    big_lp, big_len = big_lp.to(device), big_len.to(device)
     ref_tokens = [" ".join(map(str, t)) for t in truths]
     for flop in (False, True):
         kw = dict(flop_top_n=args.flop_top_n, flop_ratio=args.flop_ratio) if flop else {}
@@ -341,7 +399,7 @@ def run(args) -> dict:
     # flashlight-text: same token ARPA, same weight, one utterance at a time
     from pipeline.decoding.reference_decoders import FlashlightCTC, PyCTCDecode
 
-    np_lp = [log_probs[i, : int(lengths[i])].numpy() for i in range(n)]
+    np_lp = [cpu_lp[i, : int(lengths[i])].numpy() for i in range(n)]
     for beam in beams_grid:
         for lm_on in (False, True):
             fl = FlashlightCTC(charset.NUM_CLASSES, 0, beam, space=charset.encode(" ")[0],
