@@ -1,0 +1,113 @@
+"""The decoders as pipeline stages: SSD as two Ray actor pools (encode+gate+verify, then
+AR fallback on CPU-offloaded encoder states), greedy CTC, and CTC beam search."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def ssd_adapter(model_cache):
+    from pipeline.models.whisper_adapter import load_whisper_adapter
+
+    return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
+
+
+@pytest.fixture(scope="module")
+def varied_manifest(tmp_path_factory, samples_dir, sample_manifest):
+    """Bundled clips plus noisy copies, so drafts range from confident to doubtful."""
+    from pipeline.audio import decode_audio
+
+    root = tmp_path_factory.mktemp("varied")
+    rng = np.random.default_rng(0)
+    lines = []
+    for m in sample_manifest:
+        lines.append({"id": m["id"], "audio": str(samples_dir / m["audio"]), "text": m["text"]})
+        audio = decode_audio((samples_dir / m["audio"]).read_bytes())[0]
+        for snr_db in (10, 3):
+            noise = rng.standard_normal(len(audio)).astype(np.float32)
+            noise *= np.sqrt((audio ** 2).mean() / 10 ** (snr_db / 10)) / noise.std()
+            path = root / f"{m['id']}_snr{snr_db}.wav"
+            sf.write(path, audio + noise, 16000)
+            lines.append({"id": path.stem, "audio": str(path), "text": m["text"]})
+    manifest = root / "varied.jsonl"
+    manifest.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return manifest, lines
+
+
+def _midpoint_between(values, q):
+    """A threshold strictly between two distinct sorted values near quantile q."""
+    vals = sorted(set(round(v, 4) for v in values))
+    assert len(vals) >= 2, vals
+    i = min(max(1, int(q * len(vals))), len(vals) - 1)
+    return (vals[i - 1] + vals[i]) / 2
+
+
+def test_ssd_two_pool_ray_plan_takes_all_three_stages(ssd_adapter, varied_manifest, tmp_path, model_cache):
+    from pipeline.audio import decode_audio
+    from pipeline.decoding.ssd import SelfSpeculativeDecoder
+
+    manifest, lines = varied_manifest
+    audios = [decode_audio(open(x["audio"], "rb").read())[0] for x in lines]
+    enc = ssd_adapter.encode(audios)
+    draft = ssd_adapter.ctc_draft(enc)
+    # Thresholds from the data: gate some rows, verify some, fall back on the rest.
+    tau_ctc = _midpoint_between(draft.max_entropy.tolist(), 0.3)
+    probe = SelfSpeculativeDecoder(ssd_adapter, tau_ctc, 0.0).first_pass(enc.states, draft.texts, draft.max_entropy)
+    # With tau_slm=0 the rows marked llm_verify are those whose draft ends where the decoder
+    # would; put tau_slm just below the best of them, so it passes and weaker ones fall back.
+    verified = [r.min_prob for r in probe if r.stage == "llm_verify"]
+    assert verified, [r.stage for r in probe]
+    best = max(verified)
+    lower = [r.min_prob for r in probe if r.stage != "ctc_gate" and r.min_prob is not None and r.min_prob < best]
+    tau_slm = (best + max(lower)) / 2 if lower else best / 2
+    expected = SelfSpeculativeDecoder(ssd_adapter, tau_ctc, tau_slm).decode(enc.states, draft.texts,
+                                                                            draft.max_entropy)
+    stages = {r.stage for r in expected}
+    assert stages == {"ctc_gate", "llm_verify", "ar_fallback"}, (tau_ctc, tau_slm, [r.stage for r in expected])
+
+    dst = tmp_path / "ssd"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(manifest), "--output", str(dst),
+         "--config", "ssd", "--set", f"ssd.tau_ctc={tau_ctc}", "--set", f"ssd.tau_slm={tau_slm}",
+         "--set", f"model.cache_dir={model_cache}", "--set", "batching.recordings_per_batch=4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
+    assert len(rows) == len(lines)
+    for line, exp in zip(lines, expected):
+        seg = rows[line["id"]]["segments"][0]
+        assert seg["stage"] == exp.stage, line["id"]
+        assert seg["text"] == exp.text, line["id"]
+        if exp.stage == "ar_fallback":
+            assert seg["prefix_len"] == len(exp.prefix) and seg["generated"] == exp.generated
+    summary = json.loads((dst / "summary.json").read_text())
+    assert summary["rows_in"] == summary["rows_out"] == len(lines) and summary["errors"] == 0
+    assert set(summary["stages"]) == {"ctc_gate", "llm_verify", "ar_fallback"}
+
+
+def test_ctc_greedy_and_beam_configs_run_in_process(ssd_adapter, samples_dir, tmp_path, model_cache):
+    from pipeline.config import load_config
+    from pipeline.local_runner import run_local
+    from pipeline.sources import read_source
+
+    rows = read_source(str(samples_dir / "samples.jsonl"))
+    cache = f"model.cache_dir={model_cache}"
+    out = {}
+    for name, extra in [("ctc_greedy", []), ("ctc_beam", ["beam.size=1", "beam.flop_top_n=null",
+                                                          "beam.flop_ratio=null", "beam.prune_threshold=null"])]:
+        dst = tmp_path / name
+        run_local(rows, load_config(name, [cache] + extra), str(dst), progress=False)
+        out[name] = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
+    assert all(r["stage"] == "ctc_greedy" for r in out["ctc_greedy"].values())
+    assert all(r["stage"] == "beam" for r in out["ctc_beam"].values())
+    # Beam 1 without LM or pruning is the greedy path.
+    assert {k: r["text"] for k, r in out["ctc_beam"].items()} == {k: r["text"] for k, r in out["ctc_greedy"].items()}
