@@ -18,11 +18,11 @@ def _inputs(device):
 
 def _run_static(search, lp, lengths, capture):
     fusion = search._fusion(None)
-    frames, theta = search._frames(lp, lengths)
-    loop = GraphedFrameLoop(search, frames, fusion, capture=capture)
+    frames, tokens, theta = search._frames(lp, lengths)
+    loop = GraphedFrameLoop(search, frames, tokens, fusion, capture=capture)
     assert loop.ok
     beams = search._init_beams(lp.shape[0], lp.device, fusion)
-    return search._finish(*loop.run(frames, theta, beams, fusion, lengths), fusion, lengths)
+    return search._finish(*loop.run(frames, tokens, theta, beams, fusion, lengths), fusion, lengths)
 
 
 @pytest.mark.parametrize("flop", [None, 3])

@@ -195,26 +195,24 @@ class CTCBeamSearch:
         if lengths is None:
             lengths = torch.full((b,), t, dtype=torch.int64)
         lengths = lengths.to(device=device, dtype=torch.int64)
-        if (t + 1) * v1 >= 2 ** 32:
-            raise ValueError("T x (V+1) too large for the 64-bit recombination key")
         fusion = self._fusion(boost)
-        frames, theta = self._frames(log_probs, lengths)
+        frames, tokens, theta = self._frames(log_probs, lengths)
         beams = self._init_beams(b, device, fusion)
         loop = self.eager_loop
         if self.use_cuda_graphs and device.type == "cuda":
-            graphs = self._graphed_loop(frames, fusion)
+            graphs = self._graphed_loop(frames, tokens, fusion)
             if graphs.ok:
                 loop = graphs.run
-        beams, labels, parents, alive = loop(frames, theta, beams, fusion, lengths)
+        beams, labels, parents, alive = loop(frames, tokens, theta, beams, fusion, lengths)
         return self._finish(beams, labels, parents, alive, fusion, lengths)
 
-    def _graphed_loop(self, frames, fusion):
+    def _graphed_loop(self, frames, tokens, fusion):
         from pipeline.decoding.ctc_beam_graphs import GraphedFrameLoop
 
         key = (tuple(frames.shape), str(frames.device))
         graphs = self._graphs.get(key)
         if graphs is None or not graphs.matches(frames, fusion):
-            graphs = self._graphs[key] = GraphedFrameLoop(self, frames, fusion)
+            graphs = self._graphs[key] = GraphedFrameLoop(self, frames, tokens, fusion)
         return graphs
 
     # --------------------------------------------------------------- the search
@@ -239,8 +237,10 @@ class CTCBeamSearch:
         return DenseFusionTable.maybe(model, self.dense_fusion_max_bytes)
 
     def _frames(self, log_probs, lengths):
-        """Frames as [T, B, V+1] with blank moved to column 0 and padded frames frozen
-        (blank 0, others -inf), plus per-frame pruning thresholds [T, B] (inf = none)."""
+        """Frames [T, B, V+1] with blank moved to column 0 and padded frames frozen (blank
+        0, others -inf); with FLToP, every frame pruned up front (the pruning does not
+        depend on the hypotheses): scores and token ids [T, B, N]; tokens are None
+        otherwise. Plus per-frame pruning thresholds [T, B] (inf = none)."""
         b, t, v1 = log_probs.shape
         lp = log_probs.float()
         if self.blank != 0:
@@ -253,7 +253,11 @@ class CTCBeamSearch:
         theta = float("inf") if self.prune_threshold is None else float(self.prune_threshold)
         thresholds = torch.where(valid, torch.tensor(theta, device=lp.device),
                                  torch.tensor(float("inf"), device=lp.device))
-        return frames.contiguous(), thresholds.contiguous()
+        tokens = None
+        if self.flop_top_n is not None:
+            values, tokens = prune_frame(frames.view(t * b, v1), self.flop_top_n, self.flop_ratio)
+            frames, tokens = values.view(t, b, -1), tokens.view(t, b, -1).contiguous()
+        return frames.contiguous(), tokens, thresholds.contiguous()
 
     def _init_beams(self, b, device, fusion) -> _Beams:
         k = self.beam_size
@@ -263,13 +267,14 @@ class CTCBeamSearch:
         states = [model.init_states(b * k, bos=True).to(device).view(b, k) for model, _ in fusion]
         return _Beams(scores, zeros.clone(), zeros.clone(), zeros.clone(), states)
 
-    def eager_loop(self, frames, thresholds, beams, fusion, lengths):
+    def eager_loop(self, frames, tokens, thresholds, beams, fusion, lengths):
         t, b, _ = frames.shape
         labels, parents = [], []
         alive = torch.zeros(b, device=frames.device) if self.track_beams else None
         valid = (torch.arange(t, device=frames.device)[:, None] < lengths[None, :]).float()
         for i in range(t):
-            beams, label, parent = self.step(beams, frames[i], thresholds[i], fusion)
+            beams, label, parent = self.step(beams, frames[i], None if tokens is None else tokens[i],
+                                             thresholds[i], fusion)
             labels.append(label)
             parents.append(parent)
             if alive is not None:
@@ -279,12 +284,14 @@ class CTCBeamSearch:
             return beams, empty, empty, alive
         return beams, torch.stack(labels), torch.stack(parents), alive
 
-    def step(self, beams: _Beams, frame: torch.Tensor, threshold: torch.Tensor, fusion):
-        """One frame of Algorithm 1 for the whole batch. ``frame`` [B, V+1] (blank at 0),
-        ``threshold`` [B]. Returns the new beams, the chosen labels and parents [B, beam]."""
+    def step(self, beams: _Beams, frame: torch.Tensor, tokens: torch.Tensor | None,
+             threshold: torch.Tensor, fusion):
+        """One frame of Algorithm 1 for the whole batch. ``frame`` [B, V+1] (blank at 0), or
+        with FLToP the frame's surviving scores and ``tokens`` [B, N]; ``threshold`` [B].
+        Returns the new beams, the chosen labels and parents [B, beam]."""
         b, k = beams.scores.shape
-        if self.flop_top_n is not None:
-            cand, cand_labels, next_states = self._expand_pruned(beams, frame, fusion)
+        if tokens is not None:
+            cand, cand_labels, next_states = self._expand_pruned(beams, frame, tokens, fusion)
         else:
             cand, cand_labels, next_states = self._expand_full(beams, frame, fusion)
         width = cand.shape[-1]
@@ -299,7 +306,9 @@ class CTCBeamSearch:
         hash_parent = beams.hash.gather(1, parent)
         new_hash = torch.where(is_new, (hash_parent * HASH_BASE + label) % HASH_MOD, hash_parent)
         length = beams.length.gather(1, parent) + is_new.long()
-        scores = self._recombine(scores, (length * HASH_MOD + new_hash) * (frame.shape[-1]) + label)
+        # a non-blank last label is always the prefix's last token, so (hash, length) plus
+        # "ends in blank" identifies (prefix, last label)
+        scores = self._recombine(scores, (length * HASH_MOD + new_hash) * 2 + (label == 0).long())
         if m > k:  # merged first, then the best ``beam`` distinct hypotheses
             scores, keep = scores.topk(k, dim=1)
             idx, parent, label = idx.gather(1, keep), parent.gather(1, keep), label.gather(1, keep)
@@ -342,17 +351,16 @@ class CTCBeamSearch:
         bonus = torch.nn.functional.pad(bonus, (1, 0)).scatter_(2, beams.last[:, :, None], 0.0)
         return cand.add_(bonus), None, next_states
 
-    def _expand_pruned(self, beams: _Beams, frame, fusion):
+    def _expand_pruned(self, beams: _Beams, values, tokens, fusion):
         """FLToP candidates: only each frame's surviving tokens, [B, beam, N]."""
         b, k = beams.scores.shape
-        values, tokens = prune_frame(frame, self.flop_top_n, self.flop_ratio)
         n = tokens.shape[1]
         cand = beams.scores[:, :, None] + values[:, None, :]
         if not fusion and self.beta == 0.0:
             return cand, tokens, []
         is_new = (tokens[:, None, :] != 0) & (tokens[:, None, :] != beams.last[:, :, None])
         lm_tokens = (tokens - 1).clamp(min=0)
-        bonus = torch.full((b, k, n), self.beta, device=frame.device)
+        bonus = torch.full((b, k, n), self.beta, device=values.device)
         next_states = []
         for (model, alpha), states in zip(fusion, beams.fusion):
             if hasattr(model, "advance_labels"):

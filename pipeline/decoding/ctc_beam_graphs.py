@@ -24,7 +24,8 @@ NEG_INF = float("-inf")
 
 
 class GraphedFrameLoop:
-    def __init__(self, search, frames: torch.Tensor, fusion, capture: bool = True):
+    def __init__(self, search, frames: torch.Tensor, tokens: torch.Tensor | None, fusion,
+                 capture: bool = True):
         from pipeline.decoding.ctc_beam import _Beams
 
         self.search, self.fusion = search, fusion
@@ -33,6 +34,7 @@ class GraphedFrameLoop:
         k = search.beam_size
         dev = frames.device
         self.frames = torch.zeros_like(frames)
+        self.tokens = None if tokens is None else torch.zeros_like(tokens)
         self.thresholds = torch.zeros((t, b), device=dev)
         self.valid = torch.zeros((t, b), device=dev)
         self.t = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -58,8 +60,9 @@ class GraphedFrameLoop:
 
     def _body(self) -> None:
         frame = self.frames.index_select(0, self.t)[0]
+        tokens = None if self.tokens is None else self.tokens.index_select(0, self.t)[0]
         threshold = self.thresholds.index_select(0, self.t)[0]
-        new, label, parent = self.search.step(self.beams, frame, threshold, self.fusion)
+        new, label, parent = self.search.step(self.beams, frame, tokens, threshold, self.fusion)
         self._set_beams(new)
         self.labels.index_copy_(0, self.t, label[None])
         self.parents.index_copy_(0, self.t, parent[None])
@@ -97,11 +100,13 @@ class GraphedFrameLoop:
             self._body()
         self.graph = graph
 
-    def run(self, frames, thresholds, beams, fusion, lengths):
+    def run(self, frames, tokens, thresholds, beams, fusion, lengths):
         from pipeline.decoding.ctc_beam import _Beams
 
         t = frames.shape[0]
         self.frames.copy_(frames)
+        if tokens is not None:
+            self.tokens.copy_(tokens)
         self.thresholds.copy_(thresholds)
         self.valid.copy_((torch.arange(t, device=frames.device)[:, None] < lengths[None, :]).float())
         self._load(beams)
