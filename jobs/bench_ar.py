@@ -9,34 +9,12 @@ from __future__ import annotations
 
 import time
 
+from jobs.bench_data import join_by_recording, load_recordings
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--batch", type=int, default=8, help="segments per model call")
     parser.add_argument("--threads", type=int, default=0, help="torch/ct2 threads (0: default)")
-
-
-def _segments(manifest: str | None, quick: bool):
-    from pipeline.config import load_config as _lc
-    from pipeline.prepare import prepare_row
-    from pipeline.segment import VadSegmenter
-    from pipeline.sources import read_source
-    from pathlib import Path
-
-    src = manifest or str(Path(__file__).resolve().parent.parent / "pipeline/assets/samples/samples.jsonl")
-    rows = read_source(src)
-    if quick:
-        rows = rows[:24]
-    cfg = _lc()
-    seg = VadSegmenter(cfg.audio.max_segment_s, cfg.audio.vad_threshold, cfg.audio.vad_pad_s)
-    audios, refs = [], []
-    for row in rows:
-        prepared = prepare_row(row, seg)
-        if prepared["error"] or not prepared["seg_audio"]:
-            continue
-        # References are per recording: score recordings, so keep their segments together.
-        audios.append(prepared["seg_audio"])
-        refs.append(row.get("reference") or "")
-    return audios, refs
 
 
 def run(args) -> dict:
@@ -50,7 +28,7 @@ def run(args) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    recordings, refs = _segments(args.manifest, args.quick)
+    recordings, refs = load_recordings(args.manifest, 24 if args.quick else 0)
     flat = [(r, s) for r, segs in enumerate(recordings) for s in segs]
     audio_s = sum(len(a) for _, a in flat) / 16000
     adapter = load_whisper_adapter("embedded", device="cpu")
@@ -61,12 +39,6 @@ def run(args) -> dict:
     greedy_decode(adapter, adapter.encode(warm).states)
     runtime.generate(ctranslate2.StorageView.from_array(adapter.features(warm).numpy()),
                      [adapter.prompt_ids], beam_size=1)
-
-    def texts_by_recording(seg_texts):
-        out = [[] for _ in recordings]
-        for (r, _), t in zip(flat, seg_texts):
-            out[r].append(t)
-        return [" ".join(x) for x in out]
 
     ours, enc_time = [], 0.0
     t0 = time.perf_counter()
@@ -87,7 +59,8 @@ def run(args) -> dict:
         ct2_texts += [adapter.text(r.sequences_ids[0]) for r in res]
     ct2_s = time.perf_counter() - t0
 
-    ours_rec, ct2_rec = texts_by_recording(ours), texts_by_recording(ct2_texts)
+    ours_rec = join_by_recording(flat, ours, len(recordings))
+    ct2_rec = join_by_recording(flat, ct2_texts, len(recordings))
     rows = [
         {"decoder": "shardscribe AR (torch)", "segments": len(flat), "audio_s": audio_s, "wall_s": ours_s,
          "rtfx": audio_s / ours_s, "wer": corpus_wer(refs, ours_rec), "encoder_share": enc_time / ours_s},

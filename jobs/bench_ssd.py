@@ -10,11 +10,11 @@ mean j (accepted prefix length of verified/fallback rows).
 """
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
-DEFAULT_MANIFEST = Path(__file__).resolve().parent.parent / "pipeline/assets/samples/samples.jsonl"
+from jobs.bench_data import join_by_recording, load_recordings
+
 
 
 def add_arguments(parser) -> None:
@@ -24,25 +24,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--limit", type=int, default=0, help="use only the first N recordings")
     parser.add_argument("--plot", default=None, help="PNG path for WER vs RTFx (default: beside --out)")
     parser.add_argument("--config", default="ssd", help="config providing presets and the CTC head")
-
-
-def _load_segments(manifest, limit, cfg):
-    from pipeline.prepare import prepare_row
-    from pipeline.segment import VadSegmenter
-    from pipeline.sources import read_source
-
-    rows = read_source(manifest)
-    if limit:
-        rows = rows[:limit]
-    seg = VadSegmenter(cfg.audio.max_segment_s, cfg.audio.vad_threshold, cfg.audio.vad_pad_s)
-    recordings, refs = [], []
-    for row in rows:
-        p = prepare_row(row, seg)
-        if p["error"] or not p["seg_audio"]:
-            continue
-        recordings.append(p["seg_audio"])
-        refs.append(row.get("reference") or "")
-    return recordings, refs
 
 
 def _timed(fn, device):
@@ -68,9 +49,8 @@ def run(args) -> dict:
 
     overrides = [f"model.device={args.device}"] if args.device else []
     cfg = load_config(args.config, overrides)
-    manifest = args.manifest or str(DEFAULT_MANIFEST)
     limit = args.limit or (24 if args.quick else 0)
-    recordings, refs = _load_segments(manifest, limit, cfg)
+    recordings, refs = load_recordings(args.manifest, limit, cfg)
     flat = [(r, a) for r, segs in enumerate(recordings) for a in segs]
     audio_s = sum(len(a) for _, a in flat) / 16000
     adapter = load_adapter(cfg)
@@ -94,10 +74,7 @@ def run(args) -> dict:
         t_ctc += t
 
     def by_recording(seg_texts):
-        out = [[] for _ in recordings]
-        for (r, _), t in zip(flat, seg_texts):
-            out[r].append(t)
-        return [" ".join(x for x in texts if x) for texts in out]
+        return join_by_recording(flat, seg_texts, len(recordings))
 
     rows = []
 

@@ -12,7 +12,7 @@ import torch
 
 from pipeline.decoding.ctc_beam import CTCBeamSearch
 from pipeline.text import charset
-from pipeline.transcribe import PENDING, SegmentResult, _sync
+from pipeline.transcribe import PENDING, SegmentResult, encode_then
 
 BEAM = "beam"
 
@@ -27,16 +27,9 @@ class CTCLogProbsDecoder:
         self.adapter = adapter
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
-        t0 = time.perf_counter()
-        enc = self.adapter.encode(audios)
-        _sync(enc.states)
-        t1 = time.perf_counter()
-        draft = self.adapter.ctc_draft(enc)
+        draft, t_enc, t_dec = encode_then(self.adapter, audios, self.adapter.ctc_draft)
         lp = draft.log_probs.cpu().numpy()
-        t2 = time.perf_counter()
-        n = len(audios)
-        return [SegmentResult("", PENDING, 0, (t1 - t0) / n, (t2 - t1) / n,
-                              max_entropy=float(h), states=lp[i, :int(L)].copy())
+        return [SegmentResult("", PENDING, 0, t_enc, t_dec, max_entropy=float(h), states=lp[i, :int(L)].copy())
                 for i, (h, L) in enumerate(zip(draft.max_entropy.tolist(), draft.lengths.tolist()))]
 
 

@@ -51,6 +51,18 @@ def _sync(t: torch.Tensor) -> None:
         torch.cuda.synchronize(t.device)
 
 
+def encode_then(adapter, audios: list[np.ndarray], after_encode):
+    """Encode ``audios`` and run ``after_encode(encoder_batch)``; returns its result and
+    the encoder's and its own seconds per segment (the per-stage timings of each row)."""
+    t0 = time.perf_counter()
+    enc = adapter.encode(audios)
+    _sync(enc.states)
+    t1 = time.perf_counter()
+    out = after_encode(enc)
+    t2 = time.perf_counter()
+    return out, (t1 - t0) / len(audios), (t2 - t1) / len(audios)
+
+
 class ARSegmentDecoder:
     """Full autoregressive greedy decoding of each segment (the baseline)."""
 
@@ -61,15 +73,11 @@ class ARSegmentDecoder:
         self.max_new_tokens = max_new_tokens
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
-        t0 = time.perf_counter()
-        enc = self.adapter.encode(audios)
-        _sync(enc.states)
-        t1 = time.perf_counter()
-        tokens = greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens)
-        t2 = time.perf_counter()
-        n = len(audios)
-        return [SegmentResult(self.adapter.text(t), "ar", len(t), (t1 - t0) / n, (t2 - t1) / n,
-                              generated=len(t)) for t in tokens]
+        tokens, t_enc, t_dec = encode_then(
+            self.adapter, audios,
+            lambda enc: greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens))
+        return [SegmentResult(self.adapter.text(t), "ar", len(t), t_enc, t_dec, generated=len(t))
+                for t in tokens]
 
 
 class CTCGreedySegmentDecoder:
@@ -81,15 +89,9 @@ class CTCGreedySegmentDecoder:
         self.adapter = adapter
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
-        t0 = time.perf_counter()
-        enc = self.adapter.encode(audios)
-        _sync(enc.states)
-        t1 = time.perf_counter()
-        draft = self.adapter.ctc_draft(enc)
-        t2 = time.perf_counter()
-        n = len(audios)
-        return [SegmentResult(t.strip(), "ctc_greedy", len(t), (t1 - t0) / n, (t2 - t1) / n,
-                              max_entropy=float(h)) for t, h in zip(draft.texts, draft.max_entropy.tolist())]
+        draft, t_enc, t_dec = encode_then(self.adapter, audios, self.adapter.ctc_draft)
+        return [SegmentResult(t.strip(), "ctc_greedy", len(t), t_enc, t_dec, max_entropy=float(h))
+                for t, h in zip(draft.texts, draft.max_entropy.tolist())]
 
 
 class SSDFirstPassDecoder:
@@ -101,18 +103,15 @@ class SSDFirstPassDecoder:
         self.adapter = adapter
         self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens)
 
-    def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
-        t0 = time.perf_counter()
-        enc = self.adapter.encode(audios)
-        _sync(enc.states)
-        t1 = time.perf_counter()
+    def _first_pass(self, enc):
         draft = self.adapter.ctc_draft(enc)
-        rows = self.ssd.first_pass(enc.states, draft.texts, draft.max_entropy)
-        t2 = time.perf_counter()
-        n = len(audios)
+        return enc, self.ssd.first_pass(enc.states, draft.texts, draft.max_entropy)
+
+    def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
+        (enc, rows), t_enc, t_dec = encode_then(self.adapter, audios, self._first_pass)
         out = []
         for i, row in enumerate(rows):
-            res = SegmentResult(row.text, row.stage or PENDING, len(row.tokens), (t1 - t0) / n, (t2 - t1) / n,
+            res = SegmentResult(row.text, row.stage or PENDING, len(row.tokens), t_enc, t_dec,
                                 max_entropy=row.max_entropy, min_prob=row.min_prob,
                                 prefix_len=row.prefix_len, drafted=len(row.draft_tokens), generated=0)
             if row.stage is None:
