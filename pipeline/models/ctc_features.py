@@ -35,7 +35,7 @@ def read_manifest(path: str | Path) -> list[dict]:
 
 
 def _shard_name(rows: list[dict], pack: bool) -> str:
-    digest = hashlib.sha1(("packed\n" if pack else "").encode()
+    digest = hashlib.sha1(("packed-v2\n" if pack else "").encode()
                           + "\n".join(r["id"] + "|" + r["audio_path"] for r in rows).encode())
     return f"shard-{digest.hexdigest()[:16]}"
 
@@ -88,8 +88,9 @@ def encode_shard(model, processor, rows: list[dict], with_ar: bool, batch_size: 
 @torch.inference_mode()
 def encode_packed_shard(model, processor, rows: list[dict], seed_key: str,
                         window: int = 30 * 16000, batch_size: int = 4):
-    """Pack the rows into 30-s windows (shuffled, 0.1-0.6 s silences), encode each window
-    once, and cut every utterance's frames out of it."""
+    """Pack the rows into 30-s windows (shuffled, 0.1-0.6 s silences, starts on the state
+    grid, one peak level per window), encode each window once, and cut every utterance's
+    frames out of it."""
     import random
 
     rng = random.Random(seed_key)
@@ -98,7 +99,10 @@ def encode_packed_shard(model, processor, rows: list[dict], seed_key: str,
     audios = {i: _load_audio(rows[i]["audio_path"]) for i in order}
     windows, current, used = [], [], 0
     for i in order:
-        gap = int(rng.uniform(0.1, 0.6) * 16000) if current else 0
+        # Starts on the 320-sample state grid, as a clip alone starts at sample 0.
+        gap = -(-int(rng.uniform(0.1, 0.6) * 16000) // SAMPLES_PER_STATE) * SAMPLES_PER_STATE
+        gap = gap if current else 0
+        used = -(-used // SAMPLES_PER_STATE) * SAMPLES_PER_STATE
         if current and used + gap + len(audios[i]) > window:
             windows.append(current)
             current, used, gap = [], 0, 0
@@ -114,8 +118,13 @@ def encode_packed_shard(model, processor, rows: list[dict], seed_key: str,
         signals = []
         for win in group:
             sig = np.zeros(window, np.float32)
+            # Whisper's log-mel floor is (window max - 8): a quiet clip beside a loud one
+            # would lose its low-level detail, so every clip of a window gets the peak level
+            # of its first clip (levels still vary from window to window).
+            level = float(np.abs(audios[win[0][0]]).max()) or 1.0
             for i, start in win:
-                sig[start:start + len(audios[i])] = audios[i]
+                a = audios[i] * (level / (float(np.abs(audios[i]).max()) or 1.0))
+                sig[start:start + len(a)] = a
             signals.append(sig)
         t0 = time.perf_counter()
         x = processor.feature_extractor(signals, sampling_rate=16000,

@@ -48,6 +48,20 @@ def corpus_command(manifest: str) -> str | None:
             f"--heldout-text {per['heldout_text']}")
 
 
+def subset_lines(manifest: str) -> tuple[int, int] | None:
+    """(first, last) line numbers of ``manifest`` inside its folder's train.jsonl, when it is
+    a contiguous slice of it (the rows encoded alone for training)."""
+    path, full = Path(manifest), Path(manifest).parent / "train.jsonl"
+    if path.name == "train.jsonl" or not full.exists() or not path.name.startswith("train"):
+        return None
+    ids = [json.loads(x)["id"] for x in path.read_text().splitlines() if x.strip()]
+    all_ids = [json.loads(x)["id"] for x in full.read_text().splitlines() if x.strip()]
+    if not ids or ids[0] not in all_ids:
+        return None
+    start = all_ids.index(ids[0])
+    return (start + 1, start + len(ids)) if all_ids[start:start + len(ids)] == ids else None
+
+
 def model_card(metrics: dict, manifests: list[str], corpus_notes: str = "") -> str:
     cfg = metrics.get("config", {})
     lines = [
@@ -84,6 +98,11 @@ def model_card(metrics: dict, manifests: list[str], corpus_notes: str = "") -> s
         cmd = corpus_command(m)
         if cmd and cmd not in lines:
             lines.append(cmd)
+        rng = subset_lines(m)
+        if rng:
+            lines.append(f"sed -n '{rng[0]},{rng[1]}p' {Path(m).parent}/train.jsonl > {m}")
+        if Path(m).name == "real.jsonl":
+            lines.append(f"# {m}: real recordings, see 'Real speech' below")
     lines += [metrics["command"], "```",
               "Encoder states are cached under `--cache` (valid frames only, fp16); training rows are",
               "packed several to a 30-s window (the encoder costs the same for 3 s as for 30 s), held-out",
@@ -105,6 +124,12 @@ def model_card(metrics: dict, manifests: list[str], corpus_notes: str = "") -> s
                      f"{'-' if ratio is None else f'{ratio:.2f}x'} | {_fmt(e['ctc_exact'])} | "
                      f"{_fmt(e.get('ar_exact'))} | {_fmt(e['ctc_raw_cer'])} |")
     lines += ["", "AR = Whisper tiny.en greedy (`model.generate`, no timestamps) on the same encoder pass.",
+              "heldout_voice: voices never trained on, training-pool texts; heldout_text: training",
+              "voices, texts never trained on. real: the only real human recordings found in",
+              "packages here (not in git): `moonshine_onnx/assets/beckett.wav` from the PyPI wheel",
+              "`useful-moonshine-onnx` (MIT; \"Ever tried, ever failed. ...\"), and the eight channel",
+              "announcements `/usr/share/sounds/alsa/{Front,Rear,Side}_*.wav` of the Debian package",
+              "`alsa-utils` (GPL-2; \"Front left.\" etc.): 9 clips, a smoke test, not a benchmark.",
               "", "## Calibration (SSD eq. 3 gate statistic)", "",
               "Max frame entropy (nats) over valid frames vs. the share of drafts that are exactly",
               "right after normalisation; all held-out utterances together.", "",
