@@ -3,11 +3,6 @@
 Greedy CTC (Graves et al. 2006): per-frame argmax, then collapse repeats and drop blanks.
 The SSD gate (seed 000) needs the entropy of each frame's distribution and its maximum over
 the *valid* frames. Frames at or past an utterance's length are ignored everywhere.
-
-NOTE (beam-search engineer): this file was accidentally overwritten while another
-engineer's version existed; it was rebuilt to the API ``whisper_adapter.ctc_draft`` uses
-(``ctc_greedy(log_probs, lengths)`` -> ``.tokens``, ``.entropy``, ``.max_entropy``). The
-owner should check it against their original.
 """
 from __future__ import annotations
 
