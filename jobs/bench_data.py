@@ -37,3 +37,27 @@ def join_by_recording(flat_index: list[tuple[int, object]], seg_texts: list[str]
         if text:
             out[r].append(text)
     return [" ".join(x) for x in out]
+
+
+def concat_long_form(recordings: list[list], refs: list[str], target_s: float, gap_s: float = 0.4):
+    """Long-form inputs from short ones: consecutive single-segment recordings joined with
+    short silences into segments of up to ``target_s`` (references joined likewise), so the
+    decoder's share of the work is what it is on near-30-s segments."""
+    import numpy as np
+
+    gap = np.zeros(int(gap_s * 16000), dtype=np.float32)
+    limit = int(target_s * 16000)
+    out_audio, out_refs, cur, cur_refs = [], [], [], []
+    for segs, ref in zip(recordings, refs):
+        for seg in segs:
+            size = sum(len(c) + len(gap) for c in cur)
+            if cur and size + len(seg) > limit:
+                out_audio.append([np.concatenate([x for c in cur for x in (c, gap)])[:-len(gap)]])
+                out_refs.append(" ".join(cur_refs))
+                cur, cur_refs = [], []
+            cur.append(np.asarray(seg, dtype=np.float32))
+        cur_refs.append(ref)
+    if cur:
+        out_audio.append([np.concatenate([x for c in cur for x in (c, gap)])[:-len(gap)]])
+        out_refs.append(" ".join(cur_refs))
+    return out_audio, out_refs

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from jobs.bench_data import join_by_recording, load_recordings
+from jobs.bench_data import concat_long_form, join_by_recording, load_recordings
 
 
 
@@ -24,6 +24,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--limit", type=int, default=0, help="use only the first N recordings")
     parser.add_argument("--plot", default=None, help="PNG path for WER vs RTFx (default: beside --out)")
     parser.add_argument("--config", default="ssd", help="config providing presets and the CTC head")
+    parser.add_argument("--long-form", type=float, default=0.0, metavar="SECONDS",
+                        help="join consecutive recordings into segments of up to SECONDS (e.g. 28)")
 
 
 def _timed(fn, device):
@@ -51,6 +53,8 @@ def run(args) -> dict:
     cfg = load_config(args.config, overrides)
     limit = args.limit or (24 if args.quick else 0)
     recordings, refs = load_recordings(args.manifest, limit, cfg)
+    if args.long_form:
+        recordings, refs = concat_long_form(recordings, refs, args.long_form)
     flat = [(r, a) for r, segs in enumerate(recordings) for a in segs]
     audio_s = sum(len(a) for _, a in flat) / 16000
     adapter = load_adapter(cfg)
