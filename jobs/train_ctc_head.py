@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         "command": "shardscribe train-ctc-head " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
         "device": device, "threads": args.threads,
         "train_utterances": len(train_rows),
+        "train_distinct_utterances": len({r["id"] for r in train_rows}),
         "train_hours": round(sum(r["states"].shape[0] for r in train_rows) * 0.02 / 3600, 3),
         "feature_minutes": round(features_min, 2), "train_minutes": round(train_min, 2),
         "parameters": head.num_parameters(), "curve": curve,

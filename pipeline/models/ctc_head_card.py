@@ -16,7 +16,9 @@ SOURCES = """\
   `RPM`); the engines are given the same sentence with every number in words, because they
   misread digits and unit symbols (espeak-ng reads `mm` as "em em").
 - Held-out texts: a stable 8% hash of the transcript (`pipeline/tts/corpus.py`), never
-  spoken in training by any voice, in any corpus seed."""
+  spoken in training by any voice, in any corpus seed.
+- The prose pool depends on the Python version's standard library (3.11.7 here): another
+  version yields a slightly different corpus for the same seed."""
 
 VOICES = """\
 - espeak-ng 1.51: 7 English dialects (en-us, en-gb, en-gb-scotland, en-gb-x-rp,
@@ -81,8 +83,11 @@ def model_card(metrics: dict, manifests: list[str], corpus_notes: str = "") -> s
         f"- {metrics['parameters']:,} parameters, stored in fp16 (`head.safetensors`), run in fp32.",
         "",
         "## Data",
-        f"Synthetic speech only: {metrics['train_utterances']} training utterances",
-        f"({metrics['train_hours']} h of valid encoder frames). {corpus_notes}".rstrip(),
+        f"Synthetic speech only: {metrics['train_utterances']} training examples from "
+        f"{metrics.get('train_distinct_utterances', metrics['train_utterances'])} distinct utterances",
+        f"({metrics['train_hours']} h of valid encoder frames; an utterance listed in a",
+        "single-utterance manifest as well is seen both packed and alone).",
+        corpus_notes,
         "",
         "Voices:",
         VOICES,

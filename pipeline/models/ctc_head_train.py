@@ -90,7 +90,8 @@ def greedy_drafts(head, rows: list[dict], device="cpu", frame_budget: int = 2000
 
 def train_head(head, train_rows: list[dict], eval_rows: list[dict], *, epochs: int, lr: float,
                seed: int, frame_budget: int, device="cpu", time_masks: int = 2,
-               mask_width: int = 10, max_minutes: float | None = None, log=print) -> list[dict]:
+               mask_width: int = 10, max_minutes: float | None = None, log_every: int = 25,
+               log=print) -> list[dict]:
     """AdamW with linear warm-up and cosine decay; returns the per-epoch curve."""
     from pipeline.metrics import corpus_cer
 
@@ -127,8 +128,12 @@ def train_head(head, train_rows: list[dict], eval_rows: list[dict], *, epochs: i
             opt.step()
             sched.step()
             step += 1
-            loss_sum += float(loss) * len(items)
+            loss_sum += loss.detach().item() * len(items)
             n += len(items)
+            if log_every and step % log_every == 0:
+                log(f"train: step={step} epoch={epoch} running_loss={loss_sum / n:.4f} "
+                    f"lr={sched.get_last_lr()[0]:.2e} "
+                    f"minutes={(time.perf_counter() - t0) / 60:.2f}")
         point = {"epoch": epoch, "step": step, "train_loss": round(loss_sum / max(n, 1), 4),
                  "minutes": round((time.perf_counter() - t0) / 60, 2)}
         if eval_rows:
