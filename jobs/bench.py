@@ -12,6 +12,7 @@ import importlib
 import json
 import pkgutil
 import sys
+from pathlib import Path
 
 import jobs
 
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(result["rows"]))
     print("summary: " + json.dumps(result["summary"], indent=2, default=float))
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=2, default=float)
     return 0

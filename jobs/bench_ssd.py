@@ -24,6 +24,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--limit", type=int, default=0, help="use only the first N recordings")
     parser.add_argument("--plot", default=None, help="PNG path for WER vs RTFx (default: beside --out)")
     parser.add_argument("--config", default="ssd", help="config providing presets and the CTC head")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override, e.g. model.ctc_head=DIR")
     parser.add_argument("--long-form", type=float, default=0.0, metavar="SECONDS",
                         help="join consecutive recordings into segments of up to SECONDS (e.g. 28)")
 
@@ -49,7 +51,7 @@ def run(args) -> dict:
     from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
     from pipeline.metrics import corpus_wer
 
-    overrides = [f"model.device={args.device}"] if args.device else []
+    overrides = list(args.overrides) + ([f"model.device={args.device}"] if args.device else [])
     cfg = load_config(args.config, overrides)
     limit = args.limit or (24 if args.quick else 0)
     recordings, refs = load_recordings(args.manifest, limit, cfg)
@@ -165,5 +167,6 @@ def _plot(rows, path):
     ax.set_title("Self-speculative decoding: WER vs RTFx")
     ax.legend(fontsize=7)
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
