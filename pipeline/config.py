@@ -93,8 +93,8 @@ class SSDConfig:
     tau_ctc: float | None = None      # overrides the preset's gate threshold (nats)
     tau_slm: float | None = None      # overrides the preset's verification threshold
     presets: dict = field(default_factory=lambda: {
-        "high_accuracy": {"tau_ctc": 1.2, "tau_slm": 0.1},
-        "high_rtfx": {"tau_ctc": 1.6, "tau_slm": 0.1},
+        "high_accuracy": {"tau_ctc": 0.9, "tau_slm": 0.1},
+        "high_rtfx": {"tau_ctc": 1.4, "tau_slm": 0.1},
     })
 
     def validate(self, key: str) -> None:
