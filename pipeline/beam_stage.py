@@ -90,7 +90,7 @@ class CTCBeamFinisher:
         lp = torch.full((len(results), T, C), float("-inf"))
         lp[:, :, charset.BLANK] = 0.0
         for i, r in enumerate(results):
-            lp[i, :r.states.shape[0]] = torch.from_numpy(r.states)
+            lp[i, :r.states.shape[0]] = torch.tensor(r.states)  # arrow buffers are read-only
         out = self.search(lp.to(self.device), lengths.to(self.device), boost=self._boost(results))
         for r, toks in zip(results, out.tokens):
             r.text, r.stage, r.tokens = charset.decode(toks).strip(), BEAM, len(toks)
