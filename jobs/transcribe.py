@@ -53,20 +53,10 @@ def run(args: argparse.Namespace) -> int:
 
             run_ray(todo, cfg, args.output)
     wall = time.perf_counter() - start
-    todo_ids = {r["id"] for r in todo}
     summary = summarize(args.output, [r["id"] for r in rows], {
         "config": cfg.name, "runner": args.runner, "run_rows": len(todo),
         "skipped_existing": len(rows) - len(todo), "wall_seconds": wall,
-    })
-    # RTFx of this run: audio decoded in this run over its wall time.
-    from pipeline.output import read_output
-
-    out = read_output(args.output, ["id", "duration_s"])
-    run_audio = sum(d or 0.0 for i, d in zip(out.column("id").to_pylist(), out.column("duration_s").to_pylist())
-                    if i in todo_ids) if out is not None else 0.0
-    summary.update(run_audio_seconds=run_audio, rtfx=(run_audio / wall) if todo and wall > 0 else None)
-    summarize(args.output, [r["id"] for r in rows], {k: summary[k] for k in (
-        "config", "runner", "run_rows", "skipped_existing", "wall_seconds", "run_audio_seconds", "rtfx")})
+    }, run_ids={r["id"] for r in todo})
     print(json.dumps(summary, indent=2))
     if summary["rows_out"] != summary["rows_in"] or summary["duplicate_rows"]:
         print(f"shardscribe: error: rows in {summary['rows_in']} != rows out {summary['rows_out']} "

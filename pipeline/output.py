@@ -46,8 +46,11 @@ def read_output(dst: str, columns: list[str]):
     return pa.concat_tables(tables) if tables else None
 
 
-def summarize(dst: str, input_ids: list[str], run: dict) -> dict:
-    """Reconcile DST against the input and write summary.json; returns the summary."""
+def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | None = None) -> dict:
+    """Reconcile DST against the input and write summary.json; returns the summary.
+
+    ``run`` holds this run's facts (``wall_seconds`` among them); the RTFx of the run is
+    the audio of the rows it decoded (``run_ids``) over that wall time."""
     out = read_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"])
     rows = out.to_pylist() if out is not None else []
     wanted = set(input_ids)
@@ -69,6 +72,10 @@ def summarize(dst: str, input_ids: list[str], run: dict) -> dict:
         "wer_rows": len(refs),
         **run,
     }
+    run_audio = sum(r["duration_s"] or 0.0 for r in rows if run_ids and r["id"] in run_ids)
+    wall = run.get("wall_seconds") or 0.0
+    summary["run_audio_seconds"] = run_audio
+    summary["rtfx"] = run_audio / wall if run_ids and wall > 0 else None
     fs, path = fsspec.core.url_to_fs(dst)
     fs.makedirs(path, exist_ok=True)
     with fs.open(posixpath.join(path, SUMMARY_NAME), "w") as fh:
