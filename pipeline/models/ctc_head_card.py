@@ -107,7 +107,7 @@ def model_card(metrics: dict, manifests: list[str], corpus_notes: str = "") -> s
         if rng:
             lines.append(f"sed -n '{rng[0]},{rng[1]}p' {Path(m).parent}/train.jsonl > {m}")
         if Path(m).name == "real.jsonl":
-            lines.append(f"# {m}: real recordings, see 'Real speech' below")
+            lines.append(f"# {m}: real recordings, see 'Measured' below")
     lines += [metrics["command"], "```",
               "Encoder states are cached under `--cache` (valid frames only, fp16); training rows are",
               "packed several to a 30-s window (the encoder costs the same for 3 s as for 30 s), held-out",
