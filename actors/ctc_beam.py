@@ -16,7 +16,8 @@ from pipeline.transcribe import complete_pending
 
 
 class CTCBeamDecoder:
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, first_stage=None):
+        # first_stage is accepted for symmetry with SSDFallback: the beam search needs no model.
         self.cfg = config_from_dict(config)
         self.finisher = CTCBeamFinisher(self.cfg.beam, device=resolve_device(self.cfg.model.device))
 

@@ -16,10 +16,10 @@ from pipeline.transcribe import complete_pending
 
 
 class SSDFallback:
-    def __init__(self, config: dict, decoder=None):
+    def __init__(self, config: dict, first_stage=None):
         self.cfg = config_from_dict(config)
-        # In-process runs pass the first stage's decoder, so the model is loaded once.
-        self.decoder = decoder or build_segment_decoder(self.cfg)
+        # In-process runs pass the first stage (a Transcriber), so the model is loaded once.
+        self.decoder = first_stage.decoder if first_stage is not None else build_segment_decoder(self.cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = rows_with_arrays(batch, "pending_states")

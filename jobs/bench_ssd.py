@@ -43,8 +43,6 @@ def _timed(fn, device):
 
 
 def run(args) -> dict:
-    import torch
-
     from actors.transcriber import load_adapter
     from pipeline.config import load_config
     from pipeline.decoding.ar_greedy import greedy_decode

@@ -16,8 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from actors.audio_prep import AudioPrep
-from actors.ctc_beam import CTCBeamDecoder
-from actors.ssd_fallback import SSDFallback
+from actors.second_stage import SECOND_STAGE
 from actors.transcriber import Transcriber
 from pipeline.records import INPUT_SCHEMA, OUTPUT_SCHEMA, table
 
@@ -28,12 +27,9 @@ def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int = 1024, progre
     """Transcribe manifest ``rows`` into Parquet parts under ``dst``; returns rows written."""
     prep = AudioPrep(cfg.to_dict())
     model = Transcriber(cfg.to_dict())
-    # The SSD fallback stage shares the first stage's model in-process (no second copy).
-    second = None
-    if cfg.decoder.kind == "ssd":
-        second = SSDFallback(cfg.to_dict(), decoder=model.decoder)
-    elif cfg.decoder.kind == "ctc_beam":
-        second = CTCBeamDecoder(cfg.to_dict())
+    # A second stage shares the first stage's model in-process (no second copy).
+    stage = SECOND_STAGE.get(cfg.decoder.kind)
+    second = stage(cfg.to_dict(), first_stage=model) if stage else None
     fs, path = fsspec.core.url_to_fs(dst)
     fs.makedirs(path, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]

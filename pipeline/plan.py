@@ -34,8 +34,7 @@ def build_dataset(rows: list[dict], cfg):
     from ray.data import ActorPoolStrategy, DataContext
 
     from actors.audio_prep import AudioPrep
-    from actors.ctc_beam import CTCBeamDecoder
-    from actors.ssd_fallback import SSDFallback
+    from actors.second_stage import SECOND_STAGE
     from actors.transcriber import Transcriber
 
     ctx = DataContext.get_current()
@@ -51,16 +50,15 @@ def build_dataset(rows: list[dict], cfg):
                         compute=ActorPoolStrategy(size=cfg.ray.audio_actors),
                         num_cpus=cfg.ray.audio_actor_cpus)
     gpu = resolve_device(cfg.model.device).startswith("cuda")
-    two_stage = cfg.decoder.kind in ("ssd", "ctc_beam")
+    second = SECOND_STAGE.get(cfg.decoder.kind)
     # Both pools of a two-stage plan share one GPU; a whole GPU each would need two.
-    extra = {"num_gpus": 0.5 if two_stage else 1.0} if gpu else {}
+    extra = {"num_gpus": 0.5 if second else 1.0} if gpu else {}
     ds = ds.map_batches(Transcriber, fn_constructor_kwargs={"config": config},
                         batch_size=per_block, batch_format="pyarrow",
                         compute=ActorPoolStrategy(size=cfg.ray.decode_actors),
                         num_cpus=cfg.ray.decode_actor_cpus, **extra)
     # Second pool: SSD AR fallback (only rows that failed verification are decoded; their
     # encoder states arrive through the object store as CPU arrays) or CTC beam search.
-    second = {"ssd": SSDFallback, "ctc_beam": CTCBeamDecoder}.get(cfg.decoder.kind)
     if second is not None:
         ds = ds.map_batches(second, fn_constructor_kwargs={"config": config},
                             batch_size=per_block, batch_format="pyarrow",
@@ -70,7 +68,5 @@ def build_dataset(rows: list[dict], cfg):
 
 
 def run_ray(rows: list[dict], cfg, dst: str) -> None:
-    from ray.data.datasource import FilenameProvider  # noqa: F401  (import check for old Ray)
-
     init_ray(cfg)
     build_dataset(rows, cfg).write_parquet(dst)

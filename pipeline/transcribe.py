@@ -109,6 +109,9 @@ class SSDFirstPassDecoder:
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
         (enc, rows), t_enc, t_dec = encode_then(self.adapter, audios, self._first_pass)
+        pending = [i for i, row in enumerate(rows) if row.stage is None]
+        # One device-to-host copy for all pending rows (the CPU offload), not one per row.
+        host = iter(enc.states[pending].float().cpu().numpy()) if pending else None
         out = []
         for i, row in enumerate(rows):
             res = SegmentResult(row.text, row.stage or PENDING, len(row.tokens), t_enc, t_dec,
@@ -116,7 +119,7 @@ class SSDFirstPassDecoder:
                                 prefix_len=row.prefix_len, drafted=len(row.draft_tokens), generated=0)
             if row.stage is None:
                 res.ssd_row = row
-                res.states = enc.states[i].float().cpu().numpy()
+                res.states = next(host)
             out.append(res)
         return out
 
