@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="encode training rows one per window (5x slower, like inference)")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="stop after the epoch that passes this training time")
+    parser.add_argument("--stop-after-epoch", type=int, default=None,
+                        help="stop after this epoch but keep the learning-rate schedule of "
+                             "--epochs (reproduces the first epochs of a full run exactly)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", default=None, help="cpu/cuda (default: cuda if present)")
 
@@ -91,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     t_train = time.perf_counter()
     curve = train_head(head, train_rows, eval_rows, epochs=args.epochs, lr=args.lr,
                        seed=args.seed, frame_budget=args.frame_budget, device=device,
-                       time_masks=args.time_masks, max_minutes=args.max_minutes, log=log)
+                       time_masks=args.time_masks, max_minutes=args.max_minutes,
+                       stop_after_epoch=args.stop_after_epoch, log=log)
     train_min = (time.perf_counter() - t_train) / 60
 
     texts, max_ent = greedy_drafts(head, eval_rows, device) if eval_rows else ([], [])

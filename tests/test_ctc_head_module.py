@@ -90,6 +90,20 @@ def test_training_is_deterministic_given_a_seed():
     assert ca[-1]["train_loss"] < ca[0]["train_loss"]
 
 
+def test_stopping_early_reproduces_the_first_epochs_of_the_full_run():
+    rows = _toy_rows()
+    curves = []
+    for stop in (None, 2):
+        torch.manual_seed(3)
+        head = CTCHead(CTCHeadConfig(d_model=32, dropout=0.1))
+        curves.append(train_head(head, rows, rows[:4], epochs=4, lr=3e-3, seed=3,
+                                 frame_budget=200, stop_after_epoch=stop, log=lambda m: None))
+    full, short = curves
+    assert len(full) == 4 and len(short) == 2
+    for a, b in zip(full, short):
+        assert (a["train_loss"], a["eval_cer"]) == (b["train_loss"], b["eval_cer"])
+
+
 def test_length_batches_cover_every_row_once_under_budget():
     import random
 

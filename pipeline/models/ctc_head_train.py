@@ -91,8 +91,12 @@ def greedy_drafts(head, rows: list[dict], device="cpu", frame_budget: int = 2000
 def train_head(head, train_rows: list[dict], eval_rows: list[dict], *, epochs: int, lr: float,
                seed: int, frame_budget: int, device="cpu", time_masks: int = 2,
                mask_width: int = 10, max_minutes: float | None = None, log_every: int = 25,
-               log=print) -> list[dict]:
-    """AdamW with linear warm-up and cosine decay; returns the per-epoch curve."""
+               stop_after_epoch: int | None = None, log=print) -> list[dict]:
+    """AdamW with linear warm-up and cosine decay; returns the per-epoch curve.
+
+    ``stop_after_epoch`` ends the run early while keeping the schedule of the full
+    ``epochs`` budget, so a short run reproduces the first epochs of a long one step for
+    step (the cheap reproduction check of the model card)."""
     from pipeline.metrics import corpus_cer
 
     torch.manual_seed(seed)
@@ -143,6 +147,9 @@ def train_head(head, train_rows: list[dict], eval_rows: list[dict], *, epochs: i
         log("train: " + " ".join(f"{k}={v}" for k, v in point.items()))
         if max_minutes is not None and point["minutes"] >= max_minutes and epoch < epochs:
             log(f"train: stopping after epoch {epoch}: --max-minutes {max_minutes} reached")
+            break
+        if stop_after_epoch is not None and epoch >= stop_after_epoch and epoch < epochs:
+            log(f"train: stopping after epoch {epoch} of {epochs}: --stop-after-epoch")
             break
     head.eval()
     return curve
