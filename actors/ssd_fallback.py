@@ -3,7 +3,8 @@
 Takes the first pool's rows, re-batches only the segments that failed verification (by
 token budget, across all rows of the batch), resumes greedy decoding from each verified
 prefix on the encoder states that travelled as CPU arrays, and passes every other row
-through untouched. Usable with Ray Data or in-process.
+through untouched. Usable with Ray Data or in-process; in-process it also starts each row
+from the first stage's verification KV cache, cropped to the prefix.
 """
 from __future__ import annotations
 
@@ -18,8 +19,13 @@ from pipeline.transcribe import complete_pending
 class SSDFallback:
     def __init__(self, config: dict, first_stage=None):
         self.cfg = config_from_dict(config)
-        # In-process runs pass the first stage (a Transcriber), so the model is loaded once.
-        self.decoder = first_stage.decoder if first_stage is not None else build_segment_decoder(self.cfg)
+        # In-process runs pass the first stage (a Transcriber), so the model is loaded once
+        # and the first stage keeps each pending row's verification KV cache for us.
+        if first_stage is not None:
+            self.decoder = first_stage.decoder
+            self.decoder.keep_seeds = True
+        else:
+            self.decoder = build_segment_decoder(self.cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = rows_with_arrays(batch, "pending_states")

@@ -92,6 +92,8 @@ class SSDConfig:
     preset: str = "high_accuracy"
     tau_ctc: float | None = None      # overrides the preset's gate threshold (nats)
     tau_slm: float | None = None      # overrides the preset's verification threshold
+    reuse_kv: bool = True             # fallback starts from the verification KV cache (eqs. 6-7)
+    verify_max_entropy: float | None = None  # skip verification at/above this max entropy (nats): straight to AR
     presets: dict = field(default_factory=lambda: {
         "high_accuracy": {"tau_ctc": 0.9, "tau_slm": 0.1},
         "high_rtfx": {"tau_ctc": 1.4, "tau_slm": 0.1},
@@ -111,6 +113,8 @@ class SSDConfig:
             raise ConfigError(f"{key}.tau_ctc: must be >= 0, got {tau_ctc}")
         if not 0.0 <= tau_slm <= 1.0:
             raise ConfigError(f"{key}.tau_slm: must be in [0, 1], got {tau_slm}")
+        if self.verify_max_entropy is not None and self.verify_max_entropy < 0:
+            raise ConfigError(f"{key}.verify_max_entropy: must be >= 0 or null, got {self.verify_max_entropy}")
 
     def thresholds(self) -> tuple[float, float]:
         p = self.presets[self.preset]

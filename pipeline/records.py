@@ -42,11 +42,14 @@ OUTPUT_SCHEMA = pa.schema([
 
 # Between a model pool and a second pool: segments still waiting (SSD AR fallback, CTC
 # beam search), each with a flat float32 array (encoder states or CTC log-probs) and its
-# shape, travelling through the object store (the paper's CPU offload).
+# shape, travelling through the object store (the paper's CPU offload). ``pending_handle``
+# names state the first pool kept in its own process (SSD: the verification KV cache); a
+# second stage in the same process picks it up, one in another process ignores it.
 PENDING_FIELDS = [
     ("pending_index", pa.list_(pa.int32())), ("pending_prefix", pa.list_(pa.list_(pa.int32()))),
     ("pending_states", pa.list_(pa.list_(pa.float32()))),
     ("pending_shape", pa.list_(pa.list_(pa.int32()))),
+    ("pending_handle", pa.list_(pa.string())),
 ]
 INTERMEDIATE_SCHEMA = pa.schema(list(OUTPUT_SCHEMA) + PENDING_FIELDS)
 

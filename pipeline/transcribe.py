@@ -13,13 +13,15 @@ same process or in a separate actor pool.
 from __future__ import annotations
 
 import time
+import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from pipeline.batching import pack_by_budget
-from pipeline.decoding.ar_greedy import greedy_decode
+from pipeline.decoding.ar_greedy import DecodeSeed, greedy_decode
 from pipeline.decoding.ssd import SelfSpeculativeDecoder, SSDRow
 from pipeline.records import recording_stage
 
@@ -44,6 +46,7 @@ class SegmentResult:
     ssd_row: SSDRow | None = None
     states: np.ndarray | None = field(default=None, repr=False)
     key_phrases: list[str] | None = None
+    handle: str | None = None         # state the first pool kept in-process (SSD seeds)
 
 
 def _sync(t: torch.Tensor) -> None:
@@ -95,13 +98,49 @@ class CTCGreedySegmentDecoder:
 
 
 class SSDFirstPassDecoder:
-    """Encode, draft, gate and verify; rows that fail come back pending with CPU states."""
+    """Encode, draft, gate and verify; rows that fail come back pending with CPU states.
+
+    When the fallback runs in this same process (``keep_seeds``, set by an in-process
+    SSDFallback), each pending row's verification KV cache, cropped to its prefix (with
+    the cross-attention K/V), stays here under a handle that travels in the row, so the
+    fallback skips its prefill and the cross-attention projections. Nothing extra travels
+    to a fallback pool in another process: the cross-attention K/V are ~8x the encoder
+    states (18 MB vs 2.3 MB per Whisper tiny segment) and cheaper to recompute there, and
+    the cropped self-attention K/V (prompt + prefix, ~4 tokens) save only a prefill over
+    those few tokens, about 1% of the fallback (measured; see the SSD note)."""
 
     name = "ssd"
+    # Seeds kept for an in-process fallback, oldest dropped first beyond this (a dropped
+    # row is prefilled as usual). ~18 MB per Whisper tiny segment, mostly cross K/V.
+    SEED_BUDGET_BYTES = 1 << 30
 
-    def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224):
+    def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
+                 reuse_kv: bool = True, verify_max_entropy: float | None = None):
         self.adapter = adapter
-        self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens)
+        self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens, reuse_kv=reuse_kv,
+                                          verify_max_entropy=verify_max_entropy)
+        self.keep_seeds = False
+        self._seeds: OrderedDict[str, tuple[DecodeSeed, int]] = OrderedDict()
+        self._seed_bytes = 0
+        self._prefix = uuid.uuid4().hex[:12]
+        self._count = 0
+
+    def _keep(self, seed: DecodeSeed) -> str:
+        size = sum(t.numel() * t.element_size() for kv in seed.self_kv + (seed.cross_kv or []) for t in kv)
+        while self._seeds and self._seed_bytes + size > self.SEED_BUDGET_BYTES:
+            self._seed_bytes -= self._seeds.popitem(last=False)[1][1]
+        self._count += 1
+        handle = f"{self._prefix}:{self._count}"
+        self._seeds[handle] = (seed, size)
+        self._seed_bytes += size
+        return handle
+
+    def _take(self, handle: str | None) -> DecodeSeed | None:
+        kept = self._seeds.pop(handle, None) if handle else None
+        if kept is None:
+            return None
+        self._seed_bytes -= kept[1]
+        return kept[0]
 
     def _first_pass(self, enc):
         draft = self.adapter.ctc_draft(enc)
@@ -118,6 +157,9 @@ class SSDFirstPassDecoder:
                                 max_entropy=row.max_entropy, min_prob=row.min_prob,
                                 prefix_len=row.prefix_len, drafted=len(row.draft_tokens), generated=0)
             if row.stage is None:
+                if self.keep_seeds and row.seed is not None:
+                    res.handle = self._keep(row.seed)
+                row.seed = None
                 res.ssd_row = row
                 res.states = next(host)
             out.append(res)
@@ -135,11 +177,13 @@ class SSDFirstPassDecoder:
         # per-row lengths (granite) read zero rows as padding.
         states = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(r.states) for r in results],
                                                  batch_first=True).to(device, dtype)
+        for r in results:
+            r.ssd_row.seed = self._take(r.handle)
         rows = self.ssd.fallback(states, [r.ssd_row for r in results])
         for res, row in zip(results, rows):
             res.text, res.stage, res.tokens = row.text, row.stage, len(row.tokens)
             res.prefix_len, res.generated = len(row.prefix), row.generated
-            res.ssd_row, res.states = None, None
+            res.ssd_row, res.states, res.handle = None, None, None
         return time.perf_counter() - t0
 
 
@@ -209,6 +253,7 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict
             "pending_prefix": [res.ssd_row.prefix if res.ssd_row else [] for _, res in pending],
             "pending_states": [res.states.reshape(-1) for _, res in pending],
             "pending_shape": [list(res.states.shape) for _, res in pending],
+            "pending_handle": [res.handle for _, res in pending],
         }
         out.append(finalize_row(out_row))
     return out
@@ -230,6 +275,7 @@ def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
                                 ssd_row=SSDRow(stage=None, text="", max_entropy=seg["max_entropy"] or 0.0,
                                                draft_text="", prefix=prefix, min_prob=seg["min_prob"]))
             res.key_phrases = row.get("key_phrases")
+            res.handle = (row.get("pending_handle") or [None] * (k + 1))[k]
             work.append((r, s, res))
     for batch in pack_by_budget([finisher.cost(w[2]) for w in work], max_tokens):
         items = [work[i][2] for i in batch]
@@ -246,7 +292,7 @@ def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
                        generated=res.generated, error=res.error)
             rows[r]["t_fallback_s"] = (rows[r].get("t_fallback_s") or 0.0) + seconds / len(batch)
     for row in rows:
-        for key in ("pending_index", "pending_prefix", "pending_states", "pending_shape"):
+        for key in ("pending_index", "pending_prefix", "pending_states", "pending_shape", "pending_handle"):
             row[key] = []
         finalize_row(row)
     return rows

@@ -111,3 +111,36 @@ def test_ctc_greedy_and_beam_configs_run_in_process(ssd_adapter, samples_dir, tm
     assert all(r["stage"] == "beam" for r in out["ctc_beam"].values())
     # Beam 1 without LM or pruning is the greedy path.
     assert {k: r["text"] for k, r in out["ctc_beam"].items()} == {k: r["text"] for k, r in out["ctc_greedy"].items()}
+
+
+def test_ssd_in_process_fallback_reuses_the_verification_cache(varied_manifest, model_cache):
+    """In-process (local runner, GPU machine) the fallback starts from the first stage's
+    verification KV cache, handed over by handle; the rows equal those with reuse off."""
+    from actors.audio_prep import AudioPrep
+    from actors.ssd_fallback import SSDFallback
+    from actors.transcriber import Transcriber
+    from pipeline.config import load_config
+    from pipeline.records import INPUT_SCHEMA, table
+    from pipeline.sources import read_source
+
+    manifest, lines = varied_manifest
+    rows = read_source(str(manifest))[:9]
+    out = {}
+    for reuse in (True, False):
+        cfg = load_config("ssd", [f"model.cache_dir={model_cache}", "ssd.tau_ctc=0.0", "ssd.tau_slm=0.5",
+                                  f"ssd.reuse_kv={str(reuse).lower()}", "batching.max_tokens=9000"])
+        prep, first = AudioPrep(cfg.to_dict()), Transcriber(cfg.to_dict())
+        second = SSDFallback(cfg.to_dict(), first_stage=first)
+        mid = first(prep(table(rows, INPUT_SCHEMA)))
+        handles = [h for hs in mid.column("pending_handle").to_pylist() for h in hs]
+        result = second(mid).to_pylist()
+        out[reuse] = [[(s["stage"], s["text"], s["prefix_len"], s["generated"]) for s in r["segments"]]
+                      for r in result]
+        if reuse:
+            assert handles and all(handles) and first.decoder._count == len(handles)
+            assert not first.decoder._seeds  # every kept seed was consumed
+        else:
+            assert not any(handles)
+    stages = {seg[0] for r in out[True] for seg in r}
+    assert "ar_fallback" in stages, stages
+    assert out[True] == out[False]

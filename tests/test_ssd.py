@@ -111,3 +111,113 @@ def test_good_drafts_are_verified_not_regenerated(whisper_adapter, encoded):
     rows = ssd.decode(enc.states, _texts(whisper_adapter, full), torch.zeros(len(full)))
     assert all(r.stage == LLM_VERIFY and r.generated == 0 for r in rows)
     assert [r.tokens for r in rows] == full
+
+
+def _corrupted_drafts(adapter, full, js):
+    bad = adapter.tokenize("zebra")[0]
+    return [adapter.text(f[:j] + [bad] + f[j + 1:]) for f, j in zip(full, js)]
+
+
+def _fallback_rows(adapter, enc, drafts, reuse_kv, drop_cross=False):
+    ssd = SelfSpeculativeDecoder(adapter, tau_ctc=0.0, tau_slm=0.01, reuse_kv=reuse_kv)
+    rows = ssd.first_pass(enc.states, drafts, torch.zeros(len(drafts)))
+    pending = [i for i, r in enumerate(rows) if r.stage is None]
+    seeded = [rows[i].seed is not None for i in pending]
+    if drop_cross:
+        for i in pending:
+            rows[i].seed.cross_kv = None
+    ssd.fallback(enc.states[pending], [rows[i] for i in pending])
+    return rows, seeded
+
+
+def test_verification_seed_equals_prefill_over_prompt_and_prefix(whisper_adapter, encoded):
+    """The cropped verification cache is the cache a prefill over prompt + prefix builds,
+    and its next token is the one greedy decoding picks first after that prefix."""
+    from pipeline.decoding.ar_greedy import seeds_from_cache
+
+    enc, full = encoded
+    drafts = [f[:min(len(f), 4)] + [whisper_adapter.tokenize("zebra")[0]] for f in full]
+    ver = verify_drafts(whisper_adapter, enc.states, drafts, tau_slm=0.01)
+    js = ver.first_reject.tolist()
+    assert set(js) - {0}, js  # at least one non-empty prefix
+    seeds = seeds_from_cache(ver.cache, ver.lead.tolist(), [ver.prompt_end + j for j in js],
+                             ver.next_token.tolist())
+    for i, (d, j, seed) in enumerate(zip(drafts, js, seeds)):
+        seq = list(whisper_adapter.prompt_ids) + d[:j]
+        _, cache = whisper_adapter.decoder_hidden(torch.tensor([seq]), enc.states[i:i + 1])
+        assert seed.length == len(seq)
+        for (k, v), layer in zip(seed.self_kv, cache.self_attention_cache.layers):
+            torch.testing.assert_close(k, layer.keys[0], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(v, layer.values[0], atol=1e-4, rtol=1e-4)
+        for (k, v), layer in zip(seed.cross_kv, cache.cross_attention_cache.layers):
+            torch.testing.assert_close(k, layer.keys[0], atol=1e-4, rtol=1e-4)
+        forced = greedy_decode(whisper_adapter, enc.states[i:i + 1], prefixes=[d[:j]], max_new_tokens=1)[0]
+        assert seed.next_token == (forced[0] if forced else whisper_adapter.eot_id)
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_fallback_from_reused_cache_is_exact(whisper_adapter, encoded, single):
+    """Eqs. 6-7 with the verification KV cache: the same tokens as the fallback with its own
+    prefill, and as full AR forced with the prefix; batched (ragged prefixes j = 0..3) and
+    one row at a time; with the cross-attention K/V reused (in-process) or recomputed."""
+    enc, full = encoded
+    js = [min(i % 4, len(f) - 1) for i, f in enumerate(full)]
+    drafts = _corrupted_drafts(whisper_adapter, full, js)
+    parts = [[i] for i in range(len(full))] if single else [list(range(len(full)))]
+    for part in parts:
+        sub = type(enc)(states=enc.states[part], valid_frames=enc.valid_frames[part])
+        sub_drafts = [drafts[i] for i in part]
+        plain, seeded_plain = _fallback_rows(whisper_adapter, sub, sub_drafts, reuse_kv=False)
+        reused, seeded = _fallback_rows(whisper_adapter, sub, sub_drafts, reuse_kv=True)
+        no_cross, _ = _fallback_rows(whisper_adapter, sub, sub_drafts, reuse_kv=True, drop_cross=True)
+        assert not any(seeded_plain) and seeded and all(seeded)
+        assert sorted({len(r.prefix) for r in reused}) == sorted({js[i] for i in part})
+        for n, i in enumerate(part):
+            assert reused[n].stage == AR_FALLBACK
+            forced = greedy_decode(whisper_adapter, enc.states[i:i + 1], prefixes=[reused[n].prefix])[0]
+            assert reused[n].tokens == plain[n].tokens == no_cross[n].tokens == reused[n].prefix + forced
+            assert reused[n].tokens == full[i]
+
+
+def test_seeded_decode_rejects_mismatched_seeds(whisper_adapter, encoded):
+    from pipeline.decoding.ar_greedy import DecodeSeed
+
+    enc, _ = encoded
+    kv = [(torch.zeros(6, 5, 64), torch.zeros(6, 5, 64))] * 4
+    with pytest.raises(ValueError, match="one seed per row"):
+        greedy_decode(whisper_adapter, enc.states[:1], prefixes=[[1, 2]], seeds=[DecodeSeed(kv, 3)])
+
+
+def test_verify_max_entropy_sends_uncertain_rows_straight_to_ar(whisper_adapter, encoded):
+    """Above the ceiling a row skips verification and gets exactly full AR (prefix []);
+    below it the row is decoded exactly as without the ceiling; no ceiling = the paper."""
+    enc, full = encoded
+    js = [min(2, len(f) - 1) for f in full]
+    drafts = _corrupted_drafts(whisper_adapter, full, js)
+    entropy = torch.tensor([0.5 + 1.5 * (i % 2) for i in range(len(full))])  # 0.5, 2.0, 0.5, ...
+    base = SelfSpeculativeDecoder(whisper_adapter, 0.0, 0.01).decode(enc.states, drafts, entropy)
+    capped = SelfSpeculativeDecoder(whisper_adapter, 0.0, 0.01, verify_max_entropy=1.0).decode(
+        enc.states, drafts, entropy)
+    off = SelfSpeculativeDecoder(whisper_adapter, 0.0, 0.01, verify_max_entropy=math.inf).decode(
+        enc.states, drafts, entropy)
+    assert [(r.stage, r.prefix, r.tokens) for r in off] == [(r.stage, r.prefix, r.tokens) for r in base]
+    for i, (b, c) in enumerate(zip(base, capped)):
+        if entropy[i] >= 1.0:
+            assert c.stage == AR_FALLBACK and c.prefix == [] and c.draft_tokens == [] and c.min_prob is None
+            assert c.tokens == full[i]
+        else:
+            assert (c.stage, c.prefix, c.tokens, c.min_prob) == (b.stage, b.prefix, b.tokens, b.min_prob)
+            assert len(c.prefix) == js[i]
+
+
+def test_ssd_config_keys_are_validated():
+    from pipeline.config import ConfigError, load_config
+
+    cfg = load_config("ssd")
+    assert cfg.ssd.reuse_kv is True and cfg.ssd.verify_max_entropy is None
+    cfg = load_config("ssd", ["ssd.verify_max_entropy=1.5", "ssd.reuse_kv=false"])
+    assert cfg.ssd.verify_max_entropy == 1.5 and cfg.ssd.reuse_kv is False
+    with pytest.raises(ConfigError, match="ssd.verify_max_entropy"):
+        load_config("ssd", ["ssd.verify_max_entropy=-1"])
+    with pytest.raises(ConfigError, match="ssd.reuse_kv"):
+        load_config("ssd", ["ssd.reuse_kv=maybe"])

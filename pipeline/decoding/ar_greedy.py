@@ -9,16 +9,87 @@ still empty, i.e. not after a non-empty forced prefix: a prefix is text already 
 so the next token is not the transcript's first.
 Finished rows leave the batch (their cache rows are dropped), so the tail of a batch
 costs only what its unfinished rows need.
+
+Seeded start (SSD eqs. 6-7, "reuse the verification pass's KV cache, cropped to the
+prefix"): instead of a prefill over prompt + prefix, rows may start from a ``DecodeSeed``
+taken from the verification pass: the self-attention K/V of prompt + prefix, the greedy
+token after the prefix, and (Whisper, in-process) the cross-attention K/V. The seeds'
+K/V are merged into the same left-padded layout the prefill would build (zeros under a
+zero mask on the padding), at the same positions, so the continuation is the one greedy
+decoding forced with the prefix produces.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 
+@dataclass
+class DecodeSeed:
+    """One row's decoder state after prompt + prefix, taken from another pass."""
+    self_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [H, S, d]; S = prompt + prefix
+    next_token: int                                   # greedy token after the prefix (masks applied)
+    encoder_decoder: bool = True                      # Whisper-style cache (self + cross attention)
+    cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer [H, T, d]; None: recompute
+
+    @property
+    def length(self) -> int:
+        return int(self.self_kv[0][0].shape[-2])
+
+
+def seeds_from_cache(cache, starts: list[int], ends: list[int], next_tokens: list[int],
+                     with_cross: bool = True) -> list[DecodeSeed]:
+    """Per-row seeds from a batched decoder cache: row b's self-attention K/V cropped to
+    columns [starts[b], ends[b]) (prompt + verified prefix); cross-attention K/V as is."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    enc_dec = isinstance(cache, EncoderDecoderCache)
+    self_cache = cache.self_attention_cache if enc_dec else cache
+    cross = cache.cross_attention_cache if enc_dec and with_cross else None
+    seeds = []
+    for b, (s, e, tok) in enumerate(zip(starts, ends, next_tokens)):
+        kv = [(layer.keys[b, :, s:e], layer.values[b, :, s:e]) for layer in self_cache.layers]
+        ckv = [(layer.keys[b], layer.values[b]) for layer in cross.layers] if cross is not None and \
+            len(cross.layers) else None
+        seeds.append(DecodeSeed(self_kv=kv, next_token=int(tok), encoder_decoder=enc_dec, cross_kv=ckv))
+    return seeds
+
+
+def _seeded_cache(seeds: list[DecodeSeed], L: int):
+    """The left-padded batch cache of ``seeds`` (row b at columns [L - S_b, L))."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    layers = []
+    for li in range(len(seeds[0].self_kv)):
+        k0 = seeds[0].self_kv[li][0]
+        H, d = k0.shape[0], k0.shape[-1]
+        keys = k0.new_zeros((len(seeds), H, L, d))
+        values = torch.zeros_like(keys)
+        for b, seed in enumerate(seeds):
+            k, v = seed.self_kv[li]
+            keys[b, :, L - k.shape[-2]:] = k
+            values[b, :, L - v.shape[-2]:] = v
+        layers.append((keys, values))
+    self_cache = DynamicCache(layers)
+    if not seeds[0].encoder_decoder:
+        return self_cache
+    if all(s.cross_kv is not None for s in seeds):
+        cross = DynamicCache([(torch.stack([s.cross_kv[li][0] for s in seeds]),
+                               torch.stack([s.cross_kv[li][1] for s in seeds]))
+                              for li in range(len(seeds[0].cross_kv))])
+    else:
+        cross = DynamicCache()  # computed from the encoder states by the first step
+    return EncoderDecoderCache(self_cache, cross)
+
+
 @torch.inference_mode()
 def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int]] | None = None,
-                  max_new_tokens: int = 224) -> list[list[int]]:
-    """Return, per row, the generated tokens after its prefix (end-of-text excluded)."""
+                  max_new_tokens: int = 224, seeds: list[DecodeSeed] | None = None) -> list[list[int]]:
+    """Return, per row, the generated tokens after its prefix (end-of-text excluded).
+
+    With ``seeds`` (one per row, each for that row's prompt + prefix), the prefill pass is
+    skipped: the first token is the seed's, the cache starts from the seeds' K/V."""
     B = encoder_states.shape[0]
     device = encoder_states.device
     prefixes = prefixes or [[] for _ in range(B)]
@@ -27,28 +98,41 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     L = max(len(s) for s in seqs)
     limit = min(max_new_tokens, adapter.max_positions - L)
     eot = adapter.eot_id
-    input_ids = torch.full((B, L), eot, dtype=torch.long, device=device)
     mask = torch.zeros((B, L), dtype=torch.long, device=device)
     for i, s in enumerate(seqs):
-        input_ids[i, L - len(s):] = torch.tensor(s, device=device)
         mask[i, L - len(s):] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     empty = torch.tensor([len(p) == 0 for p in prefixes], device=device)
 
+    cache = None
+    first = None
+    if seeds is not None:
+        if len(seeds) != B or any(sd.length != len(s) for sd, s in zip(seeds, seqs)):
+            raise ValueError("one seed per row, each covering that row's prompt + prefix")
+        cache = _seeded_cache(seeds, L)
+        first = torch.tensor([sd.next_token for sd in seeds], dtype=torch.long, device=device)
+        step_ids, step_pos = None, positions[:, -1:]
+    else:
+        input_ids = torch.full((B, L), eot, dtype=torch.long, device=device)
+        for i, s in enumerate(seqs):
+            input_ids[i, L - len(s):] = torch.tensor(s, device=device)
+        step_ids, step_pos = input_ids, positions
+
     generated: list[list[int]] = [[] for _ in range(B)]
     alive = torch.arange(B, device=device)
-    cache = None
     enc = encoder_states
-    step_ids, step_pos = input_ids, positions
     for step in range(max(limit, 0)):
-        hidden, cache = adapter.decoder_hidden(step_ids, enc, cache, mask, step_pos)
-        logits = adapter.logits(hidden[:, -1])
-        logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-        if step == 0 and adapter.begin_suppress_ids.numel():
-            rows = empty[alive].nonzero().squeeze(-1)
-            if rows.numel():
-                logits[rows.unsqueeze(-1), adapter.begin_suppress_ids] = float("-inf")
-        next_tok = logits.argmax(-1)
+        if step == 0 and first is not None:
+            next_tok = first
+        else:
+            hidden, cache = adapter.decoder_hidden(step_ids, enc, cache, mask, step_pos)
+            logits = adapter.logits(hidden[:, -1])
+            logits.masked_fill_(adapter.suppress_mask, float("-inf"))
+            if step == 0 and adapter.begin_suppress_ids.numel():
+                rows = empty[alive].nonzero().squeeze(-1)
+                if rows.numel():
+                    logits[rows.unsqueeze(-1), adapter.begin_suppress_ids] = float("-inf")
+            next_tok = logits.argmax(-1)
         done = next_tok == eot
         for r, tok in zip(alive.tolist(), next_tok.tolist()):
             if tok != eot:

@@ -11,6 +11,12 @@ greedy decoding apply, so a token greedy decoding could never emit is never acce
 A draft is accepted when every token has probability > tau_slm and end-of-text is the
 most likely token after it; otherwise j is the first failing position (j = K when all
 tokens pass but the draft is incomplete), and AR decoding resumes from tokens < j.
+
+The pass also leaves what that fallback needs to skip its own prefill (eqs. 6-7, "reuse
+the verification KV cache, cropped to the prefix"): the decoder cache of the whole pass
+(``cache``; row b's prompt + prefix occupy columns [lead_b, P + j_b)) and the greedy token
+after the prefix (``next_token``: argmax of the masked logits at step j, which is exactly
+what greedy decoding forced with tokens < j picks first).
 """
 from __future__ import annotations
 
@@ -25,6 +31,10 @@ class Verification:
     first_reject: torch.Tensor  # [B] int64, j (= K when accepted)
     min_prob: torch.Tensor      # [B] min draft-token probability (1.0 for an empty draft)
     token_probs: torch.Tensor   # [B, Kmax] probabilities of the draft tokens (0 on padding)
+    next_token: torch.Tensor | None = None  # [B] greedy token after tokens < j
+    cache: object = None        # the pass's decoder cache (self-attention: all P + Kmax columns)
+    lead: torch.Tensor | None = None        # [B] left padding before each row's prompt
+    prompt_end: int = 0         # P: column of the first draft token
 
 
 @torch.inference_mode()
@@ -45,7 +55,7 @@ def verify_drafts(adapter, encoder_states: torch.Tensor, drafts: list[list[int]]
     cols = torch.arange(P + Kmax, device=device).unsqueeze(0)
     mask = ((cols >= lead.unsqueeze(1)) & (cols < (P + K).unsqueeze(1))).long()
     positions = (cols - lead.unsqueeze(1)).clamp(min=0)
-    hidden, _ = adapter.decoder_hidden(ids, encoder_states, None, mask, positions)
+    hidden, cache = adapter.decoder_hidden(ids, encoder_states, None, mask, positions)
     # Only the positions that predict draft tokens (and the one after the draft).
     gather_at = (P - 1 + torch.minimum(steps.unsqueeze(0), K.unsqueeze(1)))      # [B, Kmax+1]
     h = hidden.gather(1, gather_at.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
@@ -65,4 +75,6 @@ def verify_drafts(adapter, encoder_states: torch.Tensor, drafts: list[list[int]]
     accepted = (first_fail == K) & ends & (K > 0)
     min_prob = torch.where(in_draft, probs, torch.ones_like(probs)).min(1).values if Kmax else \
         torch.ones(B, device=device)
-    return Verification(accepted=accepted, first_reject=first_fail, min_prob=min_prob, token_probs=probs)
+    next_token = logits[torch.arange(B, device=device), first_fail].argmax(-1)
+    return Verification(accepted=accepted, first_reject=first_fail, min_prob=min_prob, token_probs=probs,
+                        next_token=next_token, cache=cache, lead=lead, prompt_end=P)
