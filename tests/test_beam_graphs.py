@@ -18,11 +18,13 @@ def _inputs(device):
 
 def _run_static(search, lp, lengths, capture):
     fusion = search._fusion(None)
-    frames, tokens, theta = search._frames(lp, lengths)
-    loop = GraphedFrameLoop(search, frames, tokens, fusion, capture=capture)
+    frames = search._frames(lp, lengths)
+    search._set_vocab(lp.shape[-1], lp.device)
+    lookups = search._lookups_for(fusion, lp.shape[-1] - 1, lp.device)
+    loop = GraphedFrameLoop(search, frames, fusion, lookups, capture=capture)
     assert loop.ok
-    beams = search._init_beams(lp.shape[0], lp.device, fusion)
-    return search._finish(*loop.run(frames, tokens, theta, beams, fusion, lengths), fusion, lengths)
+    beams = search._init_beams(lp.shape[0], lp.device, fusion, lookups)
+    return search._finish(*loop.run(frames, beams, lookups), fusion, lookups, frames, lengths)
 
 
 @pytest.mark.parametrize("flop", [None, 3])

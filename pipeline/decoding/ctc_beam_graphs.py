@@ -24,50 +24,54 @@ NEG_INF = float("-inf")
 
 
 class GraphedFrameLoop:
-    def __init__(self, search, frames: torch.Tensor, tokens: torch.Tensor | None, fusion,
-                 capture: bool = True):
+    def __init__(self, search, frames, fusion, lookups, capture: bool = True):
         from pipeline.decoding.ctc_beam import _Beams
 
-        self.search, self.fusion = search, fusion
-        self.shape, self.device = tuple(frames.shape), frames.device
-        t, b, _ = frames.shape
+        self.search, self.fusion, self.lookups = search, fusion, lookups
+        values = frames.values
+        self.shape, self.device = tuple(values.shape), values.device
+        t, b, _ = values.shape
         k = search.beam_size
-        dev = frames.device
-        self.frames = torch.zeros_like(frames)
-        self.tokens = None if tokens is None else torch.zeros_like(tokens)
+        dev = values.device
+        self.values = torch.zeros_like(values)
+        self.tokens = None if frames.tokens is None else torch.zeros_like(frames.tokens)
+        # without FLToP the LM ids are one constant row, else one row per frame
+        self.lm_tokens = torch.zeros_like(frames.lm_tokens)
+        self.per_frame_lm = frames.tokens is not None
         self.thresholds = torch.zeros((t, b), device=dev)
-        self.valid = torch.zeros((t, b), device=dev)
+        self.weights = torch.zeros((t, b), device=dev)
         self.t = torch.zeros(1, dtype=torch.int64, device=dev)
         zeros = lambda: torch.zeros((b, k), dtype=torch.int64, device=dev)  # noqa: E731
-        self.beams = _Beams(torch.zeros((b, k), device=dev), zeros(), zeros(), zeros(),
-                            [zeros() for _ in fusion])
-        self.labels = torch.zeros((t, b, k), dtype=torch.int64, device=dev)
-        self.parents = torch.zeros_like(self.labels)
+        self.beams = _Beams(torch.zeros((b, k), device=dev), zeros(), zeros(), [zeros() for _ in fusion])
+        self.choices = torch.zeros((t, b, k), dtype=torch.int64, device=dev)
         self.alive = torch.zeros(b, device=dev)
         self.graph = None
         self.ok = True
         if capture:
             try:
-                self._capture()
+                self._capture(frames)
             except Exception as exc:  # capture is an optimisation: never fail the decode
                 log.warning("CUDA graph capture failed (%s); using eager mode", exc)
                 self.ok = False
 
-    def matches(self, frames: torch.Tensor, fusion) -> bool:
-        return (tuple(frames.shape) == self.shape and frames.device == self.device
+    def matches(self, frames, fusion, lookups) -> bool:
+        return (tuple(frames.values.shape) == self.shape and frames.values.device == self.device
+                and (frames.tokens is None) == (self.tokens is None)
+                and tuple(frames.lm_tokens.shape) == tuple(self.lm_tokens.shape)
                 and [id(m) for m, _ in fusion] == [id(m) for m, _ in self.fusion]
-                and [a for _, a in fusion] == [a for _, a in self.fusion])
+                and [a for _, a in fusion] == [a for _, a in self.fusion]
+                and [id(x) for x in lookups] == [id(x) for x in self.lookups])
 
     def _body(self) -> None:
-        frame = self.frames.index_select(0, self.t)[0]
+        values = self.values.index_select(0, self.t)[0]
         tokens = None if self.tokens is None else self.tokens.index_select(0, self.t)[0]
+        lm_tokens = self.lm_tokens.index_select(0, self.t)[0] if self.per_frame_lm else self.lm_tokens
         threshold = self.thresholds.index_select(0, self.t)[0]
-        new, label, parent = self.search.step(self.beams, frame, tokens, threshold, self.fusion)
+        new, choice = self.search.step(self.beams, values, tokens, lm_tokens, threshold, self.lookups)
         self._set_beams(new)
-        self.labels.index_copy_(0, self.t, label[None])
-        self.parents.index_copy_(0, self.t, parent[None])
+        self.choices.index_copy_(0, self.t, choice[None])
         if self.search.track_beams:
-            live = (new.scores > NEG_INF).sum(1) * self.valid.index_select(0, self.t)[0]
+            live = (new.scores > NEG_INF).sum(1) * self.weights.index_select(0, self.t)[0]
             self.alive.add_(live)
         self.t.add_(1)
 
@@ -78,15 +82,16 @@ class GraphedFrameLoop:
 
     def _set_beams(self, beams) -> None:
         """Copy ``beams`` into the static buffers (in place: the graph reads these)."""
-        for dst, src in zip(self._static(), [beams.scores, beams.last, beams.hash, beams.length, *beams.fusion]):
+        for dst, src in zip(self._static(), [beams.scores, beams.last, beams.key, *beams.fusion]):
             dst.copy_(src)
 
     def _static(self) -> list[torch.Tensor]:
         b = self.beams
-        return [b.scores, b.last, b.hash, b.length, *b.fusion]
+        return [b.scores, b.last, b.key, *b.fusion]
 
-    def _capture(self) -> None:
-        init = self.search._init_beams(self.shape[1], self.device, self.fusion)
+    def _capture(self, frames) -> None:
+        init = self.search._init_beams(self.shape[1], self.device, self.fusion, self.lookups)
+        self._fill(frames)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # warm-up outside the graph (allocator, lazy init)
@@ -100,22 +105,27 @@ class GraphedFrameLoop:
             self._body()
         self.graph = graph
 
-    def run(self, frames, tokens, thresholds, beams, fusion, lengths):
+    def _fill(self, frames) -> None:
+        self.values.copy_(frames.values)
+        if frames.tokens is not None:
+            self.tokens.copy_(frames.tokens)
+        self.lm_tokens.copy_(frames.lm_tokens)
+        self.thresholds.copy_(frames.thresholds)
+        self.weights.copy_(frames.weights)
+
+    def run(self, frames, beams, lookups):
+        """Replay the step for the ``frames.steps`` frames to search (compressed runs
+        need fewer than the buffers hold)."""
         from pipeline.decoding.ctc_beam import _Beams
 
-        t = frames.shape[0]
-        self.frames.copy_(frames)
-        if tokens is not None:
-            self.tokens.copy_(tokens)
-        self.thresholds.copy_(thresholds)
-        self.valid.copy_((torch.arange(t, device=frames.device)[:, None] < lengths[None, :]).float())
+        self._fill(frames)
         self._load(beams)
-        for _ in range(t):
+        for _ in range(frames.steps):
             if self.graph is not None:
                 self.graph.replay()
             else:
                 self._body()
-        out = _Beams(self.beams.scores.clone(), self.beams.last.clone(), self.beams.hash.clone(),
-                     self.beams.length.clone(), [s.clone() for s in self.beams.fusion])
+        out = _Beams(self.beams.scores.clone(), self.beams.last.clone(), self.beams.key.clone(),
+                     [s.clone() for s in self.beams.fusion])
         alive = self.alive.clone() if self.search.track_beams else None
-        return out, self.labels.clone(), self.parents.clone(), alive
+        return out, self.choices[:frames.steps].clone(), alive

@@ -1,0 +1,110 @@
+"""FLToP frame compression (pipeline.decoding.ctc_beam, ``compress_frames``): a run of
+frames whose pruned token list is one and the same token is searched as one step. The
+reference is the same search frame by frame (``compress_frames=False``): identical
+transcripts, emission frames (timestamps), n-best lists, alignments and live-beam counts,
+scores equal up to float summation order; with LM, boosting, both merges, batched and
+single."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from beam_reference import BigramTable
+from pipeline.decoding.ctc_beam import CTCBeamSearch
+
+boosting = pytest.importorskip("pipeline.lm.boosting")
+torch.set_num_threads(1)
+
+
+def peaky_log_probs(b, t, v1, seed):
+    """CTC-like posteriors: mostly confident blanks, confident tokens held for 1-3 frames,
+    and some ambiguous frames, so runs of single-survivor frames of both kinds occur."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b, t, v1, generator=g)
+    labels = torch.zeros(b, t, dtype=torch.int64)
+    for i in range(b):
+        pos = 0
+        while pos < t:
+            if torch.rand(1, generator=g) < 0.4:
+                tok, span = int(torch.randint(1, v1, (1,), generator=g)), int(torch.randint(1, 4, (1,), generator=g))
+            else:
+                tok, span = 0, int(torch.randint(1, 6, (1,), generator=g))
+            labels[i, pos:pos + span] = tok
+            pos += span
+    sharp = torch.where(torch.rand(b, t, generator=g) < 0.25, 1.5, 9.0)
+    logits.scatter_add_(2, labels[..., None], sharp[..., None])
+    return logits.log_softmax(-1)
+
+
+def _compare(a, b, atol=1e-4):
+    assert a.tokens == b.tokens
+    assert a.token_frames == b.token_frames
+    finite = torch.isfinite(b.nbest_scores)
+    assert torch.equal(torch.isfinite(a.nbest_scores), finite)
+    assert torch.allclose(a.nbest_scores[finite], b.nbest_scores[finite], atol=atol)
+    for i in range(len(b.tokens)):
+        keep = finite[i].tolist()
+        assert [x for x, f in zip(a.nbest_tokens[i], keep) if f] == [x for x, f in zip(b.nbest_tokens[i], keep) if f]
+        assert [x for x, f in zip(a.nbest_frames[i], keep) if f] == [x for x, f in zip(b.nbest_frames[i], keep) if f]
+    assert torch.equal(a.alignments[finite], b.alignments[finite])
+    if b.avg_beams is not None:
+        assert torch.allclose(a.avg_beams, b.avg_beams)
+
+
+@pytest.mark.parametrize("merge", ["max", "logsumexp"])
+@pytest.mark.parametrize("fusion", ["none", "lm", "lm+boost"])
+@pytest.mark.parametrize("seed", range(3))
+def test_compressed_equals_frame_by_frame(merge, fusion, seed):
+    b, t, v1 = 6, 60, 7
+    lp = peaky_log_probs(b, t, v1, seed)
+    lengths = torch.tensor([60, 1, 37, 0, 52, 44])
+    kw = dict(beam_size=5, merge=merge, prune_threshold=6.0, beta=0.3, flop_top_n=4, flop_ratio=0.02,
+              track_beams=True, nbest=5)
+    if fusion != "none":
+        kw.update(lm=BigramTable.random(v1 - 1, seed), alpha_lm=0.6)
+    if fusion == "lm+boost":
+        kw.update(boost=boosting.BoostingTree.from_phrases([[[0, 1], [2, 3, 4], [5]]], vocab_size=v1 - 1,
+                                                           context_score=1.5), alpha_boost=0.8)
+    folded = CTCBeamSearch(**kw)
+    plain = CTCBeamSearch(compress_frames=False, **kw)
+    frames = folded._frames(lp, lengths)
+    assert frames.steps <= t - 8  # the test data really has runs to fold
+    _compare(folded(lp, lengths), plain(lp, lengths))
+
+
+@pytest.mark.parametrize("merge", ["max", "logsumexp"])
+def test_compressed_batched_equals_single(merge):
+    b, t, v1 = 5, 50, 6
+    lp = peaky_log_probs(b, t, v1, seed=7)
+    lengths = torch.tensor([50, 3, 41, 0, 29])
+    lp = torch.where(torch.arange(t)[None, :, None] < lengths[:, None, None], lp, torch.randn(b, t, v1))
+    search = CTCBeamSearch(4, merge=merge, prune_threshold=5.0, beta=0.2, lm=BigramTable.random(v1 - 1, 3),
+                           alpha_lm=0.5, flop_top_n=3, flop_ratio=0.05, track_beams=True)
+    batched = search(lp, lengths)
+    for i in range(b):
+        n = int(lengths[i])
+        single = search(lp[i:i + 1, :max(n, 1)], lengths[i:i + 1])
+        assert batched.tokens[i] == single.tokens[0]
+        assert batched.token_frames[i] == single.token_frames[0]
+        assert torch.allclose(batched.nbest_scores[i], single.nbest_scores[0], atol=1e-5)
+        assert torch.allclose(batched.avg_beams[i], single.avg_beams[0])
+
+
+def test_frame_map_and_step_scores():
+    """Frames [blank, blank, a, a, blank(+b), blank] -> steps [2 blanks], [a a], [mixed], [blank]."""
+    v1 = 3
+    p = torch.full((6, v1), 1e-6)
+    p[0, 0] = p[1, 0] = p[5, 0] = 1.0
+    p[2, 1] = p[3, 1] = 1.0
+    p[4, 0], p[4, 2] = 0.6, 0.4
+    lp = (p / p.sum(-1, keepdim=True)).log()[None]
+    search = CTCBeamSearch(3, flop_top_n=2, flop_ratio=0.1)
+    frames = search._frames(lp, torch.tensor([6]))
+    assert frames.steps == 4
+    assert frames.frame_map[0].tolist() == [0, 0, 1, 1, 2, 3]
+    assert frames.weights[:4, 0].tolist() == [2.0, 2.0, 1.0, 1.0]
+    assert float(frames.values[0, 0, 0]) == pytest.approx(float(lp[0, 0, 0] + lp[0, 1, 0]))
+    assert float(frames.values[1, 0, 0]) == pytest.approx(float(lp[0, 2, 1] + lp[0, 3, 1]))
+    res = search(lp)
+    assert res.tokens[0] == [1] and res.token_frames[0] == [2]
+    assert res.alignments[0, 0].tolist() == [0, 0, 1, 1, 0, 0]
