@@ -40,3 +40,17 @@ def test_key_phrases_prefer_held_out_rare_words():
     phrases = key_phrases(held, train, 3)
     assert phrases[0] == "Quokkas" and "breakfast" not in phrases
     assert len(phrases) == 3
+
+
+def test_phrase_fscore_counts_multi_word_phrases():
+    import pytest
+
+    from jobs.bench_ctc_beam import domain_phrases, phrase_fscore
+
+    phrases = domain_phrases()
+    assert len(phrases) == 100 and "heat exchanger" in phrases
+    refs = ["Drain the heat exchanger 32 in the control room."]
+    assert phrase_fscore(refs, ["drain the heat exchanger 32 in the control room"], phrases) == 100.0
+    # "heat" alone is no match; "Drain" and "the control room" still are
+    f = phrase_fscore(refs, ["Drain the heat exchange 32 in the control room."], phrases)
+    assert f == pytest.approx(100 * 2 * (2 / 2) * (2 / 3) / (1 + 2 / 3))
