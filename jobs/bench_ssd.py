@@ -7,6 +7,13 @@ RTFx = audio seconds / (encoder seconds + that configuration's seconds). This is
 same work each configuration would do alone, measured without running the encoder nine
 times on a 2-core machine. Rows: WER, RTFx, %C (gated), %L (verified), %F (fallback),
 mean j (accepted prefix length of verified/fallback rows).
+
+Stage breakdown (seed 000 Fig. 2 in shape): every row also carries its seconds per stage
+-- encoder (shared), CTC head, verify (gate + re-tokenise + the teacher-forced pass),
+fallback prefill (the first decoder step after prompt + prefix; near zero when it starts
+from the verification KV cache) and fallback decode (the remaining steps); full AR splits
+the same way. ``high_accuracy`` is also run without KV reuse, side by side, and with each
+``--verify-max-entropy`` ceiling (rows above it skip verification and go straight to AR).
 """
 from __future__ import annotations
 
@@ -26,6 +33,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--config", default="ssd", help="config providing presets and the CTC head")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override, e.g. model.ctc_head=DIR")
+    parser.add_argument("--verify-max-entropy", default="", metavar="NATS,...",
+                        help="ssd.verify_max_entropy ceilings to try on the high_accuracy preset")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--long-form", type=float, default=0.0, metavar="SECONDS",
                         help="join consecutive recordings into segments of up to SECONDS (e.g. 28)")
 
@@ -49,6 +59,10 @@ def run(args) -> dict:
     from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
     from pipeline.metrics import corpus_wer
 
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     overrides = list(args.overrides) + ([f"model.device={args.device}"] if args.device else [])
     cfg = load_config(args.config, overrides)
     limit = args.limit or (24 if args.quick else 0)
@@ -82,11 +96,12 @@ def run(args) -> dict:
 
     rows = []
 
-    def record(name, texts, seconds, tau_ctc=None, tau_slm=None, ssd_rows=None):
+    def record(name, texts, seconds, tau_ctc=None, tau_slm=None, ssd_rows=None, stages=None):
         n = len(flat)
         row = {"config": name, "tau_ctc": tau_ctc, "tau_slm": tau_slm,
                "wer": corpus_wer(refs, by_recording(texts)), "rtfx": audio_s / (t_enc + seconds),
                "decode_s": seconds, "pct_C": None, "pct_L": None, "pct_F": None, "mean_j": None}
+        row.update({f"s_{k}": v for k, v in {"encoder": t_enc, **(stages or {})}.items()})
         if ssd_rows is not None:
             stages = [r.stage for r in ssd_rows]
             row["pct_C"] = 100.0 * stages.count(CTC_GATE) / n
@@ -97,35 +112,50 @@ def run(args) -> dict:
         rows.append(row)
         return row
 
-    ar_texts, t_ar = [], 0.0
+    ar_texts, t_ar, ar_timer = [], 0.0, {}
     for enc in encoded:
-        toks, t = _timed(lambda: greedy_decode(adapter, enc.states, max_new_tokens=cfg.decoder.max_new_tokens),
-                         device)
+        toks, t = _timed(lambda: greedy_decode(adapter, enc.states, max_new_tokens=cfg.decoder.max_new_tokens,
+                                               timer=ar_timer), device)
         ar_texts += [adapter.text(x) for x in toks]
         t_ar += t
-    ar = record("full AR", ar_texts, t_ar)
-    ctc = record("CTC greedy", [t.strip() for d in drafts for t in d.texts], t_ctc)
+    ar = record("full AR", ar_texts, t_ar, stages={"ar_prefill": ar_timer.get("prefill", 0.0),
+                                                   "ar_decode": ar_timer.get("decode", 0.0)})
+    ctc = record("CTC greedy", [t.strip() for d in drafts for t in d.texts], t_ctc, stages={"ctc_head": t_ctc})
 
-    def run_ssd(tau_ctc, tau_slm):
-        ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, cfg.decoder.max_new_tokens)
-        out, total = [], t_ctc
+    def run_ssd(tau_ctc, tau_slm, reuse_kv=True, ceiling=None):
+        ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, cfg.decoder.max_new_tokens, reuse_kv=reuse_kv,
+                                     verify_max_entropy=ceiling)
+        out, t_verify, t_fallback, timer = [], 0.0, 0.0, {}
         for enc, d in zip(encoded, drafts):
-            res, t = _timed(lambda: ssd.decode(enc.states, d.texts, d.max_entropy), device)
+            res, t = _timed(lambda: ssd.first_pass(enc.states, d.texts, d.max_entropy), device)
+            t_verify += t
+            pending = [i for i, r in enumerate(res) if r.stage is None]
+            if pending:
+                _, t = _timed(lambda: ssd.fallback(enc.states[pending], [res[i] for i in pending], timer), device)
+                t_fallback += t
             out += res
-            total += t
-        return out, total
+        stages = {"ctc_head": t_ctc, "verify": t_verify, "fallback_prefill": timer.get("prefill", 0.0),
+                  "fallback_decode": timer.get("decode", 0.0),
+                  "fallback_other": t_fallback - timer.get("prefill", 0.0) - timer.get("decode", 0.0)}
+        return out, t_ctc + t_verify + t_fallback, stages
 
     presets = {}
     for name in ("high_accuracy", "high_rtfx"):
         tc, ts = cfg.ssd.presets[name]["tau_ctc"], cfg.ssd.presets[name]["tau_slm"]
-        res, t = run_ssd(tc, ts)
-        presets[name] = record(f"SSD {name}", [r.text for r in res], t, tc, ts, res)
+        res, t, st = run_ssd(tc, ts)
+        presets[name] = record(f"SSD {name}", [r.text for r in res], t, tc, ts, res, st)
+    tc, ts = cfg.ssd.presets["high_accuracy"]["tau_ctc"], cfg.ssd.presets["high_accuracy"]["tau_slm"]
+    res, t, st = run_ssd(tc, ts, reuse_kv=False)
+    no_reuse = record("SSD high_accuracy, no KV reuse", [r.text for r in res], t, tc, ts, res, st)
+    for ceiling in [float(x) for x in args.verify_max_entropy.split(",") if x]:
+        res, t, st = run_ssd(tc, ts, ceiling=ceiling)
+        record(f"SSD high_accuracy, verify_max_entropy {ceiling:g}", [r.text for r in res], t, tc, ts, res, st)
     sweep = [float(x) for x in args.sweep.split(",") if x]
     if args.quick:
         sweep = sweep[::2]
     for tc in sweep:
-        res, t = run_ssd(tc, args.sweep_slm)
-        record("SSD sweep", [r.text for r in res], t, tc, args.sweep_slm, res)
+        res, t, st = run_ssd(tc, args.sweep_slm)
+        record("SSD sweep", [r.text for r in res], t, tc, args.sweep_slm, res, st)
 
     plot = args.plot or (str(Path(args.out).with_suffix(".png")) if args.out else None)
     if plot:
@@ -140,6 +170,8 @@ def run(args) -> dict:
         "high_rtfx_share_of_ceiling": hr["rtfx"] / ctc["rtfx"],
         "high_rtfx_speedup_vs_ar": hr["rtfx"] / ar["rtfx"],
         "encoder_share_of_ar": t_enc / (t_enc + t_ar),
+        "high_accuracy_rtfx_vs_ar": ha["rtfx"] / ar["rtfx"],
+        "high_accuracy_kv_reuse_speedup": ha["rtfx"] / no_reuse["rtfx"],
         "segments": len(flat), "audio_seconds": audio_s, "device": str(device),
     }
     return {"rows": rows, "summary": summary}

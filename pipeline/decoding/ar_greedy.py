@@ -20,6 +20,7 @@ decoding forced with the prefix produces.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -38,17 +39,18 @@ class DecodeSeed:
         return int(self.self_kv[0][0].shape[-2])
 
 
-def seeds_from_cache(cache, starts: list[int], ends: list[int], next_tokens: list[int],
+def seeds_from_cache(cache, rows: list[int], starts: list[int], ends: list[int], next_tokens: list[int],
                      with_cross: bool = True) -> list[DecodeSeed]:
-    """Per-row seeds from a batched decoder cache: row b's self-attention K/V cropped to
-    columns [starts[b], ends[b]) (prompt + verified prefix); cross-attention K/V as is."""
+    """Seeds for batch rows ``rows`` of a batched decoder cache: row rows[n]'s
+    self-attention K/V cropped to columns [starts[n], ends[n]) (prompt + verified prefix);
+    its cross-attention K/V as is."""
     from transformers.cache_utils import EncoderDecoderCache
 
     enc_dec = isinstance(cache, EncoderDecoderCache)
     self_cache = cache.self_attention_cache if enc_dec else cache
     cross = cache.cross_attention_cache if enc_dec and with_cross else None
     seeds = []
-    for b, (s, e, tok) in enumerate(zip(starts, ends, next_tokens)):
+    for b, s, e, tok in zip(rows, starts, ends, next_tokens):
         kv = [(layer.keys[b, :, s:e], layer.values[b, :, s:e]) for layer in self_cache.layers]
         ckv = [(layer.keys[b], layer.values[b]) for layer in cross.layers] if cross is not None and \
             len(cross.layers) else None
@@ -85,11 +87,15 @@ def _seeded_cache(seeds: list[DecodeSeed], L: int):
 
 @torch.inference_mode()
 def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int]] | None = None,
-                  max_new_tokens: int = 224, seeds: list[DecodeSeed] | None = None) -> list[list[int]]:
+                  max_new_tokens: int = 224, seeds: list[DecodeSeed] | None = None,
+                  timer: dict | None = None) -> list[list[int]]:
     """Return, per row, the generated tokens after its prefix (end-of-text excluded).
 
     With ``seeds`` (one per row, each for that row's prompt + prefix), the prefill pass is
-    skipped: the first token is the seed's, the cache starts from the seeds' K/V."""
+    skipped: the first token is the seed's, the cache starts from the seeds' K/V.
+    ``timer`` (benchmarks) accumulates seconds under "prefill" (the first step) and
+    "decode" (the rest); each step already waits for its tokens on the host."""
+    t0 = time.perf_counter()
     B = encoder_states.shape[0]
     device = encoder_states.device
     prefixes = prefixes or [[] for _ in range(B)]
@@ -137,6 +143,10 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         for r, tok in zip(alive.tolist(), next_tok.tolist()):
             if tok != eot:
                 generated[r].append(tok)
+        if step == 0 and timer is not None:
+            t1 = time.perf_counter()
+            timer["prefill"] = timer.get("prefill", 0.0) + t1 - t0
+            t0 = t1
         keep = (~done).nonzero().squeeze(-1)
         if keep.numel() == 0:
             break
@@ -148,4 +158,6 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         step_pos = step_pos[:, -1:] + 1
         step_ids = next_tok.unsqueeze(-1)
+    if timer is not None:
+        timer["decode"] = timer.get("decode", 0.0) + time.perf_counter() - t0
     return generated

@@ -93,14 +93,14 @@ class SelfSpeculativeDecoder:
                 rejected = [n for n, i in enumerate(todo) if rows[i].stage is None]
                 lead = ver.lead.tolist()
                 seeds = seeds_from_cache(
-                    ver.cache, [lead[n] for n in rejected], [ver.prompt_end + js[n] for n in rejected],
+                    ver.cache, rejected, [lead[n] for n in rejected], [ver.prompt_end + js[n] for n in rejected],
                     ver.next_token[rejected].tolist())
                 for n, seed in zip(rejected, seeds):
                     rows[todo[n]].seed = seed
         return rows
 
     @torch.inference_mode()
-    def fallback(self, encoder_states: torch.Tensor, rows: list[SSDRow]) -> list[SSDRow]:
+    def fallback(self, encoder_states: torch.Tensor, rows: list[SSDRow], timer: dict | None = None) -> list[SSDRow]:
         """Finish pending rows (``encoder_states`` holds exactly those rows, in order)."""
         if not rows:
             return rows
@@ -114,7 +114,7 @@ class SelfSpeculativeDecoder:
                 continue
             out = greedy_decode(self.adapter, encoder_states[group], prefixes=[rows[i].prefix for i in group],
                                 max_new_tokens=self.max_new_tokens,
-                                seeds=[rows[i].seed for i in group] if seeds else None)
+                                seeds=[rows[i].seed for i in group] if seeds else None, timer=timer)
             for i, tokens in zip(group, out):
                 gen[i] = tokens
         for row, tokens in zip(rows, gen):
