@@ -229,3 +229,23 @@ def test_ssd_config_keys_are_validated():
         load_config("ssd", ["ssd.verify_max_entropy=-1"])
     with pytest.raises(ConfigError, match="ssd.reuse_kv"):
         load_config("ssd", ["ssd.reuse_kv=maybe"])
+
+
+def test_fallback_batch_of_seeds_from_several_verification_batches(whisper_adapter, encoded):
+    """The in-process fallback re-batches rows across first-pass batches: seeds from
+    different verification caches are merged into one batch and stay exact."""
+    enc, full = encoded
+    js = [min(1 + i % 3, len(f) - 1) for i, f in enumerate(full)]
+    drafts = _corrupted_drafts(whisper_adapter, full, js)
+    ssd = SelfSpeculativeDecoder(whisper_adapter, tau_ctc=0.0, tau_slm=0.01)
+    halves = [list(range(0, len(full), 2)), list(range(1, len(full), 2))]
+    rows = {}
+    for half in halves:
+        for i, r in zip(half, ssd.first_pass(enc.states[half], [drafts[i] for i in half], torch.zeros(len(half)))):
+            rows[i] = r
+    order = sorted(rows)
+    assert all(rows[i].seed is not None for i in order)
+    assert len({id(rows[i].seed.cross_source) for i in order}) == 2
+    ssd.fallback(enc.states[order], [rows[i] for i in order])
+    assert [rows[i].tokens for i in order] == [full[i] for i in order]
+    assert [len(rows[i].prefix) for i in order] == [js[i] for i in order]

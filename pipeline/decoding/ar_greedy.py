@@ -33,6 +33,11 @@ class DecodeSeed:
     next_token: int                                   # greedy token after the prefix (masks applied)
     encoder_decoder: bool = True                      # Whisper-style cache (self + cross attention)
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer [H, T, d]; None: recompute
+    # The batched cross K/V the views above come from, and this row's index in it: seeds
+    # of one source batch are re-batched with one index_select, or none at all when they
+    # are that whole batch in order (the cross K/V are ~18 MB per Whisper tiny row).
+    cross_source: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    cross_row: int = 0
 
     @property
     def length(self) -> int:
@@ -49,13 +54,40 @@ def seeds_from_cache(cache, rows: list[int], starts: list[int], ends: list[int],
     enc_dec = isinstance(cache, EncoderDecoderCache)
     self_cache = cache.self_attention_cache if enc_dec else cache
     cross = cache.cross_attention_cache if enc_dec and with_cross else None
+    source = [(layer.keys, layer.values) for layer in cross.layers] if cross is not None and \
+        len(cross.layers) else None
     seeds = []
     for b, s, e, tok in zip(rows, starts, ends, next_tokens):
         kv = [(layer.keys[b, :, s:e], layer.values[b, :, s:e]) for layer in self_cache.layers]
-        ckv = [(layer.keys[b], layer.values[b]) for layer in cross.layers] if cross is not None and \
-            len(cross.layers) else None
-        seeds.append(DecodeSeed(self_kv=kv, next_token=int(tok), encoder_decoder=enc_dec, cross_kv=ckv))
+        ckv = [(k[b], v[b]) for k, v in source] if source is not None else None
+        seeds.append(DecodeSeed(self_kv=kv, next_token=int(tok), encoder_decoder=enc_dec, cross_kv=ckv,
+                                cross_source=source, cross_row=b))
     return seeds
+
+
+def _cache_of(kv: list[tuple[torch.Tensor, torch.Tensor]]):
+    """A DynamicCache holding exactly these tensors (its constructor would copy them)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    cache = DynamicCache()
+    for k, v in kv:
+        layer = DynamicLayer()
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+        cache.layers.append(layer)
+    return cache
+
+
+def _cross_kv(seeds: list[DecodeSeed]):
+    src = seeds[0].cross_source
+    if src is not None and all(sd.cross_source is src for sd in seeds):
+        rows = [sd.cross_row for sd in seeds]
+        if rows == list(range(src[0][0].shape[0])):
+            return src  # the source batch itself: nothing to copy (the cache never writes into it)
+        idx = torch.tensor(rows, device=src[0][0].device)
+        return [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in src]
+    return [(torch.stack([sd.cross_kv[li][0] for sd in seeds]), torch.stack([sd.cross_kv[li][1] for sd in seeds]))
+            for li in range(len(seeds[0].cross_kv))]
 
 
 def _seeded_cache(seeds: list[DecodeSeed], L: int):
@@ -73,13 +105,11 @@ def _seeded_cache(seeds: list[DecodeSeed], L: int):
             keys[b, :, L - k.shape[-2]:] = k
             values[b, :, L - v.shape[-2]:] = v
         layers.append((keys, values))
-    self_cache = DynamicCache(layers)
+    self_cache = _cache_of(layers)
     if not seeds[0].encoder_decoder:
         return self_cache
     if all(s.cross_kv is not None for s in seeds):
-        cross = DynamicCache([(torch.stack([s.cross_kv[li][0] for s in seeds]),
-                               torch.stack([s.cross_kv[li][1] for s in seeds]))
-                              for li in range(len(seeds[0].cross_kv))])
+        cross = _cache_of(_cross_kv(seeds))
     else:
         cross = DynamicCache()  # computed from the encoder states by the first step
     return EncoderDecoderCache(self_cache, cross)
