@@ -28,5 +28,5 @@ class SSDFallback:
             self.decoder = build_segment_decoder(self.cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = rows_with_arrays(batch, "pending_states")
+        rows = rows_with_arrays(batch, "pending_states", "pending_kv")
         return table(complete_pending(rows, self.decoder, self.cfg.batching.max_tokens), OUTPUT_SCHEMA)

@@ -50,6 +50,12 @@ PENDING_FIELDS = [
     ("pending_states", pa.list_(pa.list_(pa.float32()))),
     ("pending_shape", pa.list_(pa.list_(pa.int32()))),
     ("pending_handle", pa.list_(pa.string())),
+    # SSD: the verification pass's self-attention K/V cropped to prompt + verified prefix
+    # ([layers, 2, heads, tokens, head_dim], empty when not shipped) and the greedy token
+    # after the prefix, so a fallback pool in another process skips its prefill.
+    ("pending_kv", pa.list_(pa.list_(pa.float32()))),
+    ("pending_kv_shape", pa.list_(pa.list_(pa.int32()))),
+    ("pending_next", pa.list_(pa.int32())),
 ]
 INTERMEDIATE_SCHEMA = pa.schema(list(OUTPUT_SCHEMA) + PENDING_FIELDS)
 
@@ -69,17 +75,20 @@ def recording_stage(segment_stages: list[str], error: str | None) -> str:
     return first if all(s == first for s in segment_stages) else "mixed"
 
 
-def rows_with_arrays(batch: pa.Table, column: str) -> list[dict]:
-    """Rows of ``batch`` with the list<list<float32>> ``column`` as numpy arrays (no Python floats)."""
-    rows = batch.drop_columns([column]).to_pylist()
-    values = batch.column(column).combine_chunks()
-    for i, row in enumerate(rows):
-        segs = values[i]
-        if not segs.is_valid:
-            row[column] = []
-            continue
-        inner = segs.values
-        row[column] = [inner[j].values.to_numpy(zero_copy_only=False) for j in range(len(inner))]
+def rows_with_arrays(batch: pa.Table, column: str, *more: str) -> list[dict]:
+    """Rows of ``batch`` with the list<list<float32>> ``column`` (and ``more``) as numpy
+    arrays (no Python floats)."""
+    columns = [c for c in (column, *more) if c in batch.column_names]
+    rows = batch.drop_columns(columns).to_pylist()
+    for col in columns:
+        values = batch.column(col).combine_chunks()
+        for i, row in enumerate(rows):
+            segs = values[i]
+            if not segs.is_valid:
+                row[col] = []
+                continue
+            inner = segs.values
+            row[col] = [inner[j].values.to_numpy(zero_copy_only=False) for j in range(len(inner))]
     return rows
 
 

@@ -26,6 +26,7 @@ from pipeline.decoding.ssd import SelfSpeculativeDecoder, SSDRow
 from pipeline.records import recording_stage
 
 ENCODER_FRAMES = 1500  # Whisper encodes a fixed 30-s window per segment
+_EMPTY = np.zeros(0, dtype=np.float32)
 PENDING = "pending"
 
 
@@ -47,6 +48,8 @@ class SegmentResult:
     states: np.ndarray | None = field(default=None, repr=False)
     key_phrases: list[str] | None = None
     handle: str | None = None         # state the first pool kept in-process (SSD seeds)
+    kv: np.ndarray | None = field(default=None, repr=False)  # shipped SSD self-attention K/V
+    next_token: int | None = None     # shipped greedy token after the verified prefix
 
 
 def _sync(t: torch.Tensor) -> None:
@@ -103,11 +106,14 @@ class SSDFirstPassDecoder:
     When the fallback runs in this same process (``keep_seeds``, set by an in-process
     SSDFallback), each pending row's verification KV cache, cropped to its prefix (with
     the cross-attention K/V), stays here under a handle that travels in the row, so the
-    fallback skips its prefill and the cross-attention projections. Nothing extra travels
-    to a fallback pool in another process: the cross-attention K/V are ~8x the encoder
-    states (18 MB vs 2.3 MB per Whisper tiny segment) and cheaper to recompute there, and
-    the cropped self-attention K/V (prompt + prefix, ~4 tokens) save only a prefill over
-    those few tokens, about 1% of the fallback (measured; see the SSD note)."""
+    fallback skips its prefill and the cross-attention projections. To a fallback pool in
+    another process (the two-pool Ray plan) only the cropped self-attention K/V (prompt +
+    prefix, ~4 tokens: ~45 KB, 2% of the 2.3-MB encoder states of a Whisper tiny segment)
+    and the next token travel: they spare that pool its prefill step, ~7% of its time on
+    held-out voices. The cross-attention K/V stay behind: ~8x the encoder states (18 MB
+    per segment) and, from the states that travel anyway, one batched projection away.
+    Decoder-only models (granite) ship nothing extra: their self-attention K/V hold the
+    audio embeddings, more bytes than the states themselves."""
 
     name = "ssd"
     # Seeds kept for an in-process fallback, oldest dropped first beyond this (a dropped
@@ -120,6 +126,7 @@ class SSDFirstPassDecoder:
         self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens, reuse_kv=reuse_kv,
                                           verify_max_entropy=verify_max_entropy)
         self.keep_seeds = False
+        self.seeded = 0  # fallback rows that started from a verification cache (a statistic)
         self._seeds: OrderedDict[str, tuple[DecodeSeed, int]] = OrderedDict()
         self._seed_bytes = 0
         self._prefix = uuid.uuid4().hex[:12]
@@ -159,6 +166,9 @@ class SSDFirstPassDecoder:
             if row.stage is None:
                 if self.keep_seeds and row.seed is not None:
                     res.handle = self._keep(row.seed)
+                elif row.seed is not None and row.seed.encoder_decoder:
+                    res.kv = torch.stack([torch.stack(kv) for kv in row.seed.self_kv]).float().cpu().numpy()
+                    res.next_token = row.seed.next_token
                 row.seed = None
                 res.ssd_row = row
                 res.states = next(host)
@@ -178,12 +188,17 @@ class SSDFirstPassDecoder:
         states = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(r.states) for r in results],
                                                  batch_first=True).to(device, dtype)
         for r in results:
-            r.ssd_row.seed = self._take(r.handle)
+            seed = self._take(r.handle)
+            if seed is None and r.kv is not None:
+                kv = torch.from_numpy(r.kv).to(device, dtype)
+                seed = DecodeSeed(self_kv=[(layer[0], layer[1]) for layer in kv], next_token=r.next_token)
+            r.ssd_row.seed = seed
+            self.seeded += seed is not None
         rows = self.ssd.fallback(states, [r.ssd_row for r in results])
         for res, row in zip(results, rows):
             res.text, res.stage, res.tokens = row.text, row.stage, len(row.tokens)
             res.prefix_len, res.generated = len(row.prefix), row.generated
-            res.ssd_row, res.states, res.handle = None, None, None
+            res.ssd_row, res.states, res.handle, res.kv = None, None, None, None
         return time.perf_counter() - t0
 
 
@@ -254,6 +269,9 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict
             "pending_states": [res.states.reshape(-1) for _, res in pending],
             "pending_shape": [list(res.states.shape) for _, res in pending],
             "pending_handle": [res.handle for _, res in pending],
+            "pending_kv": [res.kv.reshape(-1) if res.kv is not None else _EMPTY for _, res in pending],
+            "pending_kv_shape": [list(res.kv.shape) if res.kv is not None else [] for _, res in pending],
+            "pending_next": [res.next_token if res.next_token is not None else -1 for _, res in pending],
         }
         out.append(finalize_row(out_row))
     return out
@@ -276,6 +294,10 @@ def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
                                                draft_text="", prefix=prefix, min_prob=seg["min_prob"]))
             res.key_phrases = row.get("key_phrases")
             res.handle = (row.get("pending_handle") or [None] * (k + 1))[k]
+            kv_shape = (row.get("pending_kv_shape") or [[]] * (k + 1))[k]
+            if kv_shape:
+                res.kv = np.asarray(row["pending_kv"][k], dtype=np.float32).reshape(kv_shape)
+                res.next_token = int(row["pending_next"][k])
             work.append((r, s, res))
     for batch in pack_by_budget([finisher.cost(w[2]) for w in work], max_tokens):
         items = [work[i][2] for i in batch]
@@ -292,7 +314,8 @@ def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
                        generated=res.generated, error=res.error)
             rows[r]["t_fallback_s"] = (rows[r].get("t_fallback_s") or 0.0) + seconds / len(batch)
     for row in rows:
-        for key in ("pending_index", "pending_prefix", "pending_states", "pending_shape", "pending_handle"):
+        for key in ("pending_index", "pending_prefix", "pending_states", "pending_shape", "pending_handle",
+                    "pending_kv", "pending_kv_shape", "pending_next"):
             row[key] = []
         finalize_row(row)
     return rows

@@ -113,9 +113,11 @@ def test_ctc_greedy_and_beam_configs_run_in_process(ssd_adapter, samples_dir, tm
     assert {k: r["text"] for k, r in out["ctc_beam"].items()} == {k: r["text"] for k, r in out["ctc_greedy"].items()}
 
 
-def test_ssd_in_process_fallback_reuses_the_verification_cache(varied_manifest, model_cache):
-    """In-process (local runner, GPU machine) the fallback starts from the first stage's
-    verification KV cache, handed over by handle; the rows equal those with reuse off."""
+def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes(varied_manifest, model_cache):
+    """In-process (local runner, GPU machine) the fallback takes the first stage's whole
+    verification KV cache by handle; a fallback pool with its own model (the Ray plan)
+    receives the cropped self-attention K/V and next token in the rows. Both give exactly
+    the rows of reuse off."""
     from actors.audio_prep import AudioPrep
     from actors.ssd_fallback import SSDFallback
     from actors.transcriber import Transcriber
@@ -126,21 +128,29 @@ def test_ssd_in_process_fallback_reuses_the_verification_cache(varied_manifest, 
     manifest, lines = varied_manifest
     rows = read_source(str(manifest))[:9]
     out = {}
-    for reuse in (True, False):
+    for mode in ("in_process", "shipped", "off"):
         cfg = load_config("ssd", [f"model.cache_dir={model_cache}", "ssd.tau_ctc=0.0", "ssd.tau_slm=0.5",
-                                  f"ssd.reuse_kv={str(reuse).lower()}", "batching.max_tokens=9000"])
+                                  f"ssd.reuse_kv={str(mode != 'off').lower()}", "batching.max_tokens=9000"])
         prep, first = AudioPrep(cfg.to_dict()), Transcriber(cfg.to_dict())
-        second = SSDFallback(cfg.to_dict(), first_stage=first)
+        second = SSDFallback(cfg.to_dict(), first_stage=first if mode == "in_process" else None)
         mid = first(prep(table(rows, INPUT_SCHEMA)))
         handles = [h for hs in mid.column("pending_handle").to_pylist() for h in hs]
+        shapes = [sh for shs in mid.column("pending_kv_shape").to_pylist() for sh in shs]
+        nexts = [t for ts in mid.column("pending_next").to_pylist() for t in ts]
         result = second(mid).to_pylist()
-        out[reuse] = [[(s["stage"], s["text"], s["prefix_len"], s["generated"]) for s in r["segments"]]
-                      for r in result]
-        if reuse:
-            assert handles and all(handles) and first.decoder._count == len(handles)
+        out[mode] = [[(s["stage"], s["text"], s["prefix_len"], s["generated"]) for s in r["segments"]]
+                     for r in result]
+        assert len(handles) == len(shapes) == len(nexts) > 0
+        if mode == "in_process":
+            assert all(handles) and not any(shapes) and first.decoder._count == len(handles)
             assert not first.decoder._seeds  # every kept seed was consumed
+            assert second.decoder.seeded == len(handles)
+        elif mode == "shipped":
+            # [decoder layers, K|V, heads, prompt + prefix, head dim], small next to the states
+            assert not any(handles) and all(len(sh) == 5 and sh[:3] == [4, 2, 6] for sh in shapes)
+            assert all(t >= 0 for t in nexts) and second.decoder.seeded == len(shapes)
         else:
-            assert not any(handles)
-    stages = {seg[0] for r in out[True] for seg in r}
+            assert not any(handles) and not any(shapes) and second.decoder.seeded == 0
+    stages = {seg[0] for r in out["off"] for seg in r}
     assert "ar_fallback" in stages, stages
-    assert out[True] == out[False]
+    assert out["in_process"] == out["off"] and out["shipped"] == out["off"]
