@@ -12,7 +12,8 @@ Stage breakdown (seed 000 Fig. 2 in shape): every row also carries its seconds p
 -- encoder (shared), CTC head, verify (gate + re-tokenise + the teacher-forced pass),
 fallback prefill (the first decoder step after prompt + prefix; near zero when it starts
 from the verification KV cache) and fallback decode (the remaining steps); full AR splits
-the same way. ``high_accuracy`` is also run without KV reuse, side by side, and with each
+the same way. ``high_accuracy`` is also run without KV reuse, with the output projection over every
+draft position (no head chunks), with neither (the paper's path), side by side, and with each
 ``--verify-max-entropy`` ceiling (rows above it skip verification and go straight to AR).
 ``--repeat N`` times every configuration N times, round-robin, and keeps the fastest run
 (timings on a shared 2-core machine drift by 20-40%).
@@ -125,9 +126,9 @@ def run(args) -> dict:
             total += t
         return texts, total, {"ar_prefill": timer.get("prefill", 0.0), "ar_decode": timer.get("decode", 0.0)}, None
 
-    def run_ssd(tau_ctc, tau_slm, reuse_kv=True, ceiling=None):
+    def run_ssd(tau_ctc, tau_slm, reuse_kv=True, ceiling=None, **kw):
         ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, cfg.decoder.max_new_tokens, reuse_kv=reuse_kv,
-                                     verify_max_entropy=ceiling)
+                                     verify_max_entropy=ceiling, **kw)
         out, t_verify, t_fallback, timer = [], 0.0, 0.0, {}
         for enc, d in zip(encoded, drafts):
             res, t = _timed(lambda: ssd.first_pass(enc.states, d.texts, d.max_entropy), device)
@@ -150,6 +151,10 @@ def run(args) -> dict:
         tc, ts = cfg.ssd.presets[name]["tau_ctc"], cfg.ssd.presets[name]["tau_slm"]
         configs.append((f"SSD {name}", tc, ts, lambda tc=tc, ts=ts: run_ssd(tc, ts)))
     configs.append(("SSD high_accuracy, no KV reuse", ha_tc, ha_ts, lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False)))
+    configs.append(("SSD high_accuracy, full-draft head", ha_tc, ha_ts,
+                    lambda: run_ssd(ha_tc, ha_ts, verify_chunk=None)))
+    configs.append(("SSD high_accuracy, paper (no reuse, full head)", ha_tc, ha_ts,
+                    lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False, verify_chunk=None)))
     for ceiling in [float(x) for x in args.verify_max_entropy.split(",") if x]:
         configs.append((f"SSD high_accuracy, verify_max_entropy {ceiling:g}", ha_tc, ha_ts,
                         lambda c=ceiling: run_ssd(ha_tc, ha_ts, ceiling=c)))
@@ -190,6 +195,9 @@ def run(args) -> dict:
         "encoder_share_of_ar": t_enc / (t_enc + t_ar),
         "high_accuracy_rtfx_vs_ar": ha["rtfx"] / ar["rtfx"],
         "high_accuracy_kv_reuse_speedup": ha["rtfx"] / no_reuse["rtfx"],
+        "high_accuracy_chunked_head_speedup": ha["rtfx"] / recorded["SSD high_accuracy, full-draft head"]["rtfx"],
+        "high_accuracy_speedup_vs_paper_path":
+            ha["rtfx"] / recorded["SSD high_accuracy, paper (no reuse, full head)"]["rtfx"],
         "segments": len(flat), "audio_seconds": audio_s, "device": str(device),
     }
     return {"rows": rows, "summary": summary}

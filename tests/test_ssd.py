@@ -249,3 +249,31 @@ def test_fallback_batch_of_seeds_from_several_verification_batches(whisper_adapt
     ssd.fallback(enc.states[order], [rows[i] for i in order])
     assert [rows[i].tokens for i in order] == [full[i] for i in order]
     assert [len(rows[i].prefix) for i in order] == [js[i] for i in order]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8])
+def test_chunked_verification_head_makes_the_same_decisions(whisper_adapter, encoded, chunk):
+    """The output projection in chunks, stopping at each row's first failure, accepts the
+    same drafts, with the same j and next token, as the projection over every position."""
+    enc, full = encoded
+    bad = whisper_adapter.tokenize("zebra")[0]
+    drafts = [f[:j] + [bad] + f[j + 1:] for f, j in zip(full, [0, 2, 5, 9, 1, 4, 13])]
+    drafts[3] = full[3]          # accepted: every position is computed
+    drafts[5] = full[5][:-1]     # incomplete: j = K
+    for tau in (0.01, 0.3):
+        ref = verify_drafts(whisper_adapter, enc.states, drafts, tau_slm=tau)
+        got = verify_drafts(whisper_adapter, enc.states, drafts, tau_slm=tau, head_chunk=chunk)
+        assert got.accepted.tolist() == ref.accepted.tolist()
+        assert got.first_reject.tolist() == ref.first_reject.tolist()
+        assert got.next_token.tolist() == ref.next_token.tolist()
+        if tau == 0.01:
+            assert ref.accepted[3] and not ref.accepted[5] and ref.first_reject[5] == len(drafts[5])
+        for i, d in enumerate(drafts):
+            j = int(ref.first_reject[i])
+            upto = min(len(d), (j // chunk + 1) * chunk)  # positions in the chunks up to j's
+            assert got.token_probs[i, :upto].tolist() == pytest.approx(ref.token_probs[i, :upto].tolist(), abs=1e-5)
+            assert got.token_probs[i, upto:len(d)].eq(0).all()
+            if j == len(d):  # accepted or incomplete: every position was computed
+                assert float(got.min_prob[i]) == pytest.approx(float(ref.min_prob[i]), abs=1e-6)
+            else:
+                assert float(got.min_prob[i]) <= tau

@@ -14,6 +14,8 @@ entropy above which verification is skipped and the row goes straight to AR from
 scratch. Such drafts are so uncertain that the verified prefix is short (mean j ~1.5 at
 high_accuracy with our head) and verification is almost pure cost. Rows below the
 ceiling are decoded exactly as without it; rows above it get exactly full AR.
+Also beyond the paper: verification applies the output projection in chunks of draft
+positions and stops at a row's first failure (``verify_chunk``), with the same decisions.
 
 The split into `first_pass` and `fallback` lets the pipeline run them in two actor pools
 with the encoder states travelling between them as CPU arrays (the paper's CPU offload).
@@ -28,6 +30,9 @@ from pipeline.decoding.ar_greedy import DecodeSeed, greedy_decode, seeds_from_ca
 from pipeline.decoding.ssd_verify import verify_drafts
 
 CTC_GATE, LLM_VERIFY, AR_FALLBACK = "ctc_gate", "llm_verify", "ar_fallback"
+# Draft positions per chunk of the verification's output projection (see ssd_verify):
+# most rejected drafts fail within the first few tokens.
+VERIFY_HEAD_CHUNK = 8
 
 
 @dataclass
@@ -56,13 +61,15 @@ def gate(max_entropy: torch.Tensor, nonempty: torch.Tensor, tau_ctc: float) -> t
 
 class SelfSpeculativeDecoder:
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
-                 reuse_kv: bool = True, verify_max_entropy: float | None = None):
+                 reuse_kv: bool = True, verify_max_entropy: float | None = None,
+                 verify_chunk: int | None = VERIFY_HEAD_CHUNK):
         self.adapter = adapter
         self.tau_ctc = tau_ctc
         self.tau_slm = tau_slm
         self.max_new_tokens = max_new_tokens
         self.reuse_kv = reuse_kv
         self.verify_max_entropy = verify_max_entropy
+        self.verify_chunk = verify_chunk
 
     def _verifies(self, row: SSDRow) -> bool:
         if not row.draft_text.strip():
@@ -81,7 +88,7 @@ class SelfSpeculativeDecoder:
         todo = [i for i, r in enumerate(rows) if r.stage is None and self._verifies(r)]
         if todo:
             drafts = [ad.tokenize(rows[i].draft_text) for i in todo]
-            ver = verify_drafts(ad, encoder_states[todo], drafts, self.tau_slm)
+            ver = verify_drafts(ad, encoder_states[todo], drafts, self.tau_slm, head_chunk=self.verify_chunk)
             js = ver.first_reject.tolist()
             for n, i in enumerate(todo):
                 row = rows[i]

@@ -12,6 +12,11 @@ A draft is accepted when every token has probability > tau_slm and end-of-text i
 most likely token after it; otherwise j is the first failing position (j = K when all
 tokens pass but the draft is incomplete), and AR decoding resumes from tokens < j.
 
+``head_chunk`` (beyond the paper): the output projection runs over draft positions in
+chunks and stops for a row at the chunk holding its first failure. The decisions (accept,
+j, next token) are those of the full projection; a rejected row's ``min_prob`` is then the
+minimum over the positions computed (still <= tau_slm).
+
 The pass also leaves what that fallback needs to skip its own prefill (eqs. 6-7, "reuse
 the verification KV cache, cropped to the prefix"): the decoder cache of the whole pass
 (``cache``; row b's prompt + prefix occupy columns [lead_b, P + j_b)) and the greedy token
@@ -30,7 +35,8 @@ class Verification:
     accepted: torch.Tensor      # [B] bool
     first_reject: torch.Tensor  # [B] int64, j (= K when accepted)
     min_prob: torch.Tensor      # [B] min draft-token probability (1.0 for an empty draft)
-    token_probs: torch.Tensor   # [B, Kmax] probabilities of the draft tokens (0 on padding)
+    token_probs: torch.Tensor   # [B, Kmax] probabilities of the draft tokens (0 on padding and
+                                # beyond the head chunk holding j: never computed)
     next_token: torch.Tensor | None = None  # [B] greedy token after tokens < j
     cache: object = None        # the pass's decoder cache (self-attention: all P + Kmax columns)
     lead: torch.Tensor | None = None        # [B] left padding before each row's prompt
@@ -39,7 +45,7 @@ class Verification:
 
 @torch.inference_mode()
 def verify_drafts(adapter, encoder_states: torch.Tensor, drafts: list[list[int]],
-                  tau_slm: float) -> Verification:
+                  tau_slm: float, head_chunk: int | None = None) -> Verification:
     B = len(drafts)
     device = encoder_states.device
     prompts = adapter.batch_prompts(encoder_states)
@@ -59,22 +65,45 @@ def verify_drafts(adapter, encoder_states: torch.Tensor, drafts: list[list[int]]
     # Only the positions that predict draft tokens (and the one after the draft).
     gather_at = (P - 1 + torch.minimum(steps.unsqueeze(0), K.unsqueeze(1)))      # [B, Kmax+1]
     h = hidden.gather(1, gather_at.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    logits = adapter.logits(h)                                                  # [B, Kmax+1, V]
-    logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-    if adapter.begin_suppress_ids.numel():
-        logits[:, 0, adapter.begin_suppress_ids] = float("-inf")
-    logp = logits.log_softmax(-1)
     targets = torch.cat([ids[:, P:], torch.full((B, 1), eot, device=device, dtype=torch.long)], 1)
-    probs = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).exp()[:, :Kmax]  # [B, Kmax]
+    probs = torch.zeros((B, Kmax + 1), device=device)
+    computed = torch.zeros((B, Kmax + 1), dtype=torch.bool, device=device)
+    first_fail, next_token = K.clone(), torch.zeros_like(K)
+    alive = torch.arange(B, device=device)
+    chunk = head_chunk or (Kmax + 1)
+    # The output projection, chunk by chunk of draft positions, only for rows not yet
+    # decided: a row is decided at its first failing token or at the position after its
+    # draft. Rejected drafts usually fail early (mean j ~1.5-2.5 here), so long drafts
+    # need a fraction of the [positions, vocabulary] logits.
+    for c0 in range(0, Kmax + 1, chunk):
+        if alive.numel() == 0:
+            break
+        c1 = min(c0 + chunk, Kmax + 1)
+        logits = adapter.logits(h[alive, c0:c1])                               # [A, c1-c0, V]
+        logits.masked_fill_(adapter.suppress_mask, float("-inf"))
+        if c0 == 0 and adapter.begin_suppress_ids.numel():
+            logits[:, 0, adapter.begin_suppress_ids] = float("-inf")
+        logp = logits.log_softmax(-1)
+        p = logp.gather(-1, targets[alive, c0:c1].unsqueeze(-1)).squeeze(-1).exp()
+        Ka = K[alive]
+        in_d = steps[c0:c1].unsqueeze(0) < Ka.unsqueeze(1)
+        p = p.masked_fill(~in_d, 0.0)
+        probs[alive, c0:c1] = p
+        computed[alive, c0:c1] = True
+        fails = (p <= tau_slm) & in_d
+        has_fail = fails.any(1)
+        at = torch.where(has_fail, fails.float().argmax(1), Ka - c0)              # j (or K) in this chunk
+        decided = has_fail | (Ka < c1)
+        rows = decided.nonzero().squeeze(-1)
+        first_fail[alive[rows]] = at[rows] + c0
+        next_token[alive[rows]] = logits[rows, at[rows]].argmax(-1)
+        alive = alive[~decided]
+    ends = next_token == eot        # the argmax after the draft, where no token failed
     in_draft = steps[:Kmax].unsqueeze(0) < K.unsqueeze(1)
-    probs = probs.masked_fill(~in_draft, 0.0)
-    fails = (probs <= tau_slm) & in_draft
-    first_fail = torch.where(fails.any(1), fails.float().argmax(1), K)
-    after = logits[torch.arange(B, device=device), K]                          # [B, V]
-    ends = after.argmax(-1) == eot
+    probs = probs[:, :Kmax]
     accepted = (first_fail == K) & ends & (K > 0)
-    min_prob = torch.where(in_draft, probs, torch.ones_like(probs)).min(1).values if Kmax else \
+    seen = in_draft & computed[:, :Kmax]
+    min_prob = torch.where(seen, probs, torch.ones_like(probs)).min(1).values if Kmax else \
         torch.ones(B, device=device)
-    next_token = logits[torch.arange(B, device=device), first_fail].argmax(-1)
     return Verification(accepted=accepted, first_reject=first_fail, min_prob=min_prob, token_probs=probs,
                         next_token=next_token, cache=cache, lead=lead, prompt_end=P)
