@@ -85,7 +85,8 @@ def test_ray_job_end_to_end_with_broken_files(mixed_input, tmp_path, sample_mani
 
     # The in-process runner gives the same transcripts.
     local = tmp_path / "local"
-    proc = _run_cli("transcribe", "--input", str(manifest), "--output", str(local), "--runner", "local")
+    proc = _run_cli("transcribe", "--input", str(manifest), "--output", str(local), "--runner", "local",
+                    "--config", "ar")
     assert proc.returncode == 0, proc.stderr[-3000:]
     local_rows = {r["id"]: r for r in _rows(local)}
     assert {k: (r["text"], r["error"]) for k, r in local_rows.items()} == \
