@@ -1,5 +1,6 @@
 """Independent references for the beam-search tests: a dense bigram fusion model and a
-brute-force search over every CTC alignment (tiny inputs only)."""
+brute-force search over every CTC alignment (tiny inputs only), and CTC-like peaky
+test posteriors."""
 from __future__ import annotations
 
 import itertools
@@ -80,3 +81,23 @@ def brute_force(log_probs: torch.Tensor, beta: float = 0.0, fusion=(), merge: st
         total = am + beta * len(prefix) + sum(a * m.sentence(lm_tokens) for m, a in fusion)
         out.append((prefix, total))
     return sorted(out, key=lambda x: -x[1])
+
+
+def peaky_log_probs(b, t, v1, seed):
+    """CTC-like posteriors: mostly confident blanks, confident tokens held for 1-3 frames,
+    and some ambiguous frames, so runs of single-survivor frames of both kinds occur."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b, t, v1, generator=g)
+    labels = torch.zeros(b, t, dtype=torch.int64)
+    for i in range(b):
+        pos = 0
+        while pos < t:
+            if torch.rand(1, generator=g) < 0.4:
+                tok, span = int(torch.randint(1, v1, (1,), generator=g)), int(torch.randint(1, 4, (1,), generator=g))
+            else:
+                tok, span = 0, int(torch.randint(1, 6, (1,), generator=g))
+            labels[i, pos:pos + span] = tok
+            pos += span
+    sharp = torch.where(torch.rand(b, t, generator=g) < 0.25, 1.5, 9.0)
+    logits.scatter_add_(2, labels[..., None], sharp[..., None])
+    return logits.log_softmax(-1)

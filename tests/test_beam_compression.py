@@ -2,38 +2,18 @@
 frames whose pruned token list is one and the same token is searched as one step. The
 reference is the same search frame by frame (``compress_frames=False``): identical
 transcripts, emission frames (timestamps), n-best lists, alignments and live-beam counts,
-scores equal up to float summation order; with LM, boosting, both merges, batched and
-single."""
+scores equal up to float summation order; with LM, boosting and both merges. Batched vs
+single on the same peaky input: tests/test_beam_search.py."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from beam_reference import BigramTable
+from beam_reference import BigramTable, peaky_log_probs
 from pipeline.decoding.ctc_beam import CTCBeamSearch
 
 boosting = pytest.importorskip("pipeline.lm.boosting")
 torch.set_num_threads(1)
-
-
-def peaky_log_probs(b, t, v1, seed):
-    """CTC-like posteriors: mostly confident blanks, confident tokens held for 1-3 frames,
-    and some ambiguous frames, so runs of single-survivor frames of both kinds occur."""
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(b, t, v1, generator=g)
-    labels = torch.zeros(b, t, dtype=torch.int64)
-    for i in range(b):
-        pos = 0
-        while pos < t:
-            if torch.rand(1, generator=g) < 0.4:
-                tok, span = int(torch.randint(1, v1, (1,), generator=g)), int(torch.randint(1, 4, (1,), generator=g))
-            else:
-                tok, span = 0, int(torch.randint(1, 6, (1,), generator=g))
-            labels[i, pos:pos + span] = tok
-            pos += span
-    sharp = torch.where(torch.rand(b, t, generator=g) < 0.25, 1.5, 9.0)
-    logits.scatter_add_(2, labels[..., None], sharp[..., None])
-    return logits.log_softmax(-1)
 
 
 def _compare(a, b, atol=1e-4):
@@ -70,24 +50,6 @@ def test_compressed_equals_frame_by_frame(merge, fusion, seed):
     frames = folded._frames(lp, lengths)
     assert frames.steps <= t - 8  # the test data really has runs to fold
     _compare(folded(lp, lengths), plain(lp, lengths))
-
-
-@pytest.mark.parametrize("merge", ["max", "logsumexp"])
-def test_compressed_batched_equals_single(merge):
-    b, t, v1 = 5, 50, 6
-    lp = peaky_log_probs(b, t, v1, seed=7)
-    lengths = torch.tensor([50, 3, 41, 0, 29])
-    lp = torch.where(torch.arange(t)[None, :, None] < lengths[:, None, None], lp, torch.randn(b, t, v1))
-    search = CTCBeamSearch(4, merge=merge, prune_threshold=5.0, beta=0.2, lm=BigramTable.random(v1 - 1, 3),
-                           alpha_lm=0.5, flop_top_n=3, flop_ratio=0.05, track_beams=True)
-    batched = search(lp, lengths)
-    for i in range(b):
-        n = int(lengths[i])
-        single = search(lp[i:i + 1, :max(n, 1)], lengths[i:i + 1])
-        assert batched.tokens[i] == single.tokens[0]
-        assert batched.token_frames[i] == single.token_frames[0]
-        assert torch.allclose(batched.nbest_scores[i], single.nbest_scores[0], atol=1e-5)
-        assert torch.allclose(batched.avg_beams[i], single.avg_beams[0])
 
 
 def test_frame_map_and_step_scores():

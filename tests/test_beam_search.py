@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from beam_reference import BigramTable, brute_force
+from beam_reference import BigramTable, brute_force, peaky_log_probs
 from pipeline.decoding.ctc_beam import CTCBeamSearch, word_timestamps
 from pipeline.decoding.ctc_greedy import ctc_greedy
 
@@ -72,15 +72,20 @@ def test_alpha_zero_equals_no_lm(flop):
 
 
 @pytest.mark.parametrize("merge", ["max", "logsumexp"])
-@pytest.mark.parametrize("flop", [None, (4, 0.01)])
-def test_batched_equals_single_utterance(merge, flop):
+@pytest.mark.parametrize("flop, data", [(None, "random"), ((4, 0.01), "random"), ((3, 0.05), "peaky")])
+def test_batched_equals_single_utterance(merge, flop, data):
+    """With FLToP the search folds single-survivor frame runs (``compress_frames``); the
+    peaky input has many such runs, of different lengths per row."""
     b, t, v1 = 5, 40, 9
-    lp = random_log_probs(b, t, v1, seed=3, sharp=1.5)
+    if data == "peaky":
+        lp = peaky_log_probs(b, t, v1, seed=7)
+    else:
+        lp = random_log_probs(b, t, v1, seed=3, sharp=1.5)
     lengths = torch.tensor([40, 1, 23, 0, 31])
     # padded frames hold garbage that must not leak into the frozen utterances
     lp = torch.where(torch.arange(t)[None, :, None] < lengths[:, None, None], lp, torch.randn(b, t, v1))
     lm = BigramTable.random(v1 - 1, seed=9)
-    kw = dict(beam_size=5, merge=merge, prune_threshold=6.0, beta=0.2, lm=lm, alpha_lm=0.5)
+    kw = dict(beam_size=5, merge=merge, prune_threshold=6.0, beta=0.2, lm=lm, alpha_lm=0.5, track_beams=True)
     if flop:
         kw.update(flop_top_n=flop[0], flop_ratio=flop[1])
     search = CTCBeamSearch(**kw)
@@ -91,6 +96,7 @@ def test_batched_equals_single_utterance(merge, flop):
         assert batched.tokens[i] == single.tokens[0]
         assert batched.token_frames[i] == single.token_frames[0]
         assert torch.allclose(batched.nbest_scores[i], single.nbest_scores[0], atol=1e-5)
+        assert torch.allclose(batched.avg_beams[i], single.avg_beams[0])
         finite = torch.isfinite(single.nbest_scores[0]).tolist()
         assert [x for x, f in zip(batched.nbest_tokens[i], finite) if f] == \
                [x for x, f in zip(single.nbest_tokens[0], finite) if f]
