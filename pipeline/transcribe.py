@@ -23,7 +23,7 @@ import torch
 from pipeline.batching import pack_by_budget
 from pipeline.decoding.ar_greedy import DecodeSeed, greedy_decode
 from pipeline.decoding.ssd import SelfSpeculativeDecoder, SSDRow
-from pipeline.records import recording_stage
+from pipeline.records import PENDING_FIELDS, recording_stage
 
 ENCODER_FRAMES = 1500  # Whisper encodes a fixed 30-s window per segment
 _EMPTY = np.zeros(0, dtype=np.float32)
@@ -314,8 +314,7 @@ def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
                        generated=res.generated, error=res.error)
             rows[r]["t_fallback_s"] = (rows[r].get("t_fallback_s") or 0.0) + seconds / len(batch)
     for row in rows:
-        for key in ("pending_index", "pending_prefix", "pending_states", "pending_shape", "pending_handle",
-                    "pending_kv", "pending_kv_shape", "pending_next"):
+        for key, _ in PENDING_FIELDS:
             row[key] = []
         finalize_row(row)
     return rows

@@ -125,7 +125,7 @@ def _fallback_rows(adapter, enc, drafts, reuse_kv, drop_cross=False):
     seeded = [rows[i].seed is not None for i in pending]
     if drop_cross:
         for i in pending:
-            rows[i].seed.cross_kv = None
+            rows[i].seed.cross_source = None
     ssd.fallback(enc.states[pending], [rows[i] for i in pending])
     return rows, seeded
 

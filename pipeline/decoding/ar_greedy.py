@@ -32,16 +32,23 @@ class DecodeSeed:
     self_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [H, S, d]; S = prompt + prefix
     next_token: int                                   # greedy token after the prefix (masks applied)
     encoder_decoder: bool = True                      # Whisper-style cache (self + cross attention)
-    cross_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer [H, T, d]; None: recompute
-    # The batched cross K/V the views above come from, and this row's index in it: seeds
-    # of one source batch are re-batched with one index_select, or none at all when they
-    # are that whole batch in order (the cross K/V are ~18 MB per Whisper tiny row).
+    # The batched cross-attention K/V of the pass the seed comes from (per layer
+    # [B, H, T, d]; None: the fallback recomputes them) and this row's index in it. Seeds of
+    # one source batch are re-batched with one index_select, or none at all when they are
+    # that whole batch in order (the cross K/V are ~18 MB per Whisper tiny row).
     cross_source: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     cross_row: int = 0
 
     @property
     def length(self) -> int:
         return int(self.self_kv[0][0].shape[-2])
+
+    @property
+    def cross_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """This row's cross-attention K/V per layer [H, T, d] (views), or None."""
+        if self.cross_source is None:
+            return None
+        return [(k[self.cross_row], v[self.cross_row]) for k, v in self.cross_source]
 
 
 def seeds_from_cache(cache, rows: list[int], starts: list[int], ends: list[int], next_tokens: list[int],
@@ -59,8 +66,7 @@ def seeds_from_cache(cache, rows: list[int], starts: list[int], ends: list[int],
     seeds = []
     for b, s, e, tok in zip(rows, starts, ends, next_tokens):
         kv = [(layer.keys[b, :, s:e], layer.values[b, :, s:e]) for layer in self_cache.layers]
-        ckv = [(k[b], v[b]) for k, v in source] if source is not None else None
-        seeds.append(DecodeSeed(self_kv=kv, next_token=int(tok), encoder_decoder=enc_dec, cross_kv=ckv,
+        seeds.append(DecodeSeed(self_kv=kv, next_token=int(tok), encoder_decoder=enc_dec,
                                 cross_source=source, cross_row=b))
     return seeds
 
@@ -86,8 +92,9 @@ def _cross_kv(seeds: list[DecodeSeed]):
             return src  # the source batch itself: nothing to copy (the cache never writes into it)
         idx = torch.tensor(rows, device=src[0][0].device)
         return [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in src]
-    return [(torch.stack([sd.cross_kv[li][0] for sd in seeds]), torch.stack([sd.cross_kv[li][1] for sd in seeds]))
-            for li in range(len(seeds[0].cross_kv))]
+    per_row = [sd.cross_kv for sd in seeds]
+    return [(torch.stack([kv[li][0] for kv in per_row]), torch.stack([kv[li][1] for kv in per_row]))
+            for li in range(len(per_row[0]))]
 
 
 def _seeded_cache(seeds: list[DecodeSeed], L: int):
@@ -108,7 +115,7 @@ def _seeded_cache(seeds: list[DecodeSeed], L: int):
     self_cache = _cache_of(layers)
     if not seeds[0].encoder_decoder:
         return self_cache
-    if all(s.cross_kv is not None for s in seeds):
+    if all(s.cross_source is not None for s in seeds):
         cross = _cache_of(_cross_kv(seeds))
     else:
         cross = DynamicCache()  # computed from the encoder states by the first step
