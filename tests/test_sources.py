@@ -1,7 +1,6 @@
 """Input sources through fsspec: folders, globs, JSONL manifests and Parquet tables."""
 from __future__ import annotations
 
-import io
 import json
 
 import fsspec

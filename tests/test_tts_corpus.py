@@ -1,7 +1,6 @@
 """The synthetic corpus: spoken forms, Whisper-style transcripts, splits, augmentation, TTS."""
 from __future__ import annotations
 
-import random
 import re
 import shutil
 

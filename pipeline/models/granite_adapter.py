@@ -27,7 +27,6 @@ layers, which this adapter calls; merging it into the weights is faster (the pap
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 

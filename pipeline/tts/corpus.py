@@ -14,7 +14,7 @@ import json
 import random
 from functools import lru_cache
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
