@@ -30,7 +30,8 @@ from jobs.bench_data import concat_long_form, join_by_recording, load_recordings
 def add_arguments(parser) -> None:
     parser.add_argument("--batch", type=int, default=8, help="segments per model call")
     parser.add_argument("--sweep", default="0.1,0.3,0.7,1.5,3.0,6.0", help="tau_CTC values to sweep")
-    parser.add_argument("--sweep-slm", type=float, default=0.1, help="tau_SLM used in the sweep")
+    parser.add_argument("--sweep-slm", default="0.1",
+                        help="tau_SLM values for the sweep (comma list; the sweep runs every pair)")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N recordings")
     parser.add_argument("--plot", default=None, help="PNG path for WER vs RTFx (default: beside --out)")
     parser.add_argument("--config", default="ssd", help="config providing presets and the CTC head")
@@ -161,8 +162,9 @@ def run(args) -> dict:
     sweep = [float(x) for x in args.sweep.split(",") if x]
     if args.quick:
         sweep = sweep[::2]
-    for tc in sweep:
-        configs.append(("SSD sweep", tc, args.sweep_slm, lambda tc=tc: run_ssd(tc, args.sweep_slm)))
+    for ts in [float(x) for x in str(args.sweep_slm).split(",") if x]:
+        for tc in sweep:
+            configs.append(("SSD sweep", tc, ts, lambda tc=tc, ts=ts: run_ssd(tc, ts)))
     best: list[tuple | None] = [None] * len(configs)
     for _ in range(max(1, args.repeat)):
         for k, (_, _, _, fn) in enumerate(configs):
@@ -211,9 +213,11 @@ def _plot(rows, path):
 
     fig, ax = plt.subplots(figsize=(6, 4))
     sweep = [r for r in rows if r["config"] == "SSD sweep" and r["wer"] is not None]
-    if sweep:
-        ax.plot([r["rtfx"] for r in sweep], [100 * r["wer"] for r in sweep], "o-", label="SSD tau_CTC sweep")
-        for r in sweep:
+    for ts in sorted({r["tau_slm"] for r in sweep}):
+        line = [r for r in sweep if r["tau_slm"] == ts]
+        ax.plot([r["rtfx"] for r in line], [100 * r["wer"] for r in line], "o-",
+                label=f"SSD tau_CTC sweep (tau_SLM {ts:g})")
+        for r in line:
             ax.annotate(f"{r['tau_ctc']:g}", (r["rtfx"], 100 * r["wer"]), fontsize=7)
     for r in rows:
         if r["config"] != "SSD sweep" and r["wer"] is not None:

@@ -153,11 +153,29 @@ class SSDFirstPassDecoder:
         draft = self.adapter.ctc_draft(enc)
         return enc, self.ssd.first_pass(enc.states, draft.texts, draft.max_entropy)
 
+    def _ship_kv(self, pending: list) -> dict[int, np.ndarray]:
+        """Host copies [layers, 2, H, S, d] of the pending rows' cropped self-attention K/V,
+        for a fallback pool in another process; keyed by id(row). Rows differ in S, so they
+        are zero-padded to the longest and moved in one device-to-host copy (one sync per
+        batch, not per row), then cropped back on the host."""
+        if self.keep_seeds:
+            return {}
+        rows = [r for r in pending if r.seed is not None and r.seed.encoder_decoder]
+        if not rows:
+            return {}
+        stacks = [torch.stack([torch.stack(kv) for kv in r.seed.self_kv]) for r in rows]
+        longest = max(s.shape[-2] for s in stacks)
+        padded = torch.stack([torch.nn.functional.pad(s, (0, 0, 0, longest - s.shape[-2])) for s in stacks])
+        host = padded.float().cpu().numpy()
+        return {id(r): np.ascontiguousarray(host[n, ..., :s.shape[-2], :])
+                for n, (r, s) in enumerate(zip(rows, stacks))}
+
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
         (enc, rows), t_enc, t_dec = encode_then(self.adapter, audios, self._first_pass)
         pending = [i for i, row in enumerate(rows) if row.stage is None]
         # One device-to-host copy for all pending rows (the CPU offload), not one per row.
         host = iter(enc.states[pending].float().cpu().numpy()) if pending else None
+        shipped_kv = self._ship_kv([rows[i] for i in pending])
         out = []
         for i, row in enumerate(rows):
             res = SegmentResult(row.text, row.stage or PENDING, len(row.tokens), t_enc, t_dec,
@@ -166,9 +184,8 @@ class SSDFirstPassDecoder:
             if row.stage is None:
                 if self.keep_seeds and row.seed is not None:
                     res.handle = self._keep(row.seed)
-                elif row.seed is not None and row.seed.encoder_decoder:
-                    res.kv = torch.stack([torch.stack(kv) for kv in row.seed.self_kv]).float().cpu().numpy()
-                    res.next_token = row.seed.next_token
+                elif id(row) in shipped_kv:
+                    res.kv, res.next_token = shipped_kv[id(row)], row.seed.next_token
                 row.seed = None
                 res.ssd_row = row
                 res.states = next(host)
