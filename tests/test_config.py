@@ -6,9 +6,11 @@ import pytest
 from pipeline.config import ConfigError, load_config
 
 
-def test_default_is_the_ar_baseline():
+def test_default_is_ssd_high_accuracy_and_ar_stays_available():
     cfg = load_config()
-    assert cfg.decoder.kind == "ar" and cfg.name == "ar"
+    assert cfg.decoder.kind == "ssd" and cfg.ssd.preset == "high_accuracy"
+    assert cfg.model.ctc_head == "embedded"
+    assert load_config("ar").decoder.kind == "ar"
 
 
 @pytest.mark.parametrize("override, key", [
