@@ -34,7 +34,7 @@ def build_segment_decoder(cfg, adapter=None):
     if kind == "ar":
         return ARSegmentDecoder(adapter, cfg.decoder.max_new_tokens)
     if kind == "ctc_greedy":
-        return CTCGreedySegmentDecoder(adapter)
+        return CTCGreedySegmentDecoder(adapter, pack=cfg.decoder.pack_windows)
     if kind == "ssd":
         tau_ctc, tau_slm = cfg.ssd.thresholds()
         return SSDFirstPassDecoder(adapter, tau_ctc, tau_slm, cfg.decoder.max_new_tokens,
@@ -42,7 +42,7 @@ def build_segment_decoder(cfg, adapter=None):
     if kind == "ctc_beam":
         from pipeline.beam_stage import CTCLogProbsDecoder
 
-        return CTCLogProbsDecoder(adapter)
+        return CTCLogProbsDecoder(adapter, pack=cfg.decoder.pack_windows)
     raise ValueError(f"decoder.kind {kind!r} is not available")
 
 

@@ -12,7 +12,7 @@ import torch
 
 from pipeline.decoding.ctc_beam import CTCBeamSearch
 from pipeline.text import charset
-from pipeline.transcribe import PENDING, SegmentResult, encode_then
+from pipeline.transcribe import ENCODER_FRAMES, PENDING, SegmentResult, encode_then, packed_frames
 
 BEAM = "beam"
 
@@ -23,11 +23,15 @@ class CTCLogProbsDecoder:
 
     name = "ctc_beam"
 
-    def __init__(self, adapter):
+    def __init__(self, adapter, pack: bool = False):
         self.adapter = adapter
+        self.pack = pack
+
+    def segment_cost(self, audio: np.ndarray) -> int:
+        return packed_frames(audio) if self.pack else ENCODER_FRAMES
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
-        draft, t_enc, t_dec = encode_then(self.adapter, audios, self.adapter.ctc_draft)
+        draft, t_enc, t_dec = encode_then(self.adapter, audios, self.adapter.ctc_draft, packed=self.pack)
         lp = draft.log_probs.cpu().numpy()
         return [SegmentResult("", PENDING, 0, t_enc, t_dec, max_entropy=float(h), states=lp[i, :int(L)].copy())
                 for i, (h, L) in enumerate(zip(draft.max_entropy.tolist(), draft.lengths.tolist()))]

@@ -41,14 +41,21 @@ class ModelConfig:
 class DecoderConfig:
     kind: str = "ar"                  # ar | ctc_greedy | ssd | ctc_beam
     max_new_tokens: int = 224
+    # Several short clips per 30-s encoder window (pipeline.packing); only for decoders
+    # that read the encoder states alone (ctc_greedy, ctc_beam).
+    pack_windows: bool = False
 
     def validate(self, key: str) -> None:
         _choice(f"{key}.kind", self.kind, DECODER_KINDS)
         _at_least(f"{key}.max_new_tokens", self.max_new_tokens, 1)
+        if self.pack_windows and self.kind not in PACKABLE_KINDS:
+            raise ConfigError(f"{key}.pack_windows: only {', '.join(PACKABLE_KINDS)} read the encoder "
+                              f"states alone; decoder.kind={self.kind} needs one clip per window")
 
 
 DECODER_KINDS = ("ar", "ctc_greedy", "ssd", "ctc_beam")
 NEEDS_CTC_HEAD = ("ctc_greedy", "ssd", "ctc_beam")
+PACKABLE_KINDS = ("ctc_greedy", "ctc_beam")
 
 
 @dataclass

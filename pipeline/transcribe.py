@@ -57,11 +57,12 @@ def _sync(t: torch.Tensor) -> None:
         torch.cuda.synchronize(t.device)
 
 
-def encode_then(adapter, audios: list[np.ndarray], after_encode):
-    """Encode ``audios`` and run ``after_encode(encoder_batch)``; returns its result and
-    the encoder's and its own seconds per segment (the per-stage timings of each row)."""
+def encode_then(adapter, audios: list[np.ndarray], after_encode, packed: bool = False):
+    """Encode ``audios`` (several short clips per encoder window when ``packed``) and run
+    ``after_encode(encoder_batch)``; returns its result and the encoder's and its own
+    seconds per segment (the per-stage timings of each row)."""
     t0 = time.perf_counter()
-    enc = adapter.encode(audios)
+    enc = adapter.encode_packed(audios) if packed else adapter.encode(audios)
     _sync(enc.states)
     t1 = time.perf_counter()
     out = after_encode(enc)
@@ -86,16 +87,26 @@ class ARSegmentDecoder:
                 for t in tokens]
 
 
+def packed_frames(audio: np.ndarray) -> int:
+    """Encoder frames a clip takes in a packed window (its states plus a gap's worth)."""
+    return min(ENCODER_FRAMES, len(audio) // 320 + 16)
+
+
 class CTCGreedySegmentDecoder:
-    """The greedy CTC draft alone: encoder + CTC head, no decoder pass."""
+    """The greedy CTC draft alone: encoder + CTC head, no decoder pass. With ``pack``,
+    short clips share encoder windows (pipeline.packing)."""
 
     name = "ctc_greedy"
 
-    def __init__(self, adapter):
+    def __init__(self, adapter, pack: bool = False):
         self.adapter = adapter
+        self.pack = pack
+
+    def segment_cost(self, audio: np.ndarray) -> int:
+        return packed_frames(audio) if self.pack else ENCODER_FRAMES
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
-        draft, t_enc, t_dec = encode_then(self.adapter, audios, self.adapter.ctc_draft)
+        draft, t_enc, t_dec = encode_then(self.adapter, audios, self.adapter.ctc_draft, packed=self.pack)
         return [SegmentResult(t.strip(), "ctc_greedy", len(t), t_enc, t_dec, max_entropy=float(h))
                 for t, h in zip(draft.texts, draft.max_entropy.tolist())]
 
@@ -221,7 +232,8 @@ class SSDFirstPassDecoder:
 
 def decode_segments(decoder, audios: list[np.ndarray], max_tokens: int) -> list[SegmentResult]:
     results: list[SegmentResult | None] = [None] * len(audios)
-    for batch in pack_by_budget([ENCODER_FRAMES] * len(audios), max_tokens):
+    cost = getattr(decoder, "segment_cost", lambda audio: ENCODER_FRAMES)
+    for batch in pack_by_budget([cost(a) for a in audios], max_tokens):
         try:
             outs = decoder.decode([audios[i] for i in batch])
         except Exception:

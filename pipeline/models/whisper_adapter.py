@@ -99,6 +99,26 @@ class WhisperAdapter:
         return EncoderBatch(states=states, valid_frames=valid)
 
     @torch.inference_mode()
+    def encode_packed(self, audios: list[np.ndarray], gap_s: float = 0.3) -> EncoderBatch:
+        """Encoder states per clip, with short clips packed several to a 30-s window
+        (pipeline.packing): each window is encoded once and every clip's states are cut
+        out of it; rows are right-padded to the longest clip. For decoders that read only
+        the encoder states (the CTC head)."""
+        from pipeline.packing import pack_signals, plan_windows
+
+        placements = plan_windows([len(a) for a in audios], WINDOW_SAMPLES, int(gap_s * SAMPLE_RATE),
+                                  SAMPLES_PER_STATE)
+        windows = self.model.model.encoder(
+            self.features(pack_signals(audios, placements, WINDOW_SAMPLES))).last_hidden_state
+        total = windows.shape[1]
+        first = [p.start // SAMPLES_PER_STATE for p in placements]
+        valid = [min(total - a, self.valid_frames(p.length, total)) for a, p in zip(first, placements)]
+        states = windows.new_zeros(len(audios), max(valid), windows.shape[2])
+        for i, (p, a, n) in enumerate(zip(placements, first, valid)):
+            states[i, :n] = windows[p.window, a:a + n]
+        return EncoderBatch(states=states, valid_frames=torch.tensor(valid, dtype=torch.long, device=self.device))
+
+    @torch.inference_mode()
     def ctc_draft(self, enc: EncoderBatch) -> CTCDraftBatch:
         """Greedy CTC draft and frame entropies over valid frames (the SSD gate's inputs)."""
         from pipeline.decoding.ctc_greedy import ctc_greedy

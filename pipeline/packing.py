@@ -1,0 +1,58 @@
+"""Window packing for encoders with a fixed input window (Whisper: 30 s).
+
+Whisper's encoder costs the same for a 3-s clip as for 30 s, so a decoder that reads only
+the encoder states (greedy CTC, CTC beam search) can place several short clips, with
+short silences between them, in one window, encode the window once and cut each clip's
+states back out. The embedded CTC head was trained on exactly such packed windows
+(pipeline.models.ctc_features.encode_packed_shard), so its outputs on a packed clip are
+in distribution. Autoregressive decoders cannot use this: Whisper's decoder would read
+the whole window.
+
+This module is the pure part: which clip goes where (first fit in input order, clip
+starts on the encoder's state grid so a clip's states line up as they do alone) and the
+packed signals.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Placement:
+    window: int    # index of the packed window
+    start: int     # first sample of the clip in that window (a multiple of the grid)
+    length: int    # samples
+
+
+def plan_windows(lengths: list[int], window: int, gap: int, grid: int) -> list[Placement]:
+    """One placement per clip, in input order. A clip goes into the current window when it
+    fits after a ``gap`` (rounded up to the grid) and otherwise opens a new one; clips
+    start on multiples of ``grid``. Raises on a clip longer than the window."""
+    placements, current, used = [], -1, window
+    gap = -(-gap // grid) * grid
+    for n in lengths:
+        if n > window:
+            raise ValueError(f"clip of {n} samples exceeds the {window}-sample window")
+        start = -(-used // grid) * grid + gap
+        if current < 0 or start + n > window:
+            current, start = current + 1, 0
+        placements.append(Placement(current, start, n))
+        used = start + n
+    return placements
+
+
+def pack_signals(audios: list[np.ndarray], placements: list[Placement], window: int) -> list[np.ndarray]:
+    """The packed window signals. Each clip is scaled to the peak level of the first clip
+    in its window: Whisper's log-mel floor is (window max - 8), so a quiet clip beside a
+    loud one would lose its low-level detail (the head's training windows do the same)."""
+    n_windows = 1 + max((p.window for p in placements), default=-1)
+    signals = [np.zeros(window, np.float32) for _ in range(n_windows)]
+    level: dict[int, float] = {}
+    for audio, p in zip(audios, placements):
+        peak = float(np.abs(audio).max()) if len(audio) else 0.0
+        ref = level.setdefault(p.window, peak or 1.0)
+        scaled = audio * (ref / peak) if peak > 0 else audio
+        signals[p.window][p.start:p.start + p.length] = scaled
+    return signals
