@@ -70,7 +70,7 @@ class CTCBeamFinisher:
             alpha_lm=beam_cfg.alpha_lm if lm is not None else 0.0,
             alpha_boost=beam_cfg.alpha_boost, prune_threshold=beam_cfg.prune_threshold,
             flop_top_n=beam_cfg.flop_top_n, flop_ratio=beam_cfg.flop_ratio,
-            use_cuda_graphs=beam_cfg.use_cuda_graphs)
+            use_cuda_graphs=beam_cfg.use_cuda_graphs, native=beam_cfg.native)
 
     def cost(self, result: SegmentResult) -> int:
         return int(result.states.shape[0]) * self.cfg.size

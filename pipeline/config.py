@@ -74,6 +74,7 @@ class BeamConfig:
     context_score: float = 1.0
     depth_scaling: float = 2.0
     use_cuda_graphs: bool = True
+    native: bool = True               # CPU: the frame loop in one native call (ctc_beam_native)
 
     def validate(self, key: str) -> None:
         _at_least(f"{key}.size", self.size, 1)

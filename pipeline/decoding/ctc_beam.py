@@ -191,6 +191,15 @@ class _DenseLookup:
     def advance(self, handles):
         return self.next.take(handles)
 
+    def max_score(self) -> float:
+        """The largest bonus any candidate can get from this table (an upper bound the
+        native loop prunes with); computed once."""
+        if self._max_score is None:
+            self._max_score = float(self.scores.max())
+        return self._max_score
+
+    _max_score = None
+
     def rows(self, offsets, last):
         """Unpruned frames: [B, beam, V+1] scores in CTC column order (blank and the
         repeat column score 0); rows are copied whole (cheaper than per-element takes)."""
@@ -271,6 +280,10 @@ class CTCBeamSearch:
         compress_frames: with FLToP, search a run of frames that all keep one and the
             same token as one frame (see the module docstring; exact). Ignored without
             FLToP.
+        native: on CPU, run the frame loop and the back-tracking in one native call each
+            (``pipeline.decoding.ctc_beam_native``: the same step without per-op
+            dispatch); falls back to the torch step where it does not apply (logsumexp
+            merge, fusion models without dense tables, no C compiler).
 
     ``__call__(log_probs [B, T, V+1], lengths [B]) -> BeamSearchResult``; log_probs must be
     normalised log-probabilities (log_softmax).
@@ -282,7 +295,7 @@ class CTCBeamSearch:
                  flop_ratio: float | None = None, nbest: int | None = None, merge: str = "max",
                  track_beams: bool = False, use_cuda_graphs: bool = True,
                  dense_fusion_max_bytes: int = 256 * 2 ** 20, preselect: int = 2,
-                 compress_frames: bool = True):
+                 compress_frames: bool = True, native: bool = True):
         if beam_size < 1:
             raise ValueError("beam_size must be >= 1")
         if blank < 0:
@@ -307,6 +320,7 @@ class CTCBeamSearch:
         self.merge = merge
         self.track_beams = track_beams
         self.use_cuda_graphs = use_cuda_graphs
+        self.native = native
         self._graphs: dict = {}  # input shape -> GraphedFrameLoop
         self._masks: dict = {}
         self._lookups: dict = {}  # (id(model), alpha, beta, device) -> (model, lookup)
@@ -326,12 +340,19 @@ class CTCBeamSearch:
         self._set_vocab(v1, device)
         lookups = self._lookups_for(fusion, v1 - 1, device)
         beams = self._init_beams(b, device, fusion, lookups)
-        loop = self.eager_loop
-        if self.use_cuda_graphs and device.type == "cuda":
-            graphs = self._graphed_loop(frames, fusion, lookups)
-            if graphs.ok:
-                loop = graphs.run
-        beams, choices, alive = loop(frames, beams, lookups)
+        out = None
+        if self.native and device.type == "cpu":
+            from pipeline.decoding import ctc_beam_native
+
+            out = ctc_beam_native.run_loop(self, frames, beams, lookups)
+        if out is None:
+            loop = self.eager_loop
+            if self.use_cuda_graphs and device.type == "cuda":
+                graphs = self._graphed_loop(frames, fusion, lookups)
+                if graphs.ok:
+                    loop = graphs.run
+            out = loop(frames, beams, lookups)
+        beams, choices, alive = out
         return self._finish(beams, choices, alive, fusion, lookups, frames, lengths)
 
     def _set_vocab(self, v1: int, device) -> None:
@@ -395,25 +416,38 @@ class CTCBeamSearch:
         that keep one and the same token folded into one step."""
         b, t, v1 = log_probs.shape
         dev = log_probs.device
-        lp = log_probs.float()
-        if self.blank != 0:
-            blank = self.blank
-            lp = torch.cat([lp[..., blank:blank + 1], lp[..., :blank], lp[..., blank + 1:]], dim=-1)
         valid = torch.arange(t, device=dev)[:, None] < lengths[None, :]       # [T, B]
-        frozen = torch.full((v1,), NEG_INF, device=dev)
-        frozen[0] = 0.0
-        frames = torch.where(valid[:, :, None], lp.transpose(0, 1), frozen)
         theta = float("inf") if self.prune_threshold is None else float(self.prune_threshold)
         inf = torch.tensor(float("inf"), device=dev)
         thresholds = torch.where(valid, torch.tensor(theta, device=dev), inf)
-        if self.flop_top_n is None:
-            ids = torch.arange(v1, device=dev)
-            lm_tokens = torch.where(ids == 0, v1 - 1, ids - 1)[None, :]
-            return _Frames(frames.contiguous(), None, lm_tokens, thresholds.contiguous(), valid.float(),
-                           t, None, t)
-        values, tokens = prune_frame(frames.view(t * b, v1), self.flop_top_n, self.flop_ratio)
+        pruned = None
+        if self.flop_top_n is not None and self.native and dev.type == "cpu":
+            from pipeline.decoding import ctc_beam_native
+
+            pruned = ctc_beam_native.flop_prune(log_probs, lengths, self.blank, self.flop_top_n, self.flop_ratio)
+        if pruned is None:
+            lp = log_probs.float()
+            if self.blank != 0:
+                blank = self.blank
+                lp = torch.cat([lp[..., blank:blank + 1], lp[..., :blank], lp[..., blank + 1:]], dim=-1)
+            frozen = torch.full((v1,), NEG_INF, device=dev)
+            frozen[0] = 0.0
+            frames = torch.where(valid[:, :, None], lp.transpose(0, 1), frozen)
+            if self.flop_top_n is None:
+                ids = torch.arange(v1, device=dev)
+                lm_tokens = torch.where(ids == 0, v1 - 1, ids - 1)[None, :]
+                return _Frames(frames.contiguous(), None, lm_tokens, thresholds.contiguous(), valid.float(),
+                               t, None, t)
+            pruned = prune_frame(frames.view(t * b, v1), self.flop_top_n, self.flop_ratio)
+        values, tokens = pruned
         values, tokens = values.view(t, b, -1), tokens.view(t, b, -1)
         frame_map, weights, steps = None, valid.float(), t
+        if self.compress_frames and t > 0 and self.merge == "max" and self.native and dev.type == "cpu":
+            from pipeline.decoding import ctc_beam_native
+
+            done = ctc_beam_native.flop_compress(values, tokens, lengths, theta, v1)
+            if done is not None:
+                return _Frames(*done, t)
         if self.compress_frames and t > 0:
             values, tokens, thresholds, weights, frame_map, steps = self._compress(
                 values, tokens, valid, lengths, theta)
@@ -627,20 +661,29 @@ class CTCBeamSearch:
         nbest_scores, pos = scores.topk(n, dim=1)
         slots = order.gather(1, pos)
         s, w = choices.shape[0], frames.values.shape[-1]
-        parents = torch.div(choices, w, rounding_mode="floor")
-        labels = choices - parents * w
-        if frames.tokens is not None:
-            labels = frames.tokens[:s].gather(2, labels)
-        align = self._backtrack(labels, parents, slots)                     # [B, n, S]
-        if frames.frame_map is not None:  # steps back to frames; padding maps to a blank
-            align = torch.nn.functional.pad(align, (0, 1), value=0)
-            align = align.gather(2, frames.frame_map.unsqueeze(1).expand(b, n, frames.num_frames))
-        align = self._external_ids(align)
-        prev = torch.nn.functional.pad(align[..., :-1], (1, 0), value=self.blank)
-        emit = (align != self.blank) & (align != prev) & torch.isfinite(nbest_scores)[:, :, None]
-        counts = emit.sum(-1).view(-1).tolist()
-        flat_frames = emit.nonzero()[:, 2].tolist()
-        flat_tokens = align[emit].tolist()
+        emitted = None
+        if self.native and choices.device.type == "cpu":
+            from pipeline.decoding import ctc_beam_native
+
+            emitted = ctc_beam_native.alignments(choices, frames.tokens, slots, w, frames.frame_map,
+                                                 frames.num_frames, self.blank, torch.isfinite(nbest_scores))
+        if emitted is not None:
+            align, counts, flat_tokens, flat_frames = emitted
+        else:
+            parents = torch.div(choices, w, rounding_mode="floor")
+            labels = choices - parents * w
+            if frames.tokens is not None:
+                labels = frames.tokens[:s].gather(2, labels)
+            align = self._backtrack(labels, parents, slots)                 # [B, n, S]
+            if frames.frame_map is not None:  # steps back to frames; padding maps to a blank
+                align = torch.nn.functional.pad(align, (0, 1), value=0)
+                align = align.gather(2, frames.frame_map.unsqueeze(1).expand(b, n, frames.num_frames))
+            align = self._external_ids(align)
+            prev = torch.nn.functional.pad(align[..., :-1], (1, 0), value=self.blank)
+            emit = (align != self.blank) & (align != prev) & torch.isfinite(nbest_scores)[:, :, None]
+            counts = emit.sum(-1).view(-1).tolist()
+            flat_frames = emit.nonzero()[:, 2].tolist()
+            flat_tokens = align[emit].tolist()
         nbest_tokens, nbest_frames, at = [], [], 0
         for i in range(b):
             toks_b, frames_b = [], []

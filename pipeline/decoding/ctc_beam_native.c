@@ -1,0 +1,384 @@
+/* FlexCTC frame loop (seed 002, Algorithm 1) as one native call for the CPU.
+ *
+ * The same search as CTCBeamSearch.step / _step_full in ctc_beam.py, over every frame
+ * and every utterance of a batch in one call: on a CPU the torch frame step is ~50 small
+ * ops, and their dispatch (not the arithmetic) is nearly all of its time. Semantics,
+ * float summation order and the stored trie (choices = parent * W + column) are those of
+ * the torch step; see ctc_beam.py's module docstring. Only exactness-preserving shortcuts
+ * are taken:
+ *   - dead hypotheses (score -inf) and -inf frame columns produce only -inf candidates,
+ *     which can never survive, so they are not enumerated;
+ *   - a column c whose best possible candidate, max_j s_j + x_c + (largest bonus any
+ *     fusion table holds), is below (an actual candidate's score) - theta - slack is
+ *     pruned for every hypothesis, so it is not enumerated either (seed 002's theta
+ *     pruning applied before the expansion instead of after it).
+ * Dead slots are filled the way the torch step leaves them: score -inf, never a parent.
+ *
+ * Max merge only (the Viterbi recombination); logsumexp stays on the torch path.
+ * Built on first use by ctc_beam_native.py with the system C compiler, loaded by ctypes.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define HASH_BASE 1000003LL
+#define HASH_MOD 2147483647LL
+#define MAX_LOOKUPS 4
+#define MAX_SLOTS 1024
+/* float32 sums over a few hundred frames round by far less than this (nats) */
+#define PRUNE_SLACK 1e-2f
+
+/* one fusion-table entry: the bonus and the next state's row offset side by side, so
+ * the lookup that scores a candidate also brings its next state into the cache */
+typedef struct {
+    float score;
+    int32_t next;
+} entry_t;
+
+typedef struct {
+    float score;
+    int32_t parent, col;
+    int64_t pkey;  /* prefix key after this frame: length * HASH_MOD + rolling hash */
+    int64_t label; /* the frame's label (the recombination key is (pkey, label)) */
+    int64_t lmcol; /* fusion column: LM token id when new, else V (identity) */
+} cand_t;
+
+/* x mod (2^31 - 1) for 0 <= x < 2^62 without a division (HASH_MOD is a Mersenne prime) */
+static inline int64_t mod_mersenne(int64_t x) {
+    x = (x & HASH_MOD) + (x >> 31);
+    x = (x & HASH_MOD) + (x >> 31);
+    return x >= HASH_MOD ? x - HASH_MOD : x;
+}
+
+/* sorted insertion, best first; ties keep the earlier (lower index) candidate first */
+static inline void insert_top(cand_t *top, int64_t *n, int64_t cap, cand_t c) {
+    int64_t pos = *n;
+    if (pos == cap) {
+        if (!(c.score > top[cap - 1].score)) return;
+        pos = cap - 1;
+    } else {
+        (*n)++;
+    }
+    while (pos > 0 && c.score > top[pos - 1].score) {
+        top[pos] = top[pos - 1];
+        pos--;
+    }
+    top[pos] = c;
+}
+
+int ctc_beam_loop(
+    int64_t S, int64_t B, int64_t K, int64_t W, int64_t V, int64_t M,
+    const float *values,      /* [S, B, W] */
+    const int64_t *tokens,    /* [S, B, W] token ids, or NULL: column = token id */
+    const int64_t *lm_tokens, /* [S, B, W], or [W] when tokens is NULL */
+    const float *thresholds,  /* [S, B] theta (inf = no pruning) */
+    const float *weights,     /* [S, B] frames a step stands for (alive counting) */
+    int64_t n_lookups,
+    const entry_t *const *tab,        /* per lookup: [states * (V+1)] (alpha*score (+beta),
+                                         next state's row offset) */
+    const float *bonus_max,           /* per lookup: the table's largest entry */
+    int has_beta_only, float beta_only, /* no fusion model: beta on new tokens */
+    float *scores, int64_t *last, int64_t *key, /* [B, K] in/out */
+    int64_t *states,          /* [n_lookups, B, K] in/out (row offsets) */
+    int64_t *choices,         /* [S, B, K] out */
+    float *alive)             /* [B] in/out, or NULL */
+{
+    if (n_lookups > MAX_LOOKUPS || M > MAX_SLOTS || K > MAX_SLOTS || M < K) return -1;
+    cand_t top[MAX_SLOTS];
+    float new_scores[MAX_SLOTS];
+    int64_t new_last[MAX_SLOTS], new_key[MAX_SLOTS], new_states[MAX_LOOKUPS][MAX_SLOTS];
+    int64_t viable[4096];
+    if (W > 4096) return -2;
+    float bmax = 0.0f;
+    for (int64_t l = 0; l < n_lookups; l++) bmax += bonus_max[l] > 0.0f ? bonus_max[l] : 0.0f;
+    if (has_beta_only && beta_only > 0.0f) bmax += beta_only;
+
+    for (int64_t s = 0; s < S; s++) {
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t fb = s * B + b;
+            const float *x = values + fb * W;
+            const int64_t *tk = tokens ? tokens + fb * W : NULL;
+            const int64_t *lt = tokens ? lm_tokens + fb * W : lm_tokens;
+            const float th = thresholds[fb];
+            float *sc = scores + b * K;
+            int64_t *la = last + b * K, *ky = key + b * K;
+            if (s > 0 && weights[fb] == 0.0f && weights[fb - B] == 0.0f) {
+                /* a second padded frame: the first one already merged the hypotheses that
+                 * differ only in their last label and left them sorted with a blank last
+                 * label; another all-blank frame keeps every hypothesis in its slot */
+                for (int64_t r = 0; r < K; r++) choices[fb * K + r] = r * W;
+                if (alive) {
+                    int64_t live = 0;
+                    for (int64_t r = 0; r < K; r++) live += sc[r] > -INFINITY;
+                    alive[b] = alive[b] + (float)live * weights[fb];
+                }
+                continue;
+            }
+
+            /* the best hypothesis and the frame's best column give one actual
+             * candidate, a lower bound on the best candidate */
+            int64_t jbest = -1;
+            float smax = -INFINITY;
+            for (int64_t j = 0; j < K; j++)
+                if (sc[j] > smax) { smax = sc[j]; jbest = j; }
+            int64_t cbest = 0;
+            for (int64_t c = 1; c < W; c++)
+                if (x[c] > x[cbest]) cbest = c;
+            /* start the fusion-table loads (a cache miss each: the tables are tens of MB)
+             * of the frame's best column for every hypothesis, so they overlap with the
+             * column selection below instead of stalling the expansion one by one */
+            for (int64_t j = 0; j < K; j++) {
+                if (sc[j] == -INFINITY) continue;
+                const int64_t tok = tk ? tk[cbest] : cbest;
+                const int64_t lmcol = tok != la[j] ? lt[cbest] : V;
+                for (int64_t l = 0; l < n_lookups; l++)
+                    __builtin_prefetch(&tab[l][states[(l * B + b) * K + j] + lmcol]);
+            }
+            int64_t nv = 0;
+            float cutoff = -INFINITY;
+            if (jbest >= 0 && x[cbest] > -INFINITY) {
+                if (isfinite(th)) {
+                    const int64_t tok = tk ? tk[cbest] : cbest;
+                    const int64_t lmcol = tok != la[jbest] ? lt[cbest] : V;
+                    float lower = sc[jbest] + x[cbest];
+                    for (int64_t l = 0; l < n_lookups; l++)
+                        lower = lower + tab[l][states[(l * B + b) * K + jbest] + lmcol].score;
+                    if (has_beta_only && lmcol != V) lower = lower + beta_only;
+                    cutoff = lower - th - PRUNE_SLACK - smax - bmax;
+                }
+                /* viable columns, best first (insertion sort: a handful per frame) */
+                for (int64_t c = 0; c < W; c++) {
+                    const float xc = x[c];
+                    if (!(xc > -INFINITY) || xc < cutoff) continue;
+                    int64_t p = nv++;
+                    while (p > 0 && xc > x[viable[p - 1]]) { viable[p] = viable[p - 1]; p--; }
+                    viable[p] = c;
+                }
+            }
+
+            for (int64_t v = 1; v < nv && v < 3; v++) {
+                const int64_t c = viable[v];
+                const int64_t tok = tk ? tk[c] : c;
+                for (int64_t j = 0; j < K; j++) {
+                    if (sc[j] == -INFINITY) continue;
+                    const int64_t lmcol = tok != la[j] ? lt[c] : V;
+                    for (int64_t l = 0; l < n_lookups; l++)
+                        __builtin_prefetch(&tab[l][states[(l * B + b) * K + j] + lmcol]);
+                }
+            }
+            int64_t n = 0;
+            for (int64_t j = 0; j < K && nv; j++) {
+                const float sj = sc[j];
+                if (sj == -INFINITY) continue;
+                const int64_t kj = ky[j], lj = la[j];
+                const int64_t h = mod_mersenne(kj);
+                for (int64_t v = 0; v < nv; v++) {
+                    const int64_t c = viable[v];
+                    /* columns come best first, so once this hypothesis's upper bound can
+                     * neither survive theta nor enter the full top-M, nor can the rest */
+                    const float ub = sj + x[c] + bmax + PRUNE_SLACK;
+                    if (n > 0 && isfinite(th) && ub < top[0].score - th) break;
+                    if (n == M && ub < top[M - 1].score) break;
+                    const int64_t tok = tk ? tk[c] : c;
+                    const int64_t lmcol = tok != lj ? lt[c] : V;
+                    float cs = sj + x[c];
+                    for (int64_t l = 0; l < n_lookups; l++)
+                        cs = cs + tab[l][states[(l * B + b) * K + j] + lmcol].score;
+                    if (has_beta_only) cs = cs + (lmcol != V ? beta_only : 0.0f);
+                    if (cs == -INFINITY || (n == M && !(cs > top[M - 1].score))) continue;
+                    int64_t ck = kj;
+                    if (lmcol != V) ck = mod_mersenne(h * HASH_BASE + tok) + (kj - h + HASH_MOD);
+                    cand_t cd = {cs, (int32_t)j, (int32_t)c, ck, tok, lmcol};
+                    insert_top(top, &n, M, cd);
+                }
+            }
+
+            /* theta pruning against the best, recombination into the first (best) member
+             * of each key group; both only mask (max merge) */
+            for (int64_t i = 0; i < n; i++) {
+                if (top[i].score == -INFINITY) continue;
+                int dup = top[i].score < top[0].score - th;
+                for (int64_t p = 0; p < i && !dup; p++)
+                    dup = top[p].pkey == top[i].pkey && top[p].label == top[i].label;
+                if (dup) top[i].score = -INFINITY;
+            }
+            /* the best K survivors, in order (M == K: positions kept, as the torch step) */
+            int64_t kept = 0;
+            for (int64_t i = 0; i < n && kept < K; i++) {
+                if (M > K && top[i].score == -INFINITY) continue;
+                const cand_t cd = top[i];
+                const int64_t parent = cd.parent;
+                new_scores[kept] = cd.score;
+                new_key[kept] = cd.pkey;
+                new_last[kept] = cd.label;
+                for (int64_t l = 0; l < n_lookups; l++)
+                    new_states[l][kept] = cd.score == -INFINITY ? 0
+                        : tab[l][states[(l * B + b) * K + parent] + cd.lmcol].next;
+                choices[fb * K + kept] = parent * W + cd.col;
+                kept++;
+            }
+            int64_t live = 0;
+            for (int64_t r = 0; r < K; r++) {
+                if (r >= kept) {
+                    new_scores[r] = -INFINITY;
+                    new_key[r] = 0;
+                    new_last[r] = 0;
+                    for (int64_t l = 0; l < n_lookups; l++) new_states[l][r] = 0;
+                    choices[fb * K + r] = r * W;
+                }
+                sc[r] = new_scores[r];
+                ky[r] = new_key[r];
+                la[r] = new_last[r];
+                for (int64_t l = 0; l < n_lookups; l++) states[(l * B + b) * K + r] = new_states[l][r];
+                live += new_scores[r] > -INFINITY;
+            }
+            if (alive) alive[b] = alive[b] + (float)live * weights[fb];
+        }
+    }
+    return 0;
+}
+
+/* Back-pointers of the stored trie (seed 004 §2.1) from the final slots.
+ * labels[s, b, k] = tokens[s, b, choices % W] (or the column), parents = choices / W.
+ * out: [B, n, S] frame labels of each selected hypothesis. */
+void ctc_backtrack(int64_t S, int64_t B, int64_t K, int64_t W, int64_t n,
+                   const int64_t *choices, const int64_t *tokens, const int64_t *slots,
+                   int64_t *out)
+{
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t i = 0; i < n; i++) {
+            int64_t cur = slots[b * n + i];
+            int64_t *o = out + (b * n + i) * S;
+            for (int64_t s = S - 1; s >= 0; s--) {
+                const int64_t ch = choices[(s * B + b) * K + cur];
+                const int64_t col = ch % W;
+                o[s] = tokens ? tokens[(s * B + b) * W + col] : col;
+                cur = ch / W;
+            }
+        }
+    }
+}
+
+/* FLToP (seed 003, Algorithm 1) for every frame of a batch, straight from the model's
+ * [B, T, V+1] log-probs into the search's frame-major [T, B, N] layout: the top-N tokens
+ * of each frame, best first, those below R x the frame's best at -inf. Blank becomes
+ * token 0 (the search's internal ids). Frames at t >= length are frozen: blank at log-prob
+ * 0, the rest -inf. Same result as ctc_beam.py's _frames + flop.prune_frame (token ids of
+ * -inf slots aside, which the search never reads). */
+void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
+                    const float *log_probs, const int64_t *lengths, int has_ratio, float log_ratio,
+                    float *out_values, int64_t *out_tokens)
+{
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < T; t++) {
+            float *ov = out_values + (t * B + b) * N;
+            int64_t *ot = out_tokens + (t * B + b) * N;
+            for (int64_t i = 0; i < N; i++) { ov[i] = -INFINITY; ot[i] = i < V1 ? i : 0; }
+            if (t >= lengths[b]) { ov[0] = 0.0f; ot[0] = 0; continue; }
+            const float *x = log_probs + (b * T + t) * V1;
+            float best = -INFINITY;
+            for (int64_t e = 0; e < V1; e++) best = x[e] > best ? x[e] : best;
+            const float floor_v = has_ratio ? best + log_ratio : -INFINITY;
+            int64_t n = 0;
+            for (int64_t e = 0; e < V1; e++) {
+                const float v = x[e];
+                if (!(v >= floor_v) || v == -INFINITY) continue;
+                if (n == N && !(v > ov[N - 1])) continue;
+                const int64_t id = e == blank ? 0 : (e < blank ? e + 1 : e);
+                int64_t pos = n < N ? n++ : N - 1;
+                while (pos > 0 && v > ov[pos - 1]) { ov[pos] = ov[pos - 1]; ot[pos] = ot[pos - 1]; pos--; }
+                ov[pos] = v;
+                ot[pos] = id;
+            }
+        }
+    }
+}
+
+/* Frame compression of FLToP frames, max merge (ctc_beam.py's _compress): a frame that
+ * keeps one token, the same one the frame before kept alone, joins that frame's step,
+ * whose column-0 score is the sum of its frames' (in time order). Steps are left-aligned
+ * per utterance; steps past an utterance's count are frozen (blank 0, others -inf, theta
+ * inf, weight 0). Writes the step inputs [T, B, N] (values, tokens, LM ids: V for blank),
+ * thresholds and weights [T, B], and frame_map [B, T] (padding: the returned step count). */
+int64_t ctc_flop_compress(int64_t T, int64_t B, int64_t N, int64_t V1,
+                          const float *values, const int64_t *tokens, const int64_t *lengths,
+                          float theta, float *out_v, int64_t *out_t, int64_t *out_lm,
+                          float *out_th, float *out_w, int64_t *frame_map)
+{
+    int64_t steps = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t step = -1, prev_tok = -1;
+        const int64_t len = lengths[b] < T ? lengths[b] : T;
+        for (int64_t t = 0; t < len; t++) {
+            const float *v = values + (t * B + b) * N;
+            const int64_t *k = tokens + (t * B + b) * N;
+            const int single = N == 1 || v[1] == -INFINITY;
+            const int64_t tok = single ? k[0] : -1;
+            if (t == 0 || !single || tok != prev_tok) {
+                step++;
+                float *ov = out_v + (step * B + b) * N;
+                int64_t *ot = out_t + (step * B + b) * N, *ol = out_lm + (step * B + b) * N;
+                for (int64_t i = 0; i < N; i++) {
+                    ov[i] = v[i];
+                    ot[i] = k[i];
+                    ol[i] = k[i] == 0 ? V1 - 1 : k[i] - 1;
+                }
+                ov[0] = 0.0f + v[0];
+                out_th[step * B + b] = theta;
+                out_w[step * B + b] = 1.0f;
+            } else {
+                out_v[(step * B + b) * N] += v[0];
+                out_w[step * B + b] += 1.0f;
+            }
+            prev_tok = tok;
+            frame_map[b * T + t] = step;
+        }
+        if (step + 1 > steps) steps = step + 1;
+        for (int64_t s = step + 1; s < T; s++) {
+            float *ov = out_v + (s * B + b) * N;
+            int64_t *ot = out_t + (s * B + b) * N, *ol = out_lm + (s * B + b) * N;
+            for (int64_t i = 0; i < N; i++) { ov[i] = i == 0 ? 0.0f : -INFINITY; ot[i] = 0; ol[i] = V1 - 1; }
+            out_th[s * B + b] = INFINITY;
+            out_w[s * B + b] = 0.0f;
+        }
+    }
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t len = lengths[b] < T ? lengths[b] : T;
+        for (int64_t t = len; t < T; t++) frame_map[b * T + t] = steps;
+    }
+    return steps;
+}
+
+/* Frame alignments and emitted tokens of the selected hypotheses (ctc_beam.py's
+ * _finish): steps back to frames through frame_map (padding -> blank), internal ids back
+ * to the model's (blank moved from column 0 to `blank`), then a token is emitted at each
+ * frame whose label is not blank and differs from the frame before. Hypotheses with
+ * finite[b * n + i] == 0 emit nothing. Writes out_align [B, n, T], out_counts [B * n]
+ * and the emitted tokens and frames, concatenated in (b, i) order. */
+void ctc_alignments(int64_t B, int64_t n, int64_t S, int64_t T, const int64_t *align_steps,
+                    const int64_t *frame_map, int64_t blank, const uint8_t *finite,
+                    int64_t *out_align, int64_t *out_counts, int64_t *out_tokens, int64_t *out_frames)
+{
+    int64_t at = 0;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t *src = align_steps + (b * n + i) * S;
+            int64_t *dst = out_align + (b * n + i) * T;
+            int64_t prev = blank, count = 0;
+            for (int64_t t = 0; t < T; t++) {
+                int64_t step = frame_map ? frame_map[b * T + t] : t;
+                int64_t lab = step < S ? src[step] : 0;
+                lab = lab == 0 ? blank : (lab <= blank ? lab - 1 : lab);
+                dst[t] = lab;
+                if (finite[b * n + i] && lab != blank && lab != prev) {
+                    out_tokens[at] = lab;
+                    out_frames[at] = t;
+                    at++;
+                    count++;
+                }
+                prev = lab;
+            }
+            out_counts[b * n + i] = count;
+        }
+    }
+}

@@ -1,0 +1,259 @@
+"""Native CPU frame loop for the FlexCTC search (seed 002, Algorithm 1; trie of seed 004 §2.1).
+
+On a CPU the torch frame step of :class:`pipeline.decoding.ctc_beam.CTCBeamSearch` is
+about fifty small tensor ops per frame, and at beam 8 x batch 32 their dispatch, not the
+arithmetic, is nearly all of its time (measured: ~4 us per op, 0.2-0.3 ms per frame).
+``ctc_beam_native.c`` runs the same step for every frame and utterance in one call: the
+same candidates, float summation order, recombination keys and trie, plus two shortcuts
+that cannot change a result (dead hypotheses and theta-pruned columns are not
+enumerated). It is what CUDA graphs are on the GPU: the step without per-op overhead.
+
+The C file ships with the package and is compiled on first use with the system C
+compiler (``cc``, or ``$CC``) into a per-user cache keyed by the source's hash, then
+loaded with ctypes; no Python C-API, no shell. Where no compiler is available the search
+runs the torch step (``available()`` is False, the reason is logged once).
+
+Supported: max merge, fusion models folded into dense tables (every character LM and
+boosting tree the pipeline builds) or none, on CPU tensors. Anything else returns None
+and the caller uses the torch loop.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("ctc_beam_native.c")
+# No -ffast-math: the loop relies on IEEE -inf and on the torch step's summation order.
+CFLAGS = ("-O3", "-g", "-shared", "-fPIC", "-std=gnu99")
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+def cache_dir() -> Path:
+    """``$SHARDSCRIBE_CACHE``, else ``$XDG_CACHE_HOME/shardscribe``, else ~/.cache/shardscribe."""
+    root = os.environ.get("SHARDSCRIBE_CACHE")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "shardscribe"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def build(out_dir: Path | None = None) -> Path:
+    """Compile the C source (if not cached) and return the shared library's path.
+    Raises RuntimeError with the compiler's message when that fails."""
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:16]
+    out_dir = Path(out_dir) if out_dir is not None else cache_dir()
+    lib = out_dir / f"ctc_beam_native-{digest}.so"
+    if lib.exists():
+        return lib
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set $CC, or install gcc)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # build beside the target, then rename: concurrent workers never load half a file
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:2000]}")
+        os.replace(tmp, lib)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def _library():
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (OSError, RuntimeError) as exc:
+        log.warning("native CTC beam loop unavailable (%s); using the torch frame step", exc)
+        return None
+    lib.ctc_beam_loop.restype = ctypes.c_int
+    lib.ctc_beam_loop.argtypes = [_I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _P,
+                                  ctypes.c_int, ctypes.c_float, _P, _P, _P, _P, _P, _P]
+    lib.ctc_flop_prune.restype = None
+    lib.ctc_flop_prune.argtypes = [_I, _I, _I, _I, _I, _P, _P, ctypes.c_int, ctypes.c_float, _P, _P]
+    lib.ctc_flop_compress.restype = ctypes.c_int64
+    lib.ctc_flop_compress.argtypes = [_I, _I, _I, _I, _P, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P, _P]
+    lib.ctc_alignments.restype = None
+    lib.ctc_alignments.argtypes = [_I, _I, _I, _I, _P, _P, _I, _P, _P, _P, _P, _P]
+    lib.ctc_backtrack.restype = None
+    lib.ctc_backtrack.argtypes = [_I, _I, _I, _I, _I, _P, _P, _P, _P]
+    return lib
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def _ptr(t: torch.Tensor | None):
+    return None if t is None else ctypes.c_void_p(t.data_ptr())
+
+
+def _ready(t: torch.Tensor, dtype) -> torch.Tensor:
+    if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("native loop: tensors must be contiguous CPU tensors of the right dtype")
+    return t
+
+
+def packed_table(lookup) -> torch.Tensor | None:
+    """The lookup's score and next-state tables interleaved as int32 pairs (the C
+    ``entry_t``: float bits, row offset), built once per lookup; None when the offsets do
+    not fit int32."""
+    packed = getattr(lookup, "_native_packed", None)
+    if packed is None:
+        if lookup.next.numel() and int(lookup.next.max()) >= 2 ** 31:
+            return None
+        packed = torch.stack([lookup.scores.float().contiguous().view(torch.int32),
+                              lookup.next.to(torch.int32)], dim=-1).contiguous()
+        lookup._native_packed = packed
+    return packed
+
+
+def run_loop(search, frames, beams, lookups):
+    """The frame loop of ``search`` (a CTCBeamSearch) over ``frames`` from ``beams``:
+    ``(beams, choices [S, B, K], alive)`` as ``CTCBeamSearch.eager_loop`` returns them, or
+    None when this configuration needs the torch loop."""
+    from pipeline.decoding.ctc_beam import _BetaOnly, _Beams, _DenseLookup
+
+    lib = _library()
+    values = frames.values
+    if lib is None or search.merge != "max" or values.device.type != "cpu":
+        return None
+    s_all, b, w = values.shape
+    k = search.beam_size
+    v1 = search._vocab + 1
+    tables, bmax, beta_only = [], [], None
+    for lookup in lookups:
+        if isinstance(lookup, _DenseLookup) and lookup.width == v1:
+            packed = packed_table(lookup)
+            if packed is None:
+                return None
+            tables.append(packed)
+            bmax.append(lookup.max_score())
+        elif isinstance(lookup, _BetaOnly):
+            beta_only = float(lookup.beta)
+        else:
+            return None
+    m = min(k * search.preselect, k * w)
+    steps = frames.steps
+    tokens = None if frames.tokens is None else _ready(frames.tokens, torch.int64)
+    lm_tokens = _ready(frames.lm_tokens.reshape(-1) if tokens is None else frames.lm_tokens, torch.int64)
+    scores = beams.scores.float().contiguous().clone()
+    last, key = beams.last.contiguous().clone(), beams.key.contiguous().clone()
+    states = (torch.stack(beams.fusion) if beams.fusion else torch.zeros((0, b, k), dtype=torch.int64)).contiguous()
+    states = states.clone()
+    choices = torch.empty((steps, b, k), dtype=torch.int64)
+    alive = torch.zeros(b) if search.track_beams else None
+    n = len(tables)
+    tab_arr = (ctypes.c_void_p * max(n, 1))(*[t.data_ptr() for t in tables])
+    bmax_arr = (ctypes.c_float * max(n, 1))(*bmax)
+    rc = lib.ctc_beam_loop(
+        steps, b, k, w, v1 - 1, m,
+        _ptr(_ready(values, torch.float32)), _ptr(tokens), _ptr(lm_tokens),
+        _ptr(_ready(frames.thresholds, torch.float32)), _ptr(_ready(frames.weights, torch.float32)),
+        n, ctypes.cast(tab_arr, ctypes.c_void_p),
+        ctypes.cast(bmax_arr, ctypes.c_void_p),
+        int(beta_only is not None), float(beta_only or 0.0),
+        _ptr(scores), _ptr(last), _ptr(key), _ptr(states), _ptr(choices), _ptr(alive))
+    if rc != 0:
+        return None
+    fusion = [states[i] for i in range(n)] if beams.fusion else []
+    return _Beams(scores, last, key, fusion), choices, alive
+
+
+def alignments(choices, tokens, slots, width: int, frame_map, num_frames: int, blank: int, finite):
+    """Back-track the trie (seed 004 §2.1) from ``slots`` [B, n] and read the emitted
+    tokens: ``(align [B, n, T] in model ids, counts, tokens, frames)`` with the last three
+    as flat lists in (utterance, n-best) order, as ``CTCBeamSearch._finish`` builds them;
+    None where the native library is unavailable."""
+    lib = _library()
+    if lib is None or choices.device.type != "cpu":
+        return None
+    s, b, k = choices.shape
+    n = slots.shape[1]
+    choices = _ready(choices.contiguous(), torch.int64)
+    slots = _ready(slots.contiguous(), torch.int64)
+    if tokens is not None:
+        tokens = _ready(tokens[:s].contiguous(), torch.int64)
+    steps = torch.empty((b, n, s), dtype=torch.int64)
+    lib.ctc_backtrack(s, b, k, width, n, _ptr(choices), _ptr(tokens), _ptr(slots), _ptr(steps))
+    fmap = None if frame_map is None else _ready(frame_map.contiguous(), torch.int64)
+    t = num_frames if frame_map is not None else s
+    align = torch.empty((b, n, t), dtype=torch.int64)
+    counts = torch.empty(b * n, dtype=torch.int64)
+    flat_tokens = torch.empty(b * n * t, dtype=torch.int64)
+    flat_frames = torch.empty(b * n * t, dtype=torch.int64)
+    ok = finite.to(torch.uint8).contiguous()
+    lib.ctc_alignments(b, n, s, t, _ptr(steps), _ptr(fmap), blank, _ptr(ok), _ptr(align), _ptr(counts),
+                       _ptr(flat_tokens), _ptr(flat_frames))
+    counts = counts.tolist()
+    total = sum(counts)
+    return align, counts, flat_tokens[:total].tolist(), flat_frames[:total].tolist()
+
+
+def flop_prune(log_probs: torch.Tensor, lengths: torch.Tensor, blank: int, top_n: int,
+               ratio: float | None):
+    """FLToP over a batch (``pipeline.decoding.flop.prune_frame`` on every valid frame,
+    padded frames frozen, blank as token 0): ``(values, tokens)`` [T * B, N], frame-major,
+    or None where the native library is unavailable."""
+    lib = _library()
+    if lib is None or log_probs.device.type != "cpu":
+        return None
+    b, t, v1 = log_probs.shape
+    n = min(top_n, v1)
+    lp = log_probs.float().contiguous()
+    lengths = lengths.to(torch.int64).contiguous()
+    values = torch.empty((t * b, n), dtype=torch.float32)
+    tokens = torch.empty((t * b, n), dtype=torch.int64)
+    has_ratio = ratio is not None and ratio > 0.0
+    lib.ctc_flop_prune(b, t, v1, n, blank, _ptr(lp), _ptr(lengths), int(has_ratio),
+                       float(math.log(ratio)) if has_ratio else 0.0, _ptr(values), _ptr(tokens))
+    return values, tokens
+
+
+def flop_compress(values: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, theta: float, v1: int):
+    """``CTCBeamSearch._compress`` for max merge, natively: ``(values, tokens, lm_tokens,
+    thresholds, weights, steps, frame_map)`` in ``_Frames`` order, or None where the
+    native library is unavailable."""
+    lib = _library()
+    if lib is None or values.device.type != "cpu":
+        return None
+    t, b, n = values.shape
+    values = _ready(values.contiguous(), torch.float32)
+    tokens = _ready(tokens.contiguous(), torch.int64)
+    lengths = lengths.to(torch.int64).contiguous()
+    out_v = torch.empty((t, b, n), dtype=torch.float32)
+    out_t = torch.empty((t, b, n), dtype=torch.int64)
+    out_lm = torch.empty((t, b, n), dtype=torch.int64)
+    out_th = torch.empty((t, b), dtype=torch.float32)
+    out_w = torch.empty((t, b), dtype=torch.float32)
+    frame_map = torch.empty((b, t), dtype=torch.int64)
+    steps = lib.ctc_flop_compress(t, b, n, v1, _ptr(values), _ptr(tokens), _ptr(lengths), float(theta),
+                                  _ptr(out_v), _ptr(out_t), _ptr(out_lm), _ptr(out_th), _ptr(out_w),
+                                  _ptr(frame_map))
+    return out_v, out_t, out_lm, out_th, out_w, int(steps), frame_map

@@ -1,0 +1,162 @@
+"""The native CPU frame loop (pipeline.decoding.ctc_beam_native) against the torch frame
+step it replaces: identical transcripts, emission frames, n-best lists, scores (bit for
+bit: same float summation order), alignments of live hypotheses and live-beam counts
+(on inputs without exact score ties),
+with and without FLToP and frame compression, dense LM and boosting tables, an insertion
+bonus alone, blank at either end, pruning off and on, and preselect 1-3. The torch step
+is itself checked against brute force and flashlight-text (test_beam_search.py,
+test_beam_references.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from beam_reference import BigramTable, peaky_log_probs
+from pipeline.decoding import ctc_beam_native
+from pipeline.decoding.ctc_beam import CTCBeamSearch
+from pipeline.decoding.fusion_table import DenseFusionTable
+
+boosting = pytest.importorskip("pipeline.lm.boosting")
+torch.set_num_threads(1)
+
+
+def _same(a, b):
+    assert a.tokens == b.tokens
+    assert a.token_frames == b.token_frames
+    assert a.nbest_tokens == b.nbest_tokens
+    assert a.nbest_frames == b.nbest_frames
+    assert torch.equal(a.nbest_scores, b.nbest_scores)
+    finite = torch.isfinite(b.nbest_scores)
+    assert torch.equal(a.alignments[finite], b.alignments[finite])
+    if b.avg_beams is not None:
+        assert torch.equal(a.avg_beams, b.avg_beams)
+
+
+def _both(kw, lp, lengths):
+    native = CTCBeamSearch(native=True, **kw)
+    eager = CTCBeamSearch(native=False, **kw)
+    return native(lp, lengths), eager(lp, lengths)
+
+
+def test_library_builds_here():
+    # setup.sh installs a C compiler; without one the search silently uses the torch step,
+    # which would hide a broken native build from every other test in this file
+    assert ctc_beam_native.available()
+
+
+def _dense_tree(v1):
+    tree = boosting.BoostingTree.from_phrases([[[0, 1], [2, 3, 4], [5]]], vocab_size=v1 - 1, context_score=1.5)
+    return DenseFusionTable.maybe(tree, 2 ** 28)
+
+
+@pytest.mark.parametrize("fusion", ["none", "beta", "lm", "lm+boost"])
+@pytest.mark.parametrize("flop", ["off", "on", "on-uncompressed"])
+@pytest.mark.parametrize("seed", range(3))
+def test_native_loop_equals_torch_step(fusion, flop, seed):
+    b, t, v1 = 6, 60, 7
+    lp = peaky_log_probs(b, t, v1, seed)
+    lengths = torch.tensor([60, 1, 37, 0, 52, 44])
+    kw = dict(beam_size=5, prune_threshold=6.0, track_beams=True, nbest=5)
+    if fusion != "none":
+        kw.update(beta=0.3)
+    if fusion.startswith("lm"):
+        lm = BigramTable.random(v1 - 1, seed)
+        lm.num_states = v1  # lets the search fold it into a dense table, as it does NGPU-LMs
+        kw.update(lm=lm, alpha_lm=0.6)
+    if fusion == "lm+boost":
+        tree = _dense_tree(v1)
+        assert isinstance(tree, DenseFusionTable)
+        kw.update(boost=tree, alpha_boost=0.8)
+    if flop != "off":
+        kw.update(flop_top_n=4, flop_ratio=0.02, compress_frames=flop == "on")
+    native, eager = _both(kw, lp, lengths)
+    _same(native, eager)
+
+
+@pytest.mark.parametrize("blank", [0, 6])
+@pytest.mark.parametrize("prune", [None, 3.0])
+@pytest.mark.parametrize("preselect", [1, 2, 3])
+def test_native_loop_equals_torch_step_on_flat_posteriors(blank, prune, preselect):
+    """Less peaky input: many live hypotheses, many recombinations and pruned columns."""
+    g = torch.Generator().manual_seed(blank * 7 + preselect)
+    lp = (1.5 * torch.randn(4, 30, 7, generator=g)).log_softmax(-1)
+    lengths = torch.tensor([30, 25, 8, 30])
+    lm = BigramTable.random(6, 11)
+    lm.num_states = 7
+    kw = dict(beam_size=6, blank=blank, beta=0.2, lm=lm, alpha_lm=0.5, prune_threshold=prune,
+              preselect=preselect, track_beams=True)
+    native, eager = _both(kw, lp, lengths)
+    _same(native, eager)
+    native, eager = _both(dict(kw, flop_top_n=3, flop_ratio=0.05), lp, lengths)
+    _same(native, eager)
+
+
+def test_unsupported_configurations_fall_back_to_the_torch_step():
+    lp = peaky_log_probs(2, 20, 5, 0)
+    generic = BigramTable.random(4, 0)  # no state count: no dense table
+    search = CTCBeamSearch(4, lm=generic, alpha_lm=0.5)
+    fusion = search._fusion(None)
+    frames = search._frames(lp, torch.tensor([20, 20]))
+    search._set_vocab(5, lp.device)
+    lookups = search._lookups_for(fusion, 4, lp.device)
+    assert ctc_beam_native.run_loop(search, frames, search._init_beams(2, lp.device, fusion, lookups), lookups) is None
+    lse = CTCBeamSearch(4, merge="logsumexp")
+    frames = lse._frames(lp, torch.tensor([20, 20]))
+    lse._set_vocab(5, lp.device)
+    assert ctc_beam_native.run_loop(lse, frames, lse._init_beams(2, lp.device, [], []), []) is None
+    # and the results still equal the torch step
+    _same(CTCBeamSearch(4, lm=generic, alpha_lm=0.5)(lp), CTCBeamSearch(4, lm=generic, alpha_lm=0.5, native=False)(lp))
+
+
+def test_build_is_cached_and_reports_compiler_errors(tmp_path, monkeypatch):
+    first = ctc_beam_native.build(tmp_path)
+    assert first.exists() and ctc_beam_native.build(tmp_path) == first
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(RuntimeError, match="failed"):
+        ctc_beam_native.build(tmp_path / "other")
+
+
+def test_native_loop_on_real_log_probs_with_a_kenlm_built_lm(tmp_path):
+    """pyctcdecode's libri logits (371 frames, blank last) with a character 6-gram that
+    lmplz builds from real text, folded into a dense table: exact and FLToP searches."""
+    import json
+    import os
+    import re
+
+    pyctcdecode = pytest.importorskip("pyctcdecode")
+    from pipeline.lm.arpa import tokens_line
+    from pipeline.lm.build import find_lmplz, run_lmplz
+    from pipeline.lm.ngpu_lm import NGramLM
+    from pipeline.lm.sample_text import pydoc_sentences
+
+    try:
+        find_lmplz(build=False)
+    except FileNotFoundError:
+        pytest.skip("lmplz not built (bash scripts/build_kenlm.sh)")
+    labels = [" "] + [chr(c) for c in range(97, 123)] + ["'"]
+    index = {c: i for i, c in enumerate(labels)}
+    with open(tmp_path / "corpus.txt", "w") as fh:
+        for sentence in pydoc_sentences()[:3000]:
+            s = re.sub(" +", " ", re.sub(r"[^a-z' ]+", " ", sentence.lower())).strip()
+            if s:
+                fh.write(tokens_line([index[c] for c in s]) + "\n")
+    run_lmplz(tmp_path / "corpus.txt", tmp_path / "lm.arpa", order=6)
+    path = os.path.join(os.path.dirname(pyctcdecode.__file__), "tests", "sample_data", "libri_logits.json")
+    with open(path) as fh:
+        libri = torch.tensor(json.load(fh), dtype=torch.float32)
+    lp = torch.stack([libri.log_softmax(-1), (libri / 3.0).log_softmax(-1)])
+    lengths = torch.tensor([371, 300])
+    lm = NGramLM.from_arpa(str(tmp_path / "lm.arpa"), 28)
+    for extra in ({}, dict(flop_top_n=8, flop_ratio=1e-3)):
+        kw = dict(beam_size=8, blank=28, lm=lm, alpha_lm=0.6, beta=0.5, prune_threshold=12.0, track_beams=True,
+                  **extra)
+        native, eager = _both(kw, lp, lengths)
+        assert isinstance(CTCBeamSearch(**kw).lm, DenseFusionTable)
+        # these logits are quantised (0.4% distinct values), so alignments of equal score
+        # exist and the torch TopK and the native selection may keep different ones of
+        # them (timestamps one frame apart); transcripts and scores are the same
+        assert native.tokens == eager.tokens
+        assert torch.equal(native.nbest_scores, eager.nbest_scores)
+        for u in range(2):
+            pairs = lambda r: sorted(zip(r.nbest_scores[u].tolist(), map(tuple, r.nbest_tokens[u])))  # noqa: E731
+            assert pairs(native) == pairs(eager)
