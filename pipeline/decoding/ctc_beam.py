@@ -55,7 +55,11 @@ the last frame, then hypotheses that differ only in their last label are merged.
 
 The only Python loop in the search is over frames, with no host sync and no
 data-dependent control flow inside it, so the frame step can be captured in a CUDA graph
-(``pipeline.decoding.ctc_beam_graphs``); eager mode is the same step.
+(``pipeline.decoding.ctc_beam_graphs``); eager mode is the same step. On a CPU there is no
+graph to replay and the step's ~50 tensor ops cost their dispatch, not their arithmetic,
+so ``native=True`` (the default) runs the frame loop, FLToP pruning, frame compression and
+back-tracking as single calls into ``pipeline.decoding.ctc_beam_native`` (C, the same
+step; identical results), falling back to the torch step where that does not apply.
 """
 from __future__ import annotations
 
