@@ -101,3 +101,22 @@ def peaky_log_probs(b, t, v1, seed):
     sharp = torch.where(torch.rand(b, t, generator=g) < 0.25, 1.5, 9.0)
     logits.scatter_add_(2, labels[..., None], sharp[..., None])
     return logits.log_softmax(-1)
+
+
+def fusion_kwargs(fusion: str, v1: int, seed: int, dense_lm: bool = False) -> dict:
+    """CTCBeamSearch arguments for the fusion settings the batched tests sweep: "lm" (a
+    random bigram table, alpha 0.6; ``dense_lm`` gives it a state count so the search
+    folds it into a dense table, as it does NGPU-LMs) and "lm+boost" (plus a three-phrase
+    boosting tree, alpha 0.8); anything else: no fusion model."""
+    kw = {}
+    if fusion.startswith("lm"):
+        lm = BigramTable.random(v1 - 1, seed)
+        if dense_lm:
+            lm.num_states = v1
+        kw.update(lm=lm, alpha_lm=0.6)
+    if fusion == "lm+boost":
+        from pipeline.lm.boosting import BoostingTree
+
+        kw.update(boost=BoostingTree.from_phrases([[[0, 1], [2, 3, 4], [5]]], vocab_size=v1 - 1,
+                                                  context_score=1.5), alpha_boost=0.8)
+    return kw

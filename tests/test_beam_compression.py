@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from beam_reference import BigramTable, peaky_log_probs
+from beam_reference import fusion_kwargs, peaky_log_probs
 from pipeline.decoding.ctc_beam import CTCBeamSearch
 
 boosting = pytest.importorskip("pipeline.lm.boosting")
@@ -40,11 +40,7 @@ def test_compressed_equals_frame_by_frame(merge, fusion, seed):
     lengths = torch.tensor([60, 1, 37, 0, 52, 44])
     kw = dict(beam_size=5, merge=merge, prune_threshold=6.0, beta=0.3, flop_top_n=4, flop_ratio=0.02,
               track_beams=True, nbest=5)
-    if fusion != "none":
-        kw.update(lm=BigramTable.random(v1 - 1, seed), alpha_lm=0.6)
-    if fusion == "lm+boost":
-        kw.update(boost=boosting.BoostingTree.from_phrases([[[0, 1], [2, 3, 4], [5]]], vocab_size=v1 - 1,
-                                                           context_score=1.5), alpha_boost=0.8)
+    kw.update(fusion_kwargs(fusion, v1, seed))
     folded = CTCBeamSearch(**kw)
     plain = CTCBeamSearch(compress_frames=False, **kw)
     frames = folded._frames(lp, lengths)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from beam_reference import BigramTable, peaky_log_probs
+from beam_reference import BigramTable, fusion_kwargs, peaky_log_probs
 from pipeline.decoding import ctc_beam_native
 from pipeline.decoding.ctc_beam import CTCBeamSearch
 from pipeline.decoding.fusion_table import DenseFusionTable
@@ -44,11 +44,6 @@ def test_library_builds_here():
     assert ctc_beam_native.available()
 
 
-def _dense_tree(v1):
-    tree = boosting.BoostingTree.from_phrases([[[0, 1], [2, 3, 4], [5]]], vocab_size=v1 - 1, context_score=1.5)
-    return DenseFusionTable.maybe(tree, 2 ** 28)
-
-
 @pytest.mark.parametrize("fusion", ["none", "beta", "lm", "lm+boost"])
 @pytest.mark.parametrize("flop", ["off", "on", "on-uncompressed"])
 @pytest.mark.parametrize("seed", range(3))
@@ -59,16 +54,12 @@ def test_native_loop_equals_torch_step(fusion, flop, seed):
     kw = dict(beam_size=5, prune_threshold=6.0, track_beams=True, nbest=5)
     if fusion != "none":
         kw.update(beta=0.3)
-    if fusion.startswith("lm"):
-        lm = BigramTable.random(v1 - 1, seed)
-        lm.num_states = v1  # lets the search fold it into a dense table, as it does NGPU-LMs
-        kw.update(lm=lm, alpha_lm=0.6)
-    if fusion == "lm+boost":
-        tree = _dense_tree(v1)
-        assert isinstance(tree, DenseFusionTable)
-        kw.update(boost=tree, alpha_boost=0.8)
+    kw.update(fusion_kwargs(fusion, v1, seed, dense_lm=True))
     if flop != "off":
         kw.update(flop_top_n=4, flop_ratio=0.02, compress_frames=flop == "on")
+    search = CTCBeamSearch(**kw)
+    # the native loop serves dense tables only: both models must have been folded
+    assert all(isinstance(m, DenseFusionTable) for m in (search.lm, search.boost) if m is not None)
     native, eager = _both(kw, lp, lengths)
     _same(native, eager)
 

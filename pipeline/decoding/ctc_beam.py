@@ -195,15 +195,6 @@ class _DenseLookup:
     def advance(self, handles):
         return self.next.take(handles)
 
-    def max_score(self) -> float:
-        """The largest bonus any candidate can get from this table (an upper bound the
-        native loop prunes with); computed once."""
-        if self._max_score is None:
-            self._max_score = float(self.scores.max())
-        return self._max_score
-
-    _max_score = None
-
     def rows(self, offsets, last):
         """Unpruned frames: [B, beam, V+1] scores in CTC column order (blank and the
         repeat column score 0); rows are copied whole (cheaper than per-element takes)."""
@@ -344,11 +335,8 @@ class CTCBeamSearch:
         self._set_vocab(v1, device)
         lookups = self._lookups_for(fusion, v1 - 1, device)
         beams = self._init_beams(b, device, fusion, lookups)
-        out = None
-        if self.native and device.type == "cpu":
-            from pipeline.decoding import ctc_beam_native
-
-            out = ctc_beam_native.run_loop(self, frames, beams, lookups)
+        native = self._native(device)
+        out = native.run_loop(self, frames, beams, lookups) if native else None
         if out is None:
             loop = self.eager_loop
             if self.use_cuda_graphs and device.type == "cuda":
@@ -358,6 +346,16 @@ class CTCBeamSearch:
             out = loop(frames, beams, lookups)
         beams, choices, alive = out
         return self._finish(beams, choices, alive, fusion, lookups, frames, lengths)
+
+    def _native(self, device):
+        """``pipeline.decoding.ctc_beam_native`` when this search runs natively on
+        ``device`` (a CPU, ``native=True``), else None; each of its calls may still
+        return None for a configuration it does not cover."""
+        if not self.native or torch.device(device).type != "cpu":
+            return None
+        from pipeline.decoding import ctc_beam_native
+
+        return ctc_beam_native
 
     def _set_vocab(self, v1: int, device) -> None:
         """V (the fusion lookups' identity column) and the column ids of an unpruned frame."""
@@ -424,11 +422,10 @@ class CTCBeamSearch:
         theta = float("inf") if self.prune_threshold is None else float(self.prune_threshold)
         inf = torch.tensor(float("inf"), device=dev)
         thresholds = torch.where(valid, torch.tensor(theta, device=dev), inf)
+        native = self._native(dev)
         pruned = None
-        if self.flop_top_n is not None and self.native and dev.type == "cpu":
-            from pipeline.decoding import ctc_beam_native
-
-            pruned = ctc_beam_native.flop_prune(log_probs, lengths, self.blank, self.flop_top_n, self.flop_ratio)
+        if self.flop_top_n is not None and native:
+            pruned = native.flop_prune(log_probs, lengths, self.blank, self.flop_top_n, self.flop_ratio)
         if pruned is None:
             lp = log_probs.float()
             if self.blank != 0:
@@ -446,10 +443,8 @@ class CTCBeamSearch:
         values, tokens = pruned
         values, tokens = values.view(t, b, -1), tokens.view(t, b, -1)
         frame_map, weights, steps = None, valid.float(), t
-        if self.compress_frames and t > 0 and self.merge == "max" and self.native and dev.type == "cpu":
-            from pipeline.decoding import ctc_beam_native
-
-            done = ctc_beam_native.flop_compress(values, tokens, lengths, theta, v1)
+        if self.compress_frames and t > 0 and self.merge == "max" and native:
+            done = native.flop_compress(values, tokens, lengths, theta, v1)
             if done is not None:
                 return _Frames(*done, t)
         if self.compress_frames and t > 0:
@@ -665,12 +660,11 @@ class CTCBeamSearch:
         nbest_scores, pos = scores.topk(n, dim=1)
         slots = order.gather(1, pos)
         s, w = choices.shape[0], frames.values.shape[-1]
+        native = self._native(choices.device)
         emitted = None
-        if self.native and choices.device.type == "cpu":
-            from pipeline.decoding import ctc_beam_native
-
-            emitted = ctc_beam_native.alignments(choices, frames.tokens, slots, w, frames.frame_map,
-                                                 frames.num_frames, self.blank, torch.isfinite(nbest_scores))
+        if native:
+            emitted = native.alignments(choices, frames.tokens, slots, w, frames.frame_map,
+                                        frames.num_frames, self.blank, torch.isfinite(nbest_scores))
         if emitted is not None:
             align, counts, flat_tokens, flat_frames = emitted
         else:

@@ -66,6 +66,54 @@ static inline void insert_top(cand_t *top, int64_t *n, int64_t cap, cand_t c) {
     top[pos] = c;
 }
 
+/* One (frame, utterance) pair's view of the search inputs. */
+typedef struct {
+    const int64_t *tk, *lt;    /* the frame's token ids (NULL: column = id) and LM ids */
+    const entry_t *const *tab; /* the fusion tables */
+    const int64_t *states;     /* [n_lookups, B, K] row offsets */
+    int64_t n_lookups, B, K, b, V;
+    int has_beta_only;
+    float beta_only;
+} pair_t;
+
+static inline int64_t token_of(const pair_t *p, int64_t c) { return p->tk ? p->tk[c] : c; }
+
+/* the fusion column of column c for a hypothesis whose last label is `last`: its LM id
+ * when the token is new (not blank, not a repeat), else the identity column V */
+static inline int64_t fusion_column(const pair_t *p, int64_t c, int64_t last) {
+    return token_of(p, c) != last ? p->lt[c] : p->V;
+}
+
+static inline const entry_t *entry(const pair_t *p, int64_t l, int64_t j, int64_t lmcol) {
+    return &p->tab[l][p->states[(l * p->B + p->b) * p->K + j] + lmcol];
+}
+
+/* eq. 1 for one candidate, summed in the torch step's order */
+static inline float candidate_score(const pair_t *p, float sj, float xc, int64_t j, int64_t lmcol) {
+    float cs = sj + xc;
+    for (int64_t l = 0; l < p->n_lookups; l++) cs = cs + entry(p, l, j, lmcol)->score;
+    if (p->has_beta_only) cs = cs + (lmcol != p->V ? p->beta_only : 0.0f);
+    return cs;
+}
+
+/* start the fusion-table loads of column c for every live hypothesis (a cache miss each:
+ * the tables are tens of MB), so they overlap with other work instead of stalling the
+ * expansion one by one */
+static inline void prefetch_column(const pair_t *p, const float *sc, const int64_t *la, int64_t c) {
+    for (int64_t j = 0; j < p->K; j++) {
+        if (sc[j] == -INFINITY) continue;
+        const int64_t lmcol = fusion_column(p, c, la[j]);
+        for (int64_t l = 0; l < p->n_lookups; l++) __builtin_prefetch(entry(p, l, j, lmcol));
+    }
+}
+
+static inline void count_live(float *alive, int64_t b, const float *sc, int64_t K, float weight) {
+    if (!alive) return;
+    int64_t live = 0;
+    for (int64_t r = 0; r < K; r++) live += sc[r] > -INFINITY;
+    alive[b] = alive[b] + (float)live * weight;
+}
+
 int ctc_beam_loop(
     int64_t S, int64_t B, int64_t K, int64_t W, int64_t V, int64_t M,
     const float *values,      /* [S, B, W] */
@@ -97,8 +145,8 @@ int ctc_beam_loop(
         for (int64_t b = 0; b < B; b++) {
             const int64_t fb = s * B + b;
             const float *x = values + fb * W;
-            const int64_t *tk = tokens ? tokens + fb * W : NULL;
-            const int64_t *lt = tokens ? lm_tokens + fb * W : lm_tokens;
+            const pair_t pr = {tokens ? tokens + fb * W : NULL, tokens ? lm_tokens + fb * W : lm_tokens,
+                               tab, states, n_lookups, B, K, b, V, has_beta_only, beta_only};
             const float th = thresholds[fb];
             float *sc = scores + b * K;
             int64_t *la = last + b * K, *ky = key + b * K;
@@ -107,11 +155,7 @@ int ctc_beam_loop(
                  * differ only in their last label and left them sorted with a blank last
                  * label; another all-blank frame keeps every hypothesis in its slot */
                 for (int64_t r = 0; r < K; r++) choices[fb * K + r] = r * W;
-                if (alive) {
-                    int64_t live = 0;
-                    for (int64_t r = 0; r < K; r++) live += sc[r] > -INFINITY;
-                    alive[b] = alive[b] + (float)live * weights[fb];
-                }
+                count_live(alive, b, sc, K, weights[fb]);
                 continue;
             }
 
@@ -124,26 +168,13 @@ int ctc_beam_loop(
             int64_t cbest = 0;
             for (int64_t c = 1; c < W; c++)
                 if (x[c] > x[cbest]) cbest = c;
-            /* start the fusion-table loads (a cache miss each: the tables are tens of MB)
-             * of the frame's best column for every hypothesis, so they overlap with the
-             * column selection below instead of stalling the expansion one by one */
-            for (int64_t j = 0; j < K; j++) {
-                if (sc[j] == -INFINITY) continue;
-                const int64_t tok = tk ? tk[cbest] : cbest;
-                const int64_t lmcol = tok != la[j] ? lt[cbest] : V;
-                for (int64_t l = 0; l < n_lookups; l++)
-                    __builtin_prefetch(&tab[l][states[(l * B + b) * K + j] + lmcol]);
-            }
+            prefetch_column(&pr, sc, la, cbest);  /* overlaps with the column selection */
             int64_t nv = 0;
             float cutoff = -INFINITY;
             if (jbest >= 0 && x[cbest] > -INFINITY) {
                 if (isfinite(th)) {
-                    const int64_t tok = tk ? tk[cbest] : cbest;
-                    const int64_t lmcol = tok != la[jbest] ? lt[cbest] : V;
-                    float lower = sc[jbest] + x[cbest];
-                    for (int64_t l = 0; l < n_lookups; l++)
-                        lower = lower + tab[l][states[(l * B + b) * K + jbest] + lmcol].score;
-                    if (has_beta_only && lmcol != V) lower = lower + beta_only;
+                    const float lower = candidate_score(&pr, sc[jbest], x[cbest], jbest,
+                                                        fusion_column(&pr, cbest, la[jbest]));
                     cutoff = lower - th - PRUNE_SLACK - smax - bmax;
                 }
                 /* viable columns, best first (insertion sort: a handful per frame) */
@@ -155,17 +186,8 @@ int ctc_beam_loop(
                     viable[p] = c;
                 }
             }
+            for (int64_t v = 1; v < nv && v < 3; v++) prefetch_column(&pr, sc, la, viable[v]);
 
-            for (int64_t v = 1; v < nv && v < 3; v++) {
-                const int64_t c = viable[v];
-                const int64_t tok = tk ? tk[c] : c;
-                for (int64_t j = 0; j < K; j++) {
-                    if (sc[j] == -INFINITY) continue;
-                    const int64_t lmcol = tok != la[j] ? lt[c] : V;
-                    for (int64_t l = 0; l < n_lookups; l++)
-                        __builtin_prefetch(&tab[l][states[(l * B + b) * K + j] + lmcol]);
-                }
-            }
             int64_t n = 0;
             for (int64_t j = 0; j < K && nv; j++) {
                 const float sj = sc[j];
@@ -179,12 +201,9 @@ int ctc_beam_loop(
                     const float ub = sj + x[c] + bmax + PRUNE_SLACK;
                     if (n > 0 && isfinite(th) && ub < top[0].score - th) break;
                     if (n == M && ub < top[M - 1].score) break;
-                    const int64_t tok = tk ? tk[c] : c;
-                    const int64_t lmcol = tok != lj ? lt[c] : V;
-                    float cs = sj + x[c];
-                    for (int64_t l = 0; l < n_lookups; l++)
-                        cs = cs + tab[l][states[(l * B + b) * K + j] + lmcol].score;
-                    if (has_beta_only) cs = cs + (lmcol != V ? beta_only : 0.0f);
+                    const int64_t tok = token_of(&pr, c);
+                    const int64_t lmcol = fusion_column(&pr, c, lj);
+                    const float cs = candidate_score(&pr, sj, x[c], j, lmcol);
                     if (cs == -INFINITY || (n == M && !(cs > top[M - 1].score))) continue;
                     int64_t ck = kj;
                     if (lmcol != V) ck = mod_mersenne(h * HASH_BASE + tok) + (kj - h + HASH_MOD);
@@ -212,12 +231,10 @@ int ctc_beam_loop(
                 new_key[kept] = cd.pkey;
                 new_last[kept] = cd.label;
                 for (int64_t l = 0; l < n_lookups; l++)
-                    new_states[l][kept] = cd.score == -INFINITY ? 0
-                        : tab[l][states[(l * B + b) * K + parent] + cd.lmcol].next;
+                    new_states[l][kept] = cd.score == -INFINITY ? 0 : entry(&pr, l, parent, cd.lmcol)->next;
                 choices[fb * K + kept] = parent * W + cd.col;
                 kept++;
             }
-            int64_t live = 0;
             for (int64_t r = 0; r < K; r++) {
                 if (r >= kept) {
                     new_scores[r] = -INFINITY;
@@ -230,9 +247,8 @@ int ctc_beam_loop(
                 ky[r] = new_key[r];
                 la[r] = new_last[r];
                 for (int64_t l = 0; l < n_lookups; l++) states[(l * B + b) * K + r] = new_states[l][r];
-                live += new_scores[r] > -INFINITY;
             }
-            if (alive) alive[b] = alive[b] + (float)live * weights[fb];
+            count_live(alive, b, sc, K, weights[fb]);
         }
     }
     return 0;

@@ -120,17 +120,17 @@ def _ready(t: torch.Tensor, dtype) -> torch.Tensor:
     return t
 
 
-def packed_table(lookup) -> torch.Tensor | None:
+def packed_table(lookup) -> tuple[torch.Tensor, float] | None:
     """The lookup's score and next-state tables interleaved as int32 pairs (the C
-    ``entry_t``: float bits, row offset), built once per lookup; None when the offsets do
-    not fit int32."""
+    ``entry_t``: float bits, row offset) and the largest score (the bonus bound the loop
+    prunes with), built once per lookup; None when the offsets do not fit int32."""
     packed = getattr(lookup, "_native_packed", None)
     if packed is None:
         if lookup.next.numel() and int(lookup.next.max()) >= 2 ** 31:
             return None
-        packed = torch.stack([lookup.scores.float().contiguous().view(torch.int32),
-                              lookup.next.to(torch.int32)], dim=-1).contiguous()
-        lookup._native_packed = packed
+        table = torch.stack([lookup.scores.float().contiguous().view(torch.int32),
+                             lookup.next.to(torch.int32)], dim=-1).contiguous()
+        packed = lookup._native_packed = (table, float(lookup.scores.max()))
     return packed
 
 
@@ -144,7 +144,7 @@ def run_loop(search, frames, beams, lookups):
     values = frames.values
     if lib is None or search.merge != "max" or values.device.type != "cpu":
         return None
-    s_all, b, w = values.shape
+    _, b, w = values.shape
     k = search.beam_size
     v1 = search._vocab + 1
     tables, bmax, beta_only = [], [], None
@@ -153,8 +153,8 @@ def run_loop(search, frames, beams, lookups):
             packed = packed_table(lookup)
             if packed is None:
                 return None
-            tables.append(packed)
-            bmax.append(lookup.max_score())
+            tables.append(packed[0])
+            bmax.append(packed[1])
         elif isinstance(lookup, _BetaOnly):
             beta_only = float(lookup.beta)
         else:
@@ -165,8 +165,8 @@ def run_loop(search, frames, beams, lookups):
     lm_tokens = _ready(frames.lm_tokens.reshape(-1) if tokens is None else frames.lm_tokens, torch.int64)
     scores = beams.scores.float().contiguous().clone()
     last, key = beams.last.contiguous().clone(), beams.key.contiguous().clone()
-    states = (torch.stack(beams.fusion) if beams.fusion else torch.zeros((0, b, k), dtype=torch.int64)).contiguous()
-    states = states.clone()
+    # stack copies, so the loop may write the states in place
+    states = torch.stack(beams.fusion) if beams.fusion else torch.zeros((0, b, k), dtype=torch.int64)
     choices = torch.empty((steps, b, k), dtype=torch.int64)
     alive = torch.zeros(b) if search.track_beams else None
     n = len(tables)
