@@ -53,8 +53,11 @@ def add_arguments(parser) -> None:
                         help="insertion bonus per token (flashlight's lexicon-free decoder has none)")
     parser.add_argument("--alpha-boost", type=float, default=0.2,
                         help="boosting weight (character-level phrase trees want a small one)")
+    parser.add_argument("--no-case-variants", action="store_true",
+                        help="boost each phrase only as given (default: also with its first letter's case "
+                        "flipped, as beam.boost_case_variants does; pyctcdecode gets the same hotwords)")
     parser.add_argument("--flop-top-n", type=int, default=8)
-    parser.add_argument("--flop-ratio", type=float, default=1e-3)
+    parser.add_argument("--flop-ratio", type=float, default=5e-4)
     parser.add_argument("--reps", type=int, default=None, help="timing repetitions, min taken (default 3, quick 2)")
     parser.add_argument("--prune-threshold", type=float, default=12.0, help="theta (seed 002 uses 12)")
     parser.add_argument("--plot", help="PNG path (default: beside --out, else ctc_beam.png)")
@@ -312,7 +315,7 @@ def run(args) -> dict:
     from pipeline.decoding.ctc_beam import CTCBeamSearch
     from pipeline.decoding.ctc_greedy import ctc_greedy
     from pipeline.decoding.flop import surviving_tokens
-    from pipeline.lm.boosting import BoostingTree
+    from pipeline.lm.boosting import BoostingTree, case_variants
     from pipeline.lm.ngpu_lm import NGramLM
     from pipeline.text import charset
 
@@ -354,9 +357,11 @@ def run(args) -> dict:
             ln.strip() for ln in Path(args.key_phrases).read_text(encoding="utf-8").splitlines() if ln.strip()]
         for k in phrase_counts:  # the given list first, then rare words as distractors
             phrases[k] = list(dict.fromkeys(given[:k] + phrases[k]))[:k]
+    # what the search boosts: the phrase lists, plus case variants (F is still scored on the lists)
+    boosted = {k: p if args.no_case_variants else case_variants(p) for k, p in phrases.items()}
     trees = {k: BoostingTree.from_phrases([p], vocab_size=lm.vocab_size,
                                           tokenize=lambda s: [c - 1 for c in charset.encode(s)]).to(device)
-             for k, p in phrases.items()}
+             for k, p in boosted.items()}
     cpu_lp = log_probs
     log_probs, lengths = log_probs.to(device), lengths.to(device)
     rows: list[dict] = []
@@ -457,7 +462,7 @@ def run(args) -> dict:
 
     # pyctcdecode: word-level KenLM on the same text, hotwords = the key phrases
     labels = [""] + charset.CHARS
-    n_py = 8 if quick else 24
+    n_py = 8 if quick else n  # the same utterances as ours outside --quick
     py_lm = PyCTCDecode(labels, kenlm_path=word_arpa, alpha=args.alpha, beta=args.beta)
     py_plain = PyCTCDecode(labels)
     for beam in ([8] if quick else [4, 8, 16]):
@@ -465,7 +470,7 @@ def run(args) -> dict:
             out, secs = best_of(reps_default, lambda: [dec.decode(x, beam, beam_prune_logp=-args.prune_threshold,
                                                                    token_min_logp=-5.0) for x in np_lp[:n_py]])
             add("pyctcdecode", beam, 1, lm_on, 0, False, out, secs, n_py)
-    out, secs = timed(lambda: [py_lm.decode(x, SUMMARY_BEAM, hotwords=phrases[100], beam_prune_logp=-args.prune_threshold,
+    out, secs = timed(lambda: [py_lm.decode(x, SUMMARY_BEAM, hotwords=boosted[100], beam_prune_logp=-args.prune_threshold,
                                             token_min_logp=-5.0) for x in np_lp[:n_py]])
     add("pyctcdecode", SUMMARY_BEAM, 1, True, 100, False, out, secs, n_py)
 

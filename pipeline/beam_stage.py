@@ -76,12 +76,14 @@ class CTCBeamFinisher:
         return int(result.states.shape[0]) * self.cfg.size
 
     def _boost(self, results):
-        from pipeline.lm.boosting import BoostingTree, batch_phrase_lists
+        from pipeline.lm.boosting import BoostingTree, batch_phrase_lists, case_variants
 
         per_row = [r.key_phrases for r in results]
         if not self.shared_phrases and not any(per_row):
             return None
         lists, rows = batch_phrase_lists(self.shared_phrases, per_row)
+        if self.cfg.boost_case_variants:
+            lists = [case_variants(phrases) for phrases in lists]
         tree = BoostingTree.from_phrases(lists, len(charset.CHARS), tokenize=lm_token_ids,
                                          context_score=self.cfg.context_score,
                                          depth_scaling=self.cfg.depth_scaling)

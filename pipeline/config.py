@@ -73,6 +73,7 @@ class BeamConfig:
     alpha_boost: float = 0.2         # 1.0 over-boosts character phrase trees (measured)
     context_score: float = 1.0
     depth_scaling: float = 2.0
+    boost_case_variants: bool = True  # also boost each phrase with its first letter's case flipped
     use_cuda_graphs: bool = True
     native: bool = True               # CPU: the frame loop in one native call (ctc_beam_native)
 

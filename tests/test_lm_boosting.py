@@ -170,3 +170,38 @@ def test_bound_lists_repeat_per_beam():
     assert scores[:3, B].tolist() == [bonus(1)] * 3 and scores[3:, A].tolist() == [bonus(1)] * 3
     with pytest.raises(ValueError):
         tree.init_states(5)
+
+
+def test_case_variants_flip_the_first_letter_only_for_lower_or_title_words():
+    from pipeline.lm.boosting import case_variants
+
+    got = case_variants(["check", "The supervisor", "RPM", "iPhone", ("pump", 2.5), [1, 2], "check", "3 mm"])
+    assert got == ["check", "Check", "The supervisor", "the supervisor", "RPM", "iPhone",
+                   ("pump", 2.5), ("Pump", 2.5), [1, 2], "3 mm"]
+
+
+def test_case_variant_tree_boosts_the_sentence_initial_spelling():
+    """A tree from "check" gives "Check" nothing; with case variants both spellings earn
+    the same bonus sequence (the one the bonus rule gives a 5-token phrase)."""
+    from pipeline.lm.boosting import case_variants
+
+    alphabet = "checkChx"
+    tokenize = lambda text: [alphabet.index(ch) for ch in text]  # noqa: E731
+    plain = BoostingTree.from_phrases([["check"]], vocab_size=len(alphabet), tokenize=tokenize)
+    both = BoostingTree.from_phrases([case_variants(["check"])], vocab_size=len(alphabet), tokenize=tokenize)
+    want = [bonus(d) for d in range(1, 6)]
+
+    def walk_text(tree, text):
+        state = tree.init_states(1)
+        scores = []
+        for t in tokenize(text):
+            s, n = tree.advance(state)
+            scores.append(s[0, t].item())
+            state = n[:, t]
+        return scores, tree.final(state).item()
+
+    assert walk_text(plain, "check")[0] == pytest.approx(want)
+    assert sum(walk_text(plain, "Check")[0]) + walk_text(plain, "Check")[1] == pytest.approx(0.0)
+    for text in ("check", "Check"):
+        scores, final = walk_text(both, text)
+        assert scores == pytest.approx(want) and final == pytest.approx(0.0)
