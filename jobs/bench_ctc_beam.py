@@ -457,7 +457,8 @@ def run(args) -> dict:
     if args.beta != 0.0:  # the like-for-like comparison with flashlight
         for beam in ([8] if quick else [4, 8]):
             ours_beta0 = CTCBeamSearch(beam, lm=lm, alpha_lm=args.alpha, prune_threshold=args.prune_threshold)
-            (toks, _), secs = timed(lambda: decode_ours(ours_beta0, log_probs, lengths, SUMMARY_BATCH))
+            decode_ours(ours_beta0, log_probs[:SUMMARY_BATCH], lengths[:SUMMARY_BATCH], SUMMARY_BATCH)  # tables
+            (toks, _), secs = best_of(reps_default, lambda: decode_ours(ours_beta0, log_probs, lengths, SUMMARY_BATCH))
             add("ours(beta=0)", beam, SUMMARY_BATCH, True, 0, False, [text_of(t) for t in toks], secs, n)
 
     # pyctcdecode: word-level KenLM on the same text, hotwords = the key phrases

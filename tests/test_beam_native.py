@@ -82,6 +82,23 @@ def test_native_loop_equals_torch_step_on_flat_posteriors(blank, prune, preselec
     _same(native, eager)
 
 
+@pytest.mark.parametrize("blank", [0, 39])
+@pytest.mark.parametrize("prune", [None, 8.0])
+@pytest.mark.parametrize("fusion", ["none", "lm+boost"])
+def test_native_loop_equals_torch_step_with_more_viable_columns_than_the_sorted_head(blank, prune, fusion):
+    """40 columns of flat posteriors: most frames have more viable columns than the loop
+    keeps sorted (VIABLE_HEAD), so the unsorted tail's per-column bound is exercised."""
+    g = torch.Generator().manual_seed(blank + (0 if prune is None else 1))
+    lp = (0.8 * torch.randn(3, 25, 40, generator=g)).log_softmax(-1)
+    lengths = torch.tensor([25, 19, 7])
+    kw = dict(beam_size=6, blank=blank, prune_threshold=prune, track_beams=True, nbest=6)
+    kw.update(fusion_kwargs(fusion, 40, blank, dense_lm=True))
+    if fusion != "none":
+        kw.update(beta=0.2)
+    native, eager = _both(kw, lp, lengths)
+    _same(native, eager)
+
+
 def test_unsupported_configurations_fall_back_to_the_torch_step():
     lp = peaky_log_probs(2, 20, 5, 0)
     generic = BigramTable.random(4, 0)  # no state count: no dense table

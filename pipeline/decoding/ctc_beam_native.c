@@ -12,6 +12,10 @@
  *     fusion table holds), is below (an actual candidate's score) - theta - slack is
  *     pruned for every hypothesis, so it is not enumerated either (seed 002's theta
  *     pruning applied before the expansion instead of after it).
+ *   - blank and repeat candidates use the tables' identity column (score 0, same row),
+ *     so they are scored and advanced without reading the tables.
+ * Viable columns are enumerated best first for the few best (a sorted head) and in any
+ * order after it, which can only reorder candidates of exactly equal score.
  * Dead slots are filled the way the torch step leaves them: score -inf, never a parent.
  *
  * Max merge only (the Viterbi recombination); logsumexp stays on the torch path.
@@ -27,6 +31,8 @@
 #define MAX_SLOTS 1024
 /* float32 sums over a few hundred frames round by far less than this (nats) */
 #define PRUNE_SLACK 1e-2f
+#define VIABLE_HEAD 8
+#define PREFETCH_COLUMNS 3  /* the loads of the best few columns overlap with selection */
 
 /* one fusion-table entry: the bonus and the next state's row offset side by side, so
  * the lookup that scores a candidate also brings its next state into the cache */
@@ -88,9 +94,12 @@ static inline const entry_t *entry(const pair_t *p, int64_t l, int64_t j, int64_
     return &p->tab[l][p->states[(l * p->B + p->b) * p->K + j] + lmcol];
 }
 
-/* eq. 1 for one candidate, summed in the torch step's order */
+/* eq. 1 for one candidate, summed in the torch step's order. The identity column V
+ * (blank, repeat) scores 0 and keeps the row in every table (_DenseLookup builds it so),
+ * so its lookups, a cache miss each, are skipped: x + 0.0f == x. */
 static inline float candidate_score(const pair_t *p, float sj, float xc, int64_t j, int64_t lmcol) {
     float cs = sj + xc;
+    if (lmcol == p->V) return cs;
     for (int64_t l = 0; l < p->n_lookups; l++) cs = cs + entry(p, l, j, lmcol)->score;
     if (p->has_beta_only) cs = cs + (lmcol != p->V ? p->beta_only : 0.0f);
     return cs;
@@ -103,6 +112,7 @@ static inline void prefetch_column(const pair_t *p, const float *sc, const int64
     for (int64_t j = 0; j < p->K; j++) {
         if (sc[j] == -INFINITY) continue;
         const int64_t lmcol = fusion_column(p, c, la[j]);
+        if (lmcol == p->V) continue;
         for (int64_t l = 0; l < p->n_lookups; l++) __builtin_prefetch(entry(p, l, j, lmcol));
     }
 }
@@ -135,7 +145,7 @@ int ctc_beam_loop(
     cand_t top[MAX_SLOTS];
     float new_scores[MAX_SLOTS];
     int64_t new_last[MAX_SLOTS], new_key[MAX_SLOTS], new_states[MAX_LOOKUPS][MAX_SLOTS];
-    int64_t viable[4096];
+    int64_t viable[VIABLE_HEAD], tail[4096];
     if (W > 4096) return -2;
     float bmax = 0.0f;
     for (int64_t l = 0; l < n_lookups; l++) bmax += bonus_max[l] > 0.0f ? bonus_max[l] : 0.0f;
@@ -165,11 +175,19 @@ int ctc_beam_loop(
             float smax = -INFINITY;
             for (int64_t j = 0; j < K; j++)
                 if (sc[j] > smax) { smax = sc[j]; jbest = j; }
+            /* the frame's best and second-best columns in one pass */
             int64_t cbest = 0;
-            for (int64_t c = 1; c < W; c++)
-                if (x[c] > x[cbest]) cbest = c;
+            float second = -INFINITY;
+            for (int64_t c = 1; c < W; c++) {
+                const float xc = x[c];
+                if (xc > x[cbest]) { second = x[cbest]; cbest = c; }
+                else if (xc > second) second = xc;
+            }
             prefetch_column(&pr, sc, la, cbest);  /* overlaps with the column selection */
-            int64_t nv = 0;
+            /* viable columns: the best VIABLE_HEAD sorted best first (head), the rest
+             * (tail, each below the head's last) unsorted, so selection costs
+             * O(W * VIABLE_HEAD) instead of an O(nv^2) insertion sort over tens of columns */
+            int64_t nh = 0, nt = 0;
             float cutoff = -INFINITY;
             if (jbest >= 0 && x[cbest] > -INFINITY) {
                 if (isfinite(th)) {
@@ -177,30 +195,48 @@ int ctc_beam_loop(
                                                         fusion_column(&pr, cbest, la[jbest]));
                     cutoff = lower - th - PRUNE_SLACK - smax - bmax;
                 }
-                /* viable columns, best first (insertion sort: a handful per frame) */
-                for (int64_t c = 0; c < W; c++) {
-                    const float xc = x[c];
-                    if (!(xc > -INFINITY) || xc < cutoff) continue;
-                    int64_t p = nv++;
-                    while (p > 0 && xc > x[viable[p - 1]]) { viable[p] = viable[p - 1]; p--; }
-                    viable[p] = c;
+                if (!(second > -INFINITY) || second < cutoff) {
+                    viable[nh++] = cbest;  /* one viable column (blank runs): no scan */
+                } else {
+                    for (int64_t c = 0; c < W; c++) {
+                        const float xc = x[c];
+                        if (!(xc > -INFINITY) || xc < cutoff) continue;
+                        if (nh == VIABLE_HEAD) {
+                            if (!(xc > x[viable[nh - 1]])) { tail[nt++] = c; continue; }
+                            tail[nt++] = viable[--nh];
+                        }
+                        int64_t p = nh++;
+                        while (p > 0 && xc > x[viable[p - 1]]) { viable[p] = viable[p - 1]; p--; }
+                        viable[p] = c;
+                    }
                 }
             }
-            for (int64_t v = 1; v < nv && v < 3; v++) prefetch_column(&pr, sc, la, viable[v]);
+            for (int64_t v = 1; v < nh && v < PREFETCH_COLUMNS; v++) prefetch_column(&pr, sc, la, viable[v]);
 
             int64_t n = 0;
-            for (int64_t j = 0; j < K && nv; j++) {
+            for (int64_t j = 0; j < K && nh; j++) {
                 const float sj = sc[j];
                 if (sj == -INFINITY) continue;
                 const int64_t kj = ky[j], lj = la[j];
                 const int64_t h = mod_mersenne(kj);
-                for (int64_t v = 0; v < nv; v++) {
-                    const int64_t c = viable[v];
-                    /* columns come best first, so once this hypothesis's upper bound can
-                     * neither survive theta nor enter the full top-M, nor can the rest */
-                    const float ub = sj + x[c] + bmax + PRUNE_SLACK;
-                    if (n > 0 && isfinite(th) && ub < top[0].score - th) break;
-                    if (n == M && ub < top[M - 1].score) break;
+                for (int64_t v = 0; v < nh + nt; v++) {
+                    const int64_t c = v < nh ? viable[v] : tail[v - nh];
+                    /* head columns come best first, and every tail column is below the
+                     * head's last: once this hypothesis's upper bound can neither survive
+                     * theta nor enter the full top-M, no later head column can, and at
+                     * the head's end no tail column can either; within the unsorted tail
+                     * a failing column only skips itself */
+                    const float xb = v < nh ? x[c] : x[viable[nh - 1]];
+                    if (v <= nh) {
+                        const float ub = sj + xb + bmax + PRUNE_SLACK;
+                        if (n > 0 && isfinite(th) && ub < top[0].score - th) break;
+                        if (n == M && ub < top[M - 1].score) break;
+                    }
+                    if (v >= nh) {
+                        const float ub = sj + x[c] + bmax + PRUNE_SLACK;
+                        if (n > 0 && isfinite(th) && ub < top[0].score - th) continue;
+                        if (n == M && ub < top[M - 1].score) continue;
+                    }
                     const int64_t tok = token_of(&pr, c);
                     const int64_t lmcol = fusion_column(&pr, c, lj);
                     const float cs = candidate_score(&pr, sj, x[c], j, lmcol);
@@ -231,7 +267,9 @@ int ctc_beam_loop(
                 new_key[kept] = cd.pkey;
                 new_last[kept] = cd.label;
                 for (int64_t l = 0; l < n_lookups; l++)
-                    new_states[l][kept] = cd.score == -INFINITY ? 0 : entry(&pr, l, parent, cd.lmcol)->next;
+                    new_states[l][kept] = cd.score == -INFINITY ? 0
+                                          : cd.lmcol == V ? states[(l * B + b) * K + parent]
+                                                          : entry(&pr, l, parent, cd.lmcol)->next;
                 choices[fb * K + kept] = parent * W + cd.col;
                 kept++;
             }
