@@ -54,3 +54,28 @@ def test_phrase_fscore_counts_multi_word_phrases():
     # "heat" alone is no match; "Drain" and "the control room" still are
     f = phrase_fscore(refs, ["Drain the heat exchange 32 in the control room."], phrases)
     assert f == pytest.approx(100 * 2 * (2 / 2) * (2 / 3) / (1 + 2 / 3))
+
+
+def test_quick_bench_runs_end_to_end_with_the_contract_keys(tmp_path, capsys):
+    """`shardscribe bench ctc-beam --quick` on simulated posteriors: every contract key is a
+    number, the speed ratios come from the interleaved headline timing, the LM and the
+    boosting list act (WERs and F-scores relate as the search guarantees), and the PNG is
+    written. No timing is asserted."""
+    import json
+
+    from jobs.cli import main
+
+    out = tmp_path / "r.json"
+    assert main(["bench", "ctc-beam", "--quick", "--utterances", "12", "--reps", "1", "--out", str(out)]) == 0
+    assert "summary:" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    s = result["summary"]
+    for key in ("wer_greedy", "wer_beam_lm", "wer_flashlight", "speedup_vs_pyctcdecode", "speedup_vs_flashlight",
+                "flop_speedup", "flop_wer_rel_change", "boost_fscore_gain"):
+        assert isinstance(s[key], (int, float)), key
+    ms = s["headline_ms_per_utt"]
+    assert s["speedup_vs_pyctcdecode"] == ms["pyctcdecode"] / ms["ours"]
+    assert s["flop_speedup"] == ms["ours"] / ms["ours_flop"]
+    assert s["wer_beam_lm"] <= s["wer_greedy"]
+    assert s["boost_fscore"] >= s["boost_fscore_without"]
+    assert out.with_suffix(".png").stat().st_size > 10_000
