@@ -101,7 +101,7 @@ static inline float candidate_score(const pair_t *p, float sj, float xc, int64_t
     float cs = sj + xc;
     if (lmcol == p->V) return cs;
     for (int64_t l = 0; l < p->n_lookups; l++) cs = cs + entry(p, l, j, lmcol)->score;
-    if (p->has_beta_only) cs = cs + (lmcol != p->V ? p->beta_only : 0.0f);
+    if (p->has_beta_only) cs = cs + p->beta_only;
     return cs;
 }
 
@@ -226,9 +226,8 @@ int ctc_beam_loop(
                      * theta nor enter the full top-M, no later head column can, and at
                      * the head's end no tail column can either; within the unsorted tail
                      * a failing column only skips itself */
-                    const float xb = v < nh ? x[c] : x[viable[nh - 1]];
-                    if (v <= nh) {
-                        const float ub = sj + xb + bmax + PRUNE_SLACK;
+                    if (v <= nh) {  /* a head column, or the bound of the whole tail */
+                        const float ub = sj + x[v < nh ? c : viable[nh - 1]] + bmax + PRUNE_SLACK;
                         if (n > 0 && isfinite(th) && ub < top[0].score - th) break;
                         if (n == M && ub < top[M - 1].score) break;
                     }
