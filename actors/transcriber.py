@@ -38,7 +38,8 @@ def build_segment_decoder(cfg, adapter=None):
     if kind == "ssd":
         tau_ctc, tau_slm = cfg.ssd.thresholds()
         return SSDFirstPassDecoder(adapter, tau_ctc, tau_slm, cfg.decoder.max_new_tokens,
-                                   reuse_kv=cfg.ssd.reuse_kv, verify_max_entropy=cfg.ssd.verify_max_entropy)
+                                   reuse_kv=cfg.ssd.reuse_kv, verify_max_entropy=cfg.ssd.verify_max_entropy,
+                                   lookahead=cfg.ssd.lookahead, lookahead_rule=cfg.ssd.lookahead_rule)
     if kind == "ctc_beam":
         from pipeline.beam_stage import CTCLogProbsDecoder
 

@@ -15,6 +15,10 @@ from the verification KV cache) and fallback decode (the remaining steps); full 
 the same way. ``high_accuracy`` is also run without KV reuse, with the output projection over every
 draft position (no head chunks), with neither (the paper's path), side by side, and with each
 ``--verify-max-entropy`` ceiling (rows above it skip verification and go straight to AR).
+With ``--lookahead K`` (default 4), both presets also run with the fallback's speculative
+rounds (``ssd.lookahead``), under each rule: "greedy" (plain AR's text, faster only if
+guesses are kept often enough to pay for the wider passes) and "tau_slm" (eq. 5 again after
+each correction); these rows carry ``tokens_per_pass`` and ``guesses_kept``.
 A last row, "CTC greedy, packed windows", is conf/ctc_greedy.yaml's own path: short clips
 share encoder windows (pipeline.packing), which SSD cannot do (its verifier reads a
 clip's whole window), timed with its own encoder pass.
@@ -28,6 +32,8 @@ from pathlib import Path
 
 from jobs.bench_data import concat_long_form, join_by_recording, load_recordings
 
+# Per-row statistics of the speculative rounds (not seconds, unlike the other stage keys).
+ROUND_STATS = ("tokens_per_pass", "guesses_kept")
 
 
 def add_arguments(parser) -> None:
@@ -45,6 +51,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="time each configuration N times, round-robin, and keep the fastest")
+    parser.add_argument("--lookahead", type=int, default=4, metavar="K",
+                        help="ssd.lookahead for the speculative-round rows of both presets (0: no such rows)")
     parser.add_argument("--long-form", type=float, default=0.0, metavar="SECONDS",
                         help="join consecutive recordings into segments of up to SECONDS (e.g. 28)")
 
@@ -111,7 +119,7 @@ def run(args) -> dict:
         row = {"config": name, "tau_ctc": tau_ctc, "tau_slm": tau_slm,
                "wer": corpus_wer(refs, by_recording(texts)), "rtfx": audio_s / (t_enc + seconds),
                "decode_s": seconds, "pct_C": None, "pct_L": None, "pct_F": None, "mean_j": None}
-        row.update({f"s_{k}": v for k, v in {"encoder": t_enc, **(stages or {})}.items()})
+        row.update({k if k in ROUND_STATS else f"s_{k}": v for k, v in {"encoder": t_enc, **(stages or {})}.items()})
         if ssd_rows is not None:
             stages = [r.stage for r in ssd_rows]
             row["pct_C"] = 100.0 * stages.count(CTC_GATE) / n
@@ -146,6 +154,12 @@ def run(args) -> dict:
         stages = {"ctc_head": t_ctc, "verify": t_verify, "fallback_prefill": timer.get("prefill", 0.0),
                   "fallback_decode": timer.get("decode", 0.0),
                   "fallback_other": t_fallback - timer.get("prefill", 0.0) - timer.get("decode", 0.0)}
+        if kw.get("lookahead"):
+            # Speculative rounds: decided tokens per fallback pass, draft guesses kept.
+            fallback_tokens = sum(r.generated for r in out if r.stage == AR_FALLBACK)
+            rounds = timer.get("rounds", 0)
+            stages["tokens_per_pass"] = fallback_tokens / rounds if rounds else None
+            stages["guesses_kept"] = timer.get("kept", 0) / timer["guessed"] if timer.get("guessed") else None
         return [r.text for r in out], t_ctc + t_verify + t_fallback, stages, out
 
     def run_packed_ctc():
@@ -162,6 +176,13 @@ def run(args) -> dict:
     for name in ("high_accuracy", "high_rtfx"):
         tc, ts = cfg.ssd.presets[name]["tau_ctc"], cfg.ssd.presets[name]["tau_slm"]
         configs.append((f"SSD {name}", tc, ts, lambda tc=tc, ts=ts: run_ssd(tc, ts)))
+    if args.lookahead:
+        for name in ("high_accuracy", "high_rtfx"):
+            tc, ts = cfg.ssd.presets[name]["tau_ctc"], cfg.ssd.presets[name]["tau_slm"]
+            for rule in ("greedy", "tau_slm"):
+                configs.append((f"SSD {name}, lookahead {args.lookahead} {rule}", tc, ts,
+                                lambda tc=tc, ts=ts, rule=rule: run_ssd(tc, ts, lookahead=args.lookahead,
+                                                                        lookahead_rule=rule)))
     configs.append(("SSD high_accuracy, no KV reuse", ha_tc, ha_ts, lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False)))
     configs.append(("SSD high_accuracy, full-draft head", ha_tc, ha_ts,
                     lambda: run_ssd(ha_tc, ha_ts, verify_chunk=None)))
@@ -219,8 +240,22 @@ def run(args) -> dict:
         "high_accuracy_speedup_vs_paper_path":
             ha["rtfx"] / recorded["SSD high_accuracy, paper (no reuse, full head)"]["rtfx"],
         "segments": len(flat), "audio_seconds": audio_s, "device": str(device),
+        **_lookahead_summary(recorded, args.lookahead),
     }
     return {"rows": rows, "summary": summary}
+
+
+def _lookahead_summary(recorded: dict, k: int) -> dict:
+    """Per preset and rule: RTFx and WER of speculative rounds against the preset's plain fallback."""
+    out = {}
+    for name in ("high_accuracy", "high_rtfx") if k else ():
+        base = recorded[f"SSD {name}"]
+        for rule in ("greedy", "tau_slm"):
+            row = recorded[f"SSD {name}, lookahead {k} {rule}"]
+            out[f"{name}_lookahead_{rule}_speedup"] = row["rtfx"] / base["rtfx"]
+            out[f"{name}_lookahead_{rule}_wer"] = row["wer"]
+            out[f"{name}_lookahead_{rule}_tokens_per_pass"] = row.get("tokens_per_pass")
+    return out
 
 
 def _plot(rows, path):

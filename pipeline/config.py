@@ -103,6 +103,8 @@ class SSDConfig:
     tau_slm: float | None = None      # overrides the preset's verification threshold
     reuse_kv: bool = True             # fallback starts from the verification KV cache (eqs. 6-7)
     verify_max_entropy: float | None = None  # skip verification at/above this max entropy (nats): straight to AR
+    lookahead: int = 0                # fallback feeds up to this many draft tokens per step (0: plain AR)
+    lookahead_rule: str = "greedy"    # greedy: keep argmax guesses (plain AR's text) | tau_slm: eq. 5 again
     presets: dict = field(default_factory=lambda: {
         "high_accuracy": {"tau_ctc": 0.9, "tau_slm": 0.1},
         "high_rtfx": {"tau_ctc": 1.4, "tau_slm": 0.1},
@@ -122,6 +124,8 @@ class SSDConfig:
             raise ConfigError(f"{key}.tau_ctc: must be >= 0, got {tau_ctc}")
         if not 0.0 <= tau_slm <= 1.0:
             raise ConfigError(f"{key}.tau_slm: must be in [0, 1], got {tau_slm}")
+        _at_least(f"{key}.lookahead", self.lookahead, 0)
+        _choice(f"{key}.lookahead_rule", self.lookahead_rule, ("greedy", "tau_slm"))
         if self.verify_max_entropy is not None and self.verify_max_entropy < 0:
             raise ConfigError(f"{key}.verify_max_entropy: must be >= 0 or null, got {self.verify_max_entropy}")
 

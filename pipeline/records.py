@@ -47,6 +47,8 @@ OUTPUT_SCHEMA = pa.schema([
 # second stage in the same process picks it up, one in another process ignores it.
 PENDING_FIELDS = [
     ("pending_index", pa.list_(pa.int32())), ("pending_prefix", pa.list_(pa.list_(pa.int32()))),
+    # SSD: the whole re-tokenised draft, for the fallback's speculative rounds (ssd.lookahead).
+    ("pending_draft", pa.list_(pa.list_(pa.int32()))),
     ("pending_states", pa.list_(pa.list_(pa.float32()))),
     ("pending_shape", pa.list_(pa.list_(pa.int32()))),
     ("pending_handle", pa.list_(pa.string())),

@@ -132,10 +132,12 @@ class SSDFirstPassDecoder:
     SEED_BUDGET_BYTES = 1 << 30
 
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
-                 reuse_kv: bool = True, verify_max_entropy: float | None = None):
+                 reuse_kv: bool = True, verify_max_entropy: float | None = None, lookahead: int = 0,
+                 lookahead_rule: str = "greedy"):
         self.adapter = adapter
         self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens, reuse_kv=reuse_kv,
-                                          verify_max_entropy=verify_max_entropy)
+                                          verify_max_entropy=verify_max_entropy, lookahead=lookahead,
+                                          lookahead_rule=lookahead_rule)
         self.keep_seeds = False
         self.seeded = 0  # fallback rows that started from a verification cache (a statistic)
         self._seeds: OrderedDict[str, tuple[DecodeSeed, int]] = OrderedDict()
@@ -295,6 +297,7 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict
             "t_decode_s": sum(res.t_decode_s for _, res in segs), "t_fallback_s": 0.0,
             "pending_index": [s for s, _ in pending],
             "pending_prefix": [res.ssd_row.prefix if res.ssd_row else [] for _, res in pending],
+            "pending_draft": [res.ssd_row.draft_tokens if res.ssd_row else [] for _, res in pending],
             "pending_states": [res.states.reshape(-1) for _, res in pending],
             "pending_shape": [list(res.states.shape) for _, res in pending],
             "pending_handle": [res.handle for _, res in pending],
@@ -316,11 +319,13 @@ def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
         for k, s in enumerate(row.get("pending_index") or []):
             seg = row["segments"][s]
             prefix = list(row["pending_prefix"][k] or [])
+            draft = list((row.get("pending_draft") or [[]] * (k + 1))[k] or [])
             array = np.asarray(row["pending_states"][k], dtype=np.float32).reshape(row["pending_shape"][k])
             res = SegmentResult("", PENDING, states=array, max_entropy=seg["max_entropy"],
                                 min_prob=seg["min_prob"], drafted=seg["drafted"],
                                 ssd_row=SSDRow(stage=None, text="", max_entropy=seg["max_entropy"] or 0.0,
-                                               draft_text="", prefix=prefix, min_prob=seg["min_prob"]))
+                                               draft_text="", draft_tokens=draft, prefix=prefix,
+                                               min_prob=seg["min_prob"]))
             res.key_phrases = row.get("key_phrases")
             res.handle = (row.get("pending_handle") or [None] * (k + 1))[k]
             kv_shape = (row.get("pending_kv_shape") or [[]] * (k + 1))[k]

@@ -324,3 +324,18 @@ def test_complete_ar_drafts_are_verified_not_regenerated(setup):
     rows = ssd.decode(setup["states"][ended], [ad.text(full[i]) for i in ended], torch.zeros(len(ended)))
     assert all(r.stage == LLM_VERIFY and r.generated == 0 for r in rows)
     assert [r.tokens for r in rows] == [full[i] for i in ended]
+
+
+def test_speculative_rounds_serve_granite_unchanged(setup):
+    """The fallback's greedy speculative rounds (ssd.lookahead) on a decoder-only cache give
+    plain greedy decoding, for the decoder's own output and for a damaged copy of it."""
+    ad, full = setup["adapter"], setup["full"]
+    damaged = [[t for k, t in enumerate(f) if k % 3 != 1] + ad.tokenize("xyz") for f in full]
+    for drafts in (full, damaged):
+        got = greedy_decode(ad, setup["states"], max_new_tokens=MAX_NEW, drafts=drafts, lookahead=3)
+        assert got == full
+    prefixes = [f[:1] for f in full]
+    plain = greedy_decode(ad, setup["states"], prefixes=prefixes, max_new_tokens=MAX_NEW)
+    got = greedy_decode(ad, setup["states"], prefixes=prefixes, max_new_tokens=MAX_NEW, drafts=damaged,
+                        draft_starts=[1] * len(full), lookahead=3)
+    assert got == plain

@@ -117,7 +117,8 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     """In-process (local runner, GPU machine) the fallback takes the first stage's whole
     verification KV cache by handle; a fallback pool with its own model (the Ray plan)
     receives the cropped self-attention K/V and next token in the rows. Both give exactly
-    the rows of reuse off."""
+    the rows of reuse off, and so does that pool with greedy speculative rounds
+    (ssd.lookahead) over the drafts that travel in the rows."""
     from actors.audio_prep import AudioPrep
     from actors.ssd_fallback import SSDFallback
     from actors.transcriber import Transcriber
@@ -128,15 +129,18 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     manifest, lines = varied_manifest
     rows = read_source(str(manifest))[:9]
     out = {}
-    for mode in ("in_process", "shipped", "off"):
+    for mode in ("in_process", "shipped", "shipped_lookahead", "off"):
         cfg = load_config("ssd", [f"model.cache_dir={model_cache}", "ssd.tau_ctc=0.0", "ssd.tau_slm=0.5",
-                                  f"ssd.reuse_kv={str(mode != 'off').lower()}", "batching.max_tokens=9000"])
+                                  f"ssd.reuse_kv={str(mode != 'off').lower()}", "batching.max_tokens=9000",
+                                  f"ssd.lookahead={4 if mode == 'shipped_lookahead' else 0}"])
         prep, first = AudioPrep(cfg.to_dict()), Transcriber(cfg.to_dict())
         second = SSDFallback(cfg.to_dict(), first_stage=first if mode == "in_process" else None)
         mid = first(prep(table(rows, INPUT_SCHEMA)))
         handles = [h for hs in mid.column("pending_handle").to_pylist() for h in hs]
         shapes = [sh for shs in mid.column("pending_kv_shape").to_pylist() for sh in shs]
         nexts = [t for ts in mid.column("pending_next").to_pylist() for t in ts]
+        # The drafts travel with the pending rows (the fallback pool's speculative rounds read them).
+        assert all(d for ds in mid.column("pending_draft").to_pylist() for d in ds)
         result = second(mid).to_pylist()
         out[mode] = [[(s["stage"], s["text"], s["prefix_len"], s["generated"]) for s in r["segments"]]
                      for r in result]
@@ -145,7 +149,7 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
             assert all(handles) and not any(shapes) and first.decoder._count == len(handles)
             assert not first.decoder._seeds  # every kept seed was consumed
             assert second.decoder.seeded == len(handles)
-        elif mode == "shipped":
+        elif mode.startswith("shipped"):
             # [decoder layers, K|V, heads, prompt + prefix, head dim], small next to the states
             assert not any(handles) and all(len(sh) == 5 and sh[:3] == [4, 2, 6] for sh in shapes)
             assert all(t >= 0 for t in nexts) and second.decoder.seeded == len(shapes)
@@ -154,3 +158,5 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     stages = {seg[0] for r in out["off"] for seg in r}
     assert "ar_fallback" in stages, stages
     assert out["in_process"] == out["off"] and out["shipped"] == out["off"]
+    # Greedy-rule speculative rounds over the shipped drafts give the plain fallback's rows.
+    assert out["shipped_lookahead"] == out["off"]

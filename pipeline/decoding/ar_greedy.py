@@ -17,6 +17,16 @@ token after the prefix, and (Whisper, in-process) the cross-attention K/V. The s
 K/V are merged into the same left-padded layout the prefill would build (zeros under a
 zero mask on the padding), at the same positions, so the continuation is the one greedy
 decoding forced with the prefix produces.
+
+Speculative rounds (``drafts`` + ``lookahead``; speculative decoding with greedy
+verification, the draft as proposal source): after its first token a row feeds, with
+each decided token, up to K guesses read from its draft where ``draft_sync`` says the
+decoder now is, all in one pass. Guesses are kept up to the first one that is not the
+decoder's argmax (or, with ``accept_prob``, whose probability is not above it); the
+argmax there is the round's next decided token, so every round decides at least one token
+and, under the argmax rule, exactly the tokens plain greedy decoding decides. Rows keep
+different numbers of guesses, so rejected guesses are not cut out of the batched cache:
+they stay masked out (zero attention mask), and positions count only kept tokens.
 """
 from __future__ import annotations
 
@@ -24,6 +34,11 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from pipeline.decoding.draft_sync import advance, proposal
+
+# Guess positions per chunk of a speculative round's output projection.
+LOOKAHEAD_CHUNK = 4
 
 
 @dataclass
@@ -125,11 +140,16 @@ def _seeded_cache(seeds: list[DecodeSeed], L: int):
 @torch.inference_mode()
 def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int]] | None = None,
                   max_new_tokens: int = 224, seeds: list[DecodeSeed] | None = None,
-                  timer: dict | None = None) -> list[list[int]]:
+                  timer: dict | None = None, drafts: list[list[int]] | None = None,
+                  draft_starts: list[int] | None = None, lookahead: int = 0,
+                  verify_chunk: int = LOOKAHEAD_CHUNK, accept_prob: float | None = None) -> list[list[int]]:
     """Return, per row, the generated tokens after its prefix (end-of-text excluded).
 
     With ``seeds`` (one per row, each for that row's prompt + prefix), the prefill pass is
     skipped: the first token is the seed's, the cache starts from the seeds' K/V.
+    With ``drafts`` and ``lookahead`` > 0, each step after the first also feeds up to
+    ``lookahead`` draft tokens per row (speculative rounds, see the module docstring);
+    ``draft_starts`` gives each row's draft position after its prefix (default 0).
     ``timer`` (benchmarks) accumulates seconds under "prefill" (the first step) and
     "decode" (the rest); each step already waits for its tokens on the host."""
     t0 = time.perf_counter()
@@ -146,55 +166,134 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         mask[i, L - len(s):] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     empty = torch.tensor([len(p) == 0 for p in prefixes], device=device)
+    speculate = drafts is not None and lookahead > 0
+    if speculate and len(drafts) != B:
+        raise ValueError("one draft per row")
+    ptrs = list(draft_starts) if draft_starts is not None else [0] * B
 
     cache = None
-    first = None
     if seeds is not None:
         if len(seeds) != B or any(sd.length != len(s) for sd, s in zip(seeds, seqs)):
             raise ValueError("one seed per row, each covering that row's prompt + prefix")
         cache = _seeded_cache(seeds, L)
-        first = torch.tensor([sd.next_token for sd in seeds], dtype=torch.long, device=device)
-        step_ids, step_pos = None, positions[:, -1:]
+        next_tok = torch.tensor([sd.next_token for sd in seeds], dtype=torch.long, device=device)
     else:
         input_ids = torch.full((B, L), eot, dtype=torch.long, device=device)
         for i, s in enumerate(seqs):
             input_ids[i, L - len(s):] = torch.tensor(s, device=device)
-        step_ids, step_pos = input_ids, positions
-
-    generated: list[list[int]] = [[] for _ in range(B)]
-    alive = torch.arange(B, device=device)
-    enc = encoder_states
-    for step in range(max(limit, 0)):
-        if step == 0 and first is not None:
-            next_tok = first
-        else:
-            hidden, cache = adapter.decoder_hidden(step_ids, enc, cache, mask, step_pos)
+        if limit > 0:
+            hidden, cache = adapter.decoder_hidden(input_ids, encoder_states, cache, mask, positions)
             logits = adapter.logits(hidden[:, -1])
             logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-            if step == 0 and adapter.begin_suppress_ids.numel():
-                rows = empty[alive].nonzero().squeeze(-1)
+            if adapter.begin_suppress_ids.numel():
+                rows = empty.nonzero().squeeze(-1)
                 if rows.numel():
                     logits[rows.unsqueeze(-1), adapter.begin_suppress_ids] = float("-inf")
             next_tok = logits.argmax(-1)
-        done = next_tok == eot
-        for r, tok in zip(alive.tolist(), next_tok.tolist()):
-            if tok != eot:
-                generated[r].append(tok)
-        if step == 0 and timer is not None:
-            t1 = time.perf_counter()
-            timer["prefill"] = timer.get("prefill", 0.0) + t1 - t0
-            t0 = t1
-        keep = (~done).nonzero().squeeze(-1)
-        if keep.numel() == 0:
+    generated: list[list[int]] = [[] for _ in range(B)]
+    if limit <= 0:
+        return generated
+    if timer is not None:
+        t1 = time.perf_counter()
+        timer["prefill"] = timer.get("prefill", 0.0) + t1 - t0
+        t0 = t1
+    alive = list(range(B))
+    enc, pos = encoder_states, positions[:, -1:] + 1
+    while True:
+        # next_tok holds each alive row's newest decided token: commit it, drop rows that
+        # ended, feed the rest (with their draft guesses) in one pass.
+        toks = next_tok.tolist()
+        keep = []
+        for n, (r, tok) in enumerate(zip(alive, toks)):
+            if tok == eot:
+                continue
+            generated[r].append(tok)
+            if len(generated[r]) < limit:
+                keep.append(n)
+        if not keep:
             break
-        if keep.numel() < alive.numel():
-            alive, next_tok = alive[keep], next_tok[keep]
-            enc, mask = enc[keep], mask[keep]
-            step_pos = step_pos[keep]
-            cache.batch_select_indices(keep)
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        step_pos = step_pos[:, -1:] + 1
+        if len(keep) < len(alive):
+            idx = torch.tensor(keep, device=device)
+            alive = [alive[n] for n in keep]
+            next_tok, enc, mask, pos = next_tok[idx], enc[idx], mask[idx], pos[idx]
+            cache.batch_select_indices(idx)
+        guesses = [[] for _ in alive]
+        if speculate:
+            for n, r in enumerate(alive):
+                ptrs[r] = advance(drafts[r], ptrs[r], generated[r][-1],
+                                  generated[r][-2] if len(generated[r]) > 1 else
+                                  (prefixes[r][-1] if prefixes[r] else None))
+                # A guess never takes a row past its token limit (the decided token after
+                # the guesses counts too), so the output is plain greedy's, truncated alike.
+                guesses[n] = proposal(drafts[r], ptrs[r], min(lookahead, limit - len(generated[r]) - 1))
+        width = 1 + max(len(g) for g in guesses)
         step_ids = next_tok.unsqueeze(-1)
+        step_mask = torch.ones((len(alive), width), dtype=torch.long, device=device)
+        if width > 1:
+            pad = torch.full((len(alive), width - 1), eot, dtype=torch.long, device=device)
+            for n, g in enumerate(guesses):
+                if g:
+                    pad[n, :len(g)] = torch.tensor(g, device=device)
+                step_mask[n, 1 + len(g):] = 0
+            step_ids = torch.cat([step_ids, pad], 1)
+        step_pos = pos + torch.arange(width, device=device)
+        hidden, cache = adapter.decoder_hidden(step_ids, enc, cache, torch.cat([mask, step_mask], 1), step_pos)
+        if width == 1:
+            logits = adapter.logits(hidden[:, -1])
+            logits.masked_fill_(adapter.suppress_mask, float("-inf"))
+            next_tok, kept = logits.argmax(-1), [0] * len(alive)
+        else:
+            next_tok, kept = _verify_guesses(adapter, hidden, step_ids[:, 1:], [len(g) for g in guesses],
+                                             verify_chunk, accept_prob)
+            for n, (r, k) in enumerate(zip(alive, kept)):
+                if k:
+                    generated[r].extend(guesses[n][:k])
+                    ptrs[r] += k
+                step_mask[n, 1 + k:] = 0  # rejected guesses stay in the cache, masked out
+            if timer is not None:
+                timer["rounds"] = timer.get("rounds", 0) + len(alive)
+                timer["guessed"] = timer.get("guessed", 0) + sum(len(g) for g in guesses)
+                timer["kept"] = timer.get("kept", 0) + sum(kept)
+        mask = torch.cat([mask, step_mask], 1)
+        pos = pos + 1 + torch.tensor(kept, device=device).unsqueeze(-1)
     if timer is not None:
         timer["decode"] = timer.get("decode", 0.0) + time.perf_counter() - t0
     return generated
+
+
+def _verify_guesses(adapter, hidden: torch.Tensor, guesses: torch.Tensor, sizes: list[int], chunk: int,
+                    accept_prob: float | None = None):
+    """Greedy verification of a speculative round. ``hidden`` [A, 1+G, D] holds the pass
+    over (decided token, guesses); position i predicts what follows input i. Returns the
+    decoder's token after the longest run of guesses it agrees with, and that run's
+    length, per row. The output projection runs over chunks of positions and stops for a
+    row at its first disagreement (most guesses after an error fail early)."""
+    A, width = hidden.shape[0], hidden.shape[1]
+    size = torch.tensor(sizes, device=hidden.device)
+    kept = size.clone()
+    next_tok = torch.zeros(A, dtype=torch.long, device=hidden.device)
+    alive = torch.arange(A, device=hidden.device)
+    for c0 in range(0, width, chunk):
+        if alive.numel() == 0:
+            break
+        c1 = min(c0 + chunk, width)
+        logits = adapter.logits(hidden[alive, c0:c1])
+        logits.masked_fill_(adapter.suppress_mask, float("-inf"))
+        pred = logits.argmax(-1)                                                   # [a, c]
+        cols = torch.arange(c0, c1, device=hidden.device)
+        in_guess = cols.unsqueeze(0) < size[alive].unsqueeze(1)
+        target = guesses[alive, c0:min(c1, width - 1)]
+        if target.shape[1] < c1 - c0:
+            target = torch.cat([target, target.new_zeros((len(alive), c1 - c0 - target.shape[1]))], 1)
+        if accept_prob is None:
+            miss = (pred != target) | ~in_guess
+        else:
+            p = logits.log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1).exp()
+            miss = (p <= accept_prob) | ~in_guess
+        has_miss = miss.any(1)
+        at = miss.float().argmax(1)
+        rows = has_miss.nonzero().squeeze(-1)
+        kept[alive[rows]] = at[rows] + c0
+        next_tok[alive[rows]] = pred[rows, at[rows]]
+        alive = alive[~has_miss]
+    return next_tok, kept.tolist()

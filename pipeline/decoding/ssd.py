@@ -17,6 +17,14 @@ ceiling are decoded exactly as without it; rows above it get exactly full AR.
 Also beyond the paper: verification applies the output projection in chunks of draft
 positions and stops at a row's first failure (``verify_chunk``), with the same decisions.
 
+Beyond the paper, off by default: ``lookahead`` K > 0 turns the fallback into speculative
+rounds over the rest of the draft. After each token it commits, the fallback re-finds its
+place in the draft (pipeline.decoding.draft_sync) and feeds up to K draft tokens with it in
+one pass. ``lookahead_rule`` "greedy" keeps a guess exactly when it is the decoder's own
+argmax, so the text is the plain fallback's; "tau_slm" keeps it when its probability is
+above tau_slm, eq. 5's rule applied again after each correction (a re-synchronising
+verifier: the draft is not abandoned at its first error).
+
 The split into `first_pass` and `fallback` lets the pipeline run them in two actor pools
 with the encoder states travelling between them as CPU arrays (the paper's CPU offload).
 """
@@ -33,6 +41,7 @@ CTC_GATE, LLM_VERIFY, AR_FALLBACK = "ctc_gate", "llm_verify", "ar_fallback"
 # Draft positions per chunk of the verification's output projection (see ssd_verify):
 # most rejected drafts fail within the first few tokens.
 VERIFY_HEAD_CHUNK = 8
+LOOKAHEAD_RULES = ("greedy", "tau_slm")
 
 
 @dataclass
@@ -62,7 +71,10 @@ def gate(max_entropy: torch.Tensor, nonempty: torch.Tensor, tau_ctc: float) -> t
 class SelfSpeculativeDecoder:
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None,
-                 verify_chunk: int | None = VERIFY_HEAD_CHUNK):
+                 verify_chunk: int | None = VERIFY_HEAD_CHUNK, lookahead: int = 0,
+                 lookahead_rule: str = "greedy"):
+        if lookahead_rule not in LOOKAHEAD_RULES:
+            raise ValueError(f"lookahead_rule must be one of {LOOKAHEAD_RULES}, got {lookahead_rule!r}")
         self.adapter = adapter
         self.tau_ctc = tau_ctc
         self.tau_slm = tau_slm
@@ -70,6 +82,8 @@ class SelfSpeculativeDecoder:
         self.reuse_kv = reuse_kv
         self.verify_max_entropy = verify_max_entropy
         self.verify_chunk = verify_chunk
+        self.lookahead = lookahead
+        self.lookahead_rule = lookahead_rule
 
     def _verifies(self, row: SSDRow) -> bool:
         if not row.draft_text.strip():
@@ -121,7 +135,10 @@ class SelfSpeculativeDecoder:
                 continue
             out = greedy_decode(self.adapter, encoder_states[group], prefixes=[rows[i].prefix for i in group],
                                 max_new_tokens=self.max_new_tokens,
-                                seeds=[rows[i].seed for i in group] if seeds else None, timer=timer)
+                                seeds=[rows[i].seed for i in group] if seeds else None, timer=timer,
+                                drafts=[rows[i].draft_tokens for i in group],
+                                draft_starts=[len(rows[i].prefix) for i in group], lookahead=self.lookahead,
+                                accept_prob=self.tau_slm if self.lookahead_rule == "tau_slm" else None)
             for i, tokens in zip(group, out):
                 gen[i] = tokens
         for row, tokens in zip(rows, gen):
