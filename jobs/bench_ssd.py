@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from jobs.bench_data import concat_long_form, join_by_recording, load_recordings
+from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 
 # Per-row statistics of the speculative rounds (not seconds, unlike the other stage keys).
 ROUND_STATS = ("tokens_per_pass", "guesses_kept")
@@ -179,7 +180,7 @@ def run(args) -> dict:
     if args.lookahead:
         for name in ("high_accuracy", "high_rtfx"):
             tc, ts = cfg.ssd.presets[name]["tau_ctc"], cfg.ssd.presets[name]["tau_slm"]
-            for rule in ("greedy", "tau_slm"):
+            for rule in LOOKAHEAD_RULES:
                 configs.append((f"SSD {name}, lookahead {args.lookahead} {rule}", tc, ts,
                                 lambda tc=tc, ts=ts, rule=rule: run_ssd(tc, ts, lookahead=args.lookahead,
                                                                         lookahead_rule=rule)))
@@ -250,7 +251,7 @@ def _lookahead_summary(recorded: dict, k: int) -> dict:
     out = {}
     for name in ("high_accuracy", "high_rtfx") if k else ():
         base = recorded[f"SSD {name}"]
-        for rule in ("greedy", "tau_slm"):
+        for rule in LOOKAHEAD_RULES:
             row = recorded[f"SSD {name}, lookahead {k} {rule}"]
             out[f"{name}_lookahead_{rule}_speedup"] = row["rtfx"] / base["rtfx"]
             out[f"{name}_lookahead_{rule}_wer"] = row["wer"]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
@@ -125,7 +127,7 @@ class SSDConfig:
         if not 0.0 <= tau_slm <= 1.0:
             raise ConfigError(f"{key}.tau_slm: must be in [0, 1], got {tau_slm}")
         _at_least(f"{key}.lookahead", self.lookahead, 0)
-        _choice(f"{key}.lookahead_rule", self.lookahead_rule, ("greedy", "tau_slm"))
+        _choice(f"{key}.lookahead_rule", self.lookahead_rule, LOOKAHEAD_RULES)
         if self.verify_max_entropy is not None and self.verify_max_entropy < 0:
             raise ConfigError(f"{key}.verify_max_entropy: must be >= 0 or null, got {self.verify_max_entropy}")
 

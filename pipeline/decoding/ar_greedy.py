@@ -236,26 +236,28 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
                     pad[n, :len(g)] = torch.tensor(g, device=device)
                 step_mask[n, 1 + len(g):] = 0
             step_ids = torch.cat([step_ids, pad], 1)
-        step_pos = pos + torch.arange(width, device=device)
+        step_pos = pos + torch.arange(width, device=device) if width > 1 else pos
         hidden, cache = adapter.decoder_hidden(step_ids, enc, cache, torch.cat([mask, step_mask], 1), step_pos)
         if width == 1:
             logits = adapter.logits(hidden[:, -1])
             logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-            next_tok, kept = logits.argmax(-1), [0] * len(alive)
+            next_tok = logits.argmax(-1)
+            pos = pos + 1
         else:
             next_tok, kept = _verify_guesses(adapter, hidden, step_ids[:, 1:], [len(g) for g in guesses],
                                              verify_chunk, accept_prob)
-            for n, (r, k) in enumerate(zip(alive, kept)):
+            for n, (r, k) in enumerate(zip(alive, kept.tolist())):
                 if k:
                     generated[r].extend(guesses[n][:k])
                     ptrs[r] += k
-                step_mask[n, 1 + k:] = 0  # rejected guesses stay in the cache, masked out
-            if timer is not None:
-                timer["rounds"] = timer.get("rounds", 0) + len(alive)
-                timer["guessed"] = timer.get("guessed", 0) + sum(len(g) for g in guesses)
-                timer["kept"] = timer.get("kept", 0) + sum(kept)
+            # Rejected guesses stay in the cache, masked out; positions count kept tokens only.
+            step_mask = (torch.arange(width, device=device) <= kept.unsqueeze(-1)).long()
+            pos = pos + 1 + kept.unsqueeze(-1)
+        if speculate and timer is not None:
+            timer["rounds"] = timer.get("rounds", 0) + len(alive)
+            timer["guessed"] = timer.get("guessed", 0) + sum(len(g) for g in guesses)
+            timer["kept"] = timer.get("kept", 0) + (int(kept.sum()) if width > 1 else 0)
         mask = torch.cat([mask, step_mask], 1)
-        pos = pos + 1 + torch.tensor(kept, device=device).unsqueeze(-1)
     if timer is not None:
         timer["decode"] = timer.get("decode", 0.0) + time.perf_counter() - t0
     return generated
@@ -266,9 +268,11 @@ def _verify_guesses(adapter, hidden: torch.Tensor, guesses: torch.Tensor, sizes:
     """Greedy verification of a speculative round. ``hidden`` [A, 1+G, D] holds the pass
     over (decided token, guesses); position i predicts what follows input i. Returns the
     decoder's token after the longest run of guesses it agrees with, and that run's
-    length, per row. The output projection runs over chunks of positions and stops for a
+    length ([A] tensor), per row. The output projection runs over chunks of positions and stops for a
     row at its first disagreement (most guesses after an error fail early)."""
     A, width = hidden.shape[0], hidden.shape[1]
+    # Position i checks guess i; the last position (after every guess) has none.
+    targets = torch.cat([guesses, guesses.new_zeros((A, 1))], 1)
     size = torch.tensor(sizes, device=hidden.device)
     kept = size.clone()
     next_tok = torch.zeros(A, dtype=torch.long, device=hidden.device)
@@ -282,9 +286,7 @@ def _verify_guesses(adapter, hidden: torch.Tensor, guesses: torch.Tensor, sizes:
         pred = logits.argmax(-1)                                                   # [a, c]
         cols = torch.arange(c0, c1, device=hidden.device)
         in_guess = cols.unsqueeze(0) < size[alive].unsqueeze(1)
-        target = guesses[alive, c0:min(c1, width - 1)]
-        if target.shape[1] < c1 - c0:
-            target = torch.cat([target, target.new_zeros((len(alive), c1 - c0 - target.shape[1]))], 1)
+        target = targets[alive, c0:c1]
         if accept_prob is None:
             miss = (pred != target) | ~in_guess
         else:
@@ -296,4 +298,4 @@ def _verify_guesses(adapter, hidden: torch.Tensor, guesses: torch.Tensor, sizes:
         kept[alive[rows]] = at[rows] + c0
         next_tok[alive[rows]] = pred[rows, at[rows]]
         alive = alive[~has_miss]
-    return next_tok, kept.tolist()
+    return next_tok, kept

@@ -18,6 +18,10 @@ gives, whatever it proposes.
 """
 from __future__ import annotations
 
+# How a guess is kept: "greedy", when it is the decoder's argmax (the text of plain greedy
+# decoding); "tau_slm", when its probability is above SSD's tau_slm (eq. 5's rule).
+LOOKAHEAD_RULES = ("greedy", "tau_slm")
+
 # A committed token that differs from the draft token under the pointer is looked for
 # this close to the pointer on its own (one token back: the decoder inserted a token the
 # draft lacks; one ahead: the draft has an extra token). Anywhere in the draft, it must

@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.decoding.ar_greedy import DecodeSeed, greedy_decode, seeds_from_cache
+from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 from pipeline.decoding.ssd_verify import verify_drafts
 
 CTC_GATE, LLM_VERIFY, AR_FALLBACK = "ctc_gate", "llm_verify", "ar_fallback"
 # Draft positions per chunk of the verification's output projection (see ssd_verify):
 # most rejected drafts fail within the first few tokens.
 VERIFY_HEAD_CHUNK = 8
-LOOKAHEAD_RULES = ("greedy", "tau_slm")
 
 
 @dataclass
