@@ -39,7 +39,8 @@ def build_segment_decoder(cfg, adapter=None):
         tau_ctc, tau_slm = cfg.ssd.thresholds()
         return SSDFirstPassDecoder(adapter, tau_ctc, tau_slm, cfg.decoder.max_new_tokens,
                                    reuse_kv=cfg.ssd.reuse_kv, verify_max_entropy=cfg.ssd.verify_max_entropy,
-                                   lookahead=cfg.ssd.lookahead, lookahead_rule=cfg.ssd.lookahead_rule)
+                                   lookahead=cfg.ssd.lookahead, lookahead_rule=cfg.ssd.lookahead_rule,
+                                   pack_gate=cfg.ssd.packs_gate())
     if kind == "ctc_beam":
         from pipeline.beam_stage import CTCLogProbsDecoder
 

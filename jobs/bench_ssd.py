@@ -19,9 +19,16 @@ With ``--lookahead K`` (default 4), both presets also run with the fallback's sp
 rounds (``ssd.lookahead``), under each rule: "greedy" (plain AR's text, faster only if
 guesses are kept often enough to pay for the wider passes) and "tau_slm" (eq. 5 again after
 each correction); these rows carry ``tokens_per_pass`` and ``guesses_kept``.
-A last row, "CTC greedy, packed windows", is conf/ctc_greedy.yaml's own path: short clips
-share encoder windows (pipeline.packing), which SSD cannot do (its verifier reads a
-clip's whole window), timed with its own encoder pass.
+A row "CTC greedy, packed windows" is conf/ctc_greedy.yaml's own path: short clips
+share encoder windows (pipeline.packing), timed with its own encoder pass. SSD's verifier
+reads a clip's whole window, so the rows above run one clip per window; the packed gate
+(``ssd.pack_gate``, on in the high_rtfx preset) drafts and gates on packed windows and
+encodes only the rejected clips alone. It changes the encoder's work, so two more rows run
+the pipeline's SSD decoder (``SSDFirstPassDecoder`` + in-process fallback) end to end with
+the high_rtfx thresholds, each with its own encoder passes: "SSD high_rtfx, pipeline,
+unpacked gate" and "..., packed gate"; the summary's ``high_rtfx_packed_gate_*`` keys
+compare them with each other and with both CTC-greedy ceilings. (The other "SSD high_rtfx"
+rows are the unpacked gate on the shared encoder pass: the paper's method.)
 ``--repeat N`` times every configuration N times, round-robin, and keeps the fastest run
 (timings on a shared 2-core machine drift by 20-40%).
 """
@@ -76,7 +83,7 @@ def run(args) -> dict:
     from pipeline.decoding.ar_greedy import greedy_decode
     from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
     from pipeline.metrics import corpus_wer
-    from pipeline.transcribe import CTCGreedySegmentDecoder, decode_segments
+    from pipeline.transcribe import PENDING, CTCGreedySegmentDecoder, SSDFirstPassDecoder, decode_segments
 
     import torch
 
@@ -116,17 +123,18 @@ def run(args) -> dict:
     rows = []
 
     def record(name, texts, seconds, tau_ctc=None, tau_slm=None, ssd_rows=None, stages=None):
+        """``ssd_rows``: (stage, prefix length) per segment."""
         n = len(flat)
         row = {"config": name, "tau_ctc": tau_ctc, "tau_slm": tau_slm,
                "wer": corpus_wer(refs, by_recording(texts)), "rtfx": audio_s / (t_enc + seconds),
                "decode_s": seconds, "pct_C": None, "pct_L": None, "pct_F": None, "mean_j": None}
         row.update({k if k in ROUND_STATS else f"s_{k}": v for k, v in {"encoder": t_enc, **(stages or {})}.items()})
         if ssd_rows is not None:
-            stages = [r.stage for r in ssd_rows]
+            stages = [stage for stage, _ in ssd_rows]
             row["pct_C"] = 100.0 * stages.count(CTC_GATE) / n
             row["pct_L"] = 100.0 * stages.count(LLM_VERIFY) / n
             row["pct_F"] = 100.0 * stages.count(AR_FALLBACK) / n
-            js = [len(r.prefix) for r in ssd_rows if r.stage != CTC_GATE]
+            js = [j for stage, j in ssd_rows if stage != CTC_GATE]
             row["mean_j"] = sum(js) / len(js) if js else None
         rows.append(row)
         return row
@@ -161,7 +169,7 @@ def run(args) -> dict:
             rounds = timer.get("rounds", 0)
             stages["tokens_per_pass"] = fallback_tokens / rounds if rounds else None
             stages["guesses_kept"] = timer.get("kept", 0) / timer["guessed"] if timer.get("guessed") else None
-        return [r.text for r in out], t_ctc + t_verify + t_fallback, stages, out
+        return [r.text for r in out], t_ctc + t_verify + t_fallback, stages, [(r.stage, len(r.prefix)) for r in out]
 
     def run_packed_ctc():
         # conf/ctc_greedy.yaml's path: short clips share encoder windows, batched by the
@@ -169,6 +177,24 @@ def run(args) -> dict:
         decoder = CTCGreedySegmentDecoder(adapter, pack=True)
         res, t = _timed(lambda: decode_segments(decoder, [a for _, a in flat], cfg.batching.max_tokens), device)
         return [r.text for r in res], t
+
+    def run_pipeline_ssd(preset, pack_gate):
+        # The pipeline's SSD decoder end to end, its own encoder pass(es) included: the
+        # packed gate changes what the encoder does, so it cannot share the pass above.
+        tc, ts = cfg.ssd.presets[preset]["tau_ctc"], cfg.ssd.presets[preset]["tau_slm"]
+        decoder = SSDFirstPassDecoder(adapter, tc, ts, cfg.decoder.max_new_tokens, reuse_kv=cfg.ssd.reuse_kv,
+                                      pack_gate=pack_gate)
+        decoder.keep_seeds = True
+
+        def go():
+            res = decode_segments(decoder, [a for _, a in flat], cfg.batching.max_tokens)
+            pending = [r for r in res if r.stage == PENDING]
+            for i in range(0, len(pending), args.batch):
+                decoder.finish(pending[i:i + args.batch])
+            return res
+
+        res, t = _timed(go, device)
+        return [r.text for r in res], t, {}, [(r.stage, r.prefix_len or 0) for r in res]
 
     # (label, tau_ctc, tau_slm, run); with --repeat N every configuration runs N times,
     # round-robin so that load drift on a shared machine hits all alike; the fastest run counts.
@@ -184,6 +210,10 @@ def run(args) -> dict:
                 configs.append((f"SSD {name}, lookahead {args.lookahead} {rule}", tc, ts,
                                 lambda tc=tc, ts=ts, rule=rule: run_ssd(tc, ts, lookahead=args.lookahead,
                                                                         lookahead_rule=rule)))
+    hr_tc, hr_ts = cfg.ssd.presets["high_rtfx"]["tau_ctc"], cfg.ssd.presets["high_rtfx"]["tau_slm"]
+    for pack_gate in (False, True) if hasattr(adapter, "encode_packed") else ():
+        configs.append((f"SSD high_rtfx, pipeline, {'packed' if pack_gate else 'unpacked'} gate", hr_tc, hr_ts,
+                        lambda p=pack_gate: run_pipeline_ssd("high_rtfx", p)))
     configs.append(("SSD high_accuracy, no KV reuse", ha_tc, ha_ts, lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False)))
     configs.append(("SSD high_accuracy, full-draft head", ha_tc, ha_ts,
                     lambda: run_ssd(ha_tc, ha_ts, verify_chunk=None)))
@@ -207,7 +237,9 @@ def run(args) -> dict:
     recorded = {}
     for k, (label, tc, ts, _) in enumerate(configs):
         texts, seconds, stages, ssd_rows = best[k]
-        recorded[label] = record(label, texts, seconds, tc, ts, ssd_rows, stages)
+        row = recorded[label] = record(label, texts, seconds, tc, ts, ssd_rows, stages)
+        if label.startswith("SSD high_rtfx, pipeline"):
+            row["rtfx"], row["s_encoder"] = audio_s / seconds, None  # its own encoder pass(es)
         if k == 0:
             recorded["CTC greedy"] = record("CTC greedy", [t.strip() for d in drafts for t in d.texts], t_ctc,
                                             stages={"ctc_head": t_ctc})
@@ -240,10 +272,24 @@ def run(args) -> dict:
         "high_accuracy_chunked_head_speedup": ha["rtfx"] / recorded["SSD high_accuracy, full-draft head"]["rtfx"],
         "high_accuracy_speedup_vs_paper_path":
             ha["rtfx"] / recorded["SSD high_accuracy, paper (no reuse, full head)"]["rtfx"],
+        **(_pack_gate_summary(recorded, ctc["rtfx"], packed_rtfx) if packed_rtfx else {}),
         "segments": len(flat), "audio_seconds": audio_s, "device": str(device),
         **_lookahead_summary(recorded, args.lookahead),
     }
     return {"rows": rows, "summary": summary}
+
+
+def _pack_gate_summary(recorded: dict, ceiling_rtfx: float, packed_ceiling_rtfx: float | None) -> dict:
+    """high_rtfx through the pipeline's decoder with the packed gate, against the same
+    decoder with the unpacked gate and against both CTC-greedy ceilings."""
+    on, off = (recorded[f"SSD high_rtfx, pipeline, {k} gate"] for k in ("packed", "unpacked"))
+    return {"high_rtfx_packed_gate_rtfx": on["rtfx"], "high_rtfx_packed_gate_wer": on["wer"],
+            "high_rtfx_packed_gate_pct_ctc_gated": on["pct_C"],
+            "high_rtfx_unpacked_gate_pipeline_rtfx": off["rtfx"], "high_rtfx_unpacked_gate_pipeline_wer": off["wer"],
+            "high_rtfx_packed_gate_speedup": on["rtfx"] / off["rtfx"],
+            "high_rtfx_packed_gate_share_of_ceiling": on["rtfx"] / ceiling_rtfx,
+            "high_rtfx_packed_gate_share_of_packed_ceiling":
+                on["rtfx"] / packed_ceiling_rtfx if packed_ceiling_rtfx else None}
 
 
 def _lookahead_summary(recorded: dict, k: int) -> dict:

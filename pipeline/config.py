@@ -107,6 +107,7 @@ class SSDConfig:
     verify_max_entropy: float | None = None  # skip verification at/above this max entropy (nats): straight to AR
     lookahead: int = 0                # fallback feeds up to this many draft tokens per step (0: plain AR)
     lookahead_rule: str = "greedy"    # greedy: keep argmax guesses (plain AR's text) | tau_slm: eq. 5 again
+    pack_gate: bool | None = None     # gate on packed-window drafts (null: the preset's, else false)
     presets: dict = field(default_factory=lambda: {
         "high_accuracy": {"tau_ctc": 0.9, "tau_slm": 0.1},
         "high_rtfx": {"tau_ctc": 1.4, "tau_slm": 0.1},
@@ -114,12 +115,12 @@ class SSDConfig:
 
     def validate(self, key: str) -> None:
         if not isinstance(self.presets, dict) or not self.presets:
-            raise ConfigError(f"{key}.presets: expected a mapping of name -> {{tau_ctc, tau_slm}}")
+            raise ConfigError(f"{key}.presets: expected a mapping of name -> {{tau_ctc, tau_slm[, pack_gate]}}")
         for name, p in self.presets.items():
-            if not isinstance(p, dict) or set(p) != {"tau_ctc", "tau_slm"}:
-                raise ConfigError(f"{key}.presets.{name}: expected exactly tau_ctc and tau_slm")
+            if not isinstance(p, dict) or not {"tau_ctc", "tau_slm"} <= set(p) <= {"tau_ctc", "tau_slm", "pack_gate"}:
+                raise ConfigError(f"{key}.presets.{name}: expected tau_ctc, tau_slm and optionally pack_gate")
             for k, v in p.items():
-                _coerce(f"{key}.presets.{name}.{k}", v, float)
+                _coerce(f"{key}.presets.{name}.{k}", v, bool if k == "pack_gate" else float)
         _choice(f"{key}.preset", self.preset, tuple(self.presets))
         tau_ctc, tau_slm = self.thresholds()
         if tau_ctc < 0:
@@ -130,6 +131,9 @@ class SSDConfig:
         _choice(f"{key}.lookahead_rule", self.lookahead_rule, LOOKAHEAD_RULES)
         if self.verify_max_entropy is not None and self.verify_max_entropy < 0:
             raise ConfigError(f"{key}.verify_max_entropy: must be >= 0 or null, got {self.verify_max_entropy}")
+
+    def packs_gate(self) -> bool:
+        return bool(self.pack_gate if self.pack_gate is not None else self.presets[self.preset].get("pack_gate", False))
 
     def thresholds(self) -> tuple[float, float]:
         p = self.presets[self.preset]

@@ -6,7 +6,8 @@ short silences between them, in one window, encode the window once and cut each 
 states back out. The embedded CTC head was trained on exactly such packed windows
 (pipeline.models.ctc_features.encode_packed_shard), so its outputs on a packed clip are
 in distribution. Autoregressive decoders cannot use this: Whisper's decoder would read
-the whole window.
+the whole window. SSD's packed gate (pipeline.transcribe.SSDFirstPassDecoder) uses it for
+the draft and the gate only, and encodes the clips the gate rejects again alone.
 
 This module is the pure part: which clip goes where (first fit in input order, clip
 starts on the encoder's state grid so a clip's states line up as they do alone) and the

@@ -6,7 +6,8 @@ while decoding one sub-batch retries its segments one at a time, so only the seg
 really fails marks its recording with an `error`.
 
 Decoders: full AR (the baseline), greedy CTC (the draft alone) and the SSD first pass
-(gate + verify). SSD segments that fail verification come back *pending*, carrying their
+(gate + verify; with ``pack_gate`` the gate reads drafts of packed encoder windows). SSD
+segments that fail verification come back *pending*, carrying their
 encoder states as CPU arrays; `complete_pending` runs the AR fallback on them, in the
 same process or in a separate actor pool.
 """
@@ -14,15 +15,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from pipeline.audio import SAMPLE_RATE
 from pipeline.batching import pack_by_budget
 from pipeline.decoding.ar_greedy import DecodeSeed, greedy_decode
-from pipeline.decoding.ssd import SelfSpeculativeDecoder, SSDRow
+from pipeline.decoding.ssd import CTC_GATE, SelfSpeculativeDecoder, SSDRow
 from pipeline.records import PENDING_FIELDS, recording_stage
 
 ENCODER_FRAMES = 1500  # Whisper encodes a fixed 30-s window per segment
@@ -127,14 +129,22 @@ class SSDFirstPassDecoder:
     audio embeddings, more bytes than the states themselves."""
 
     name = "ssd"
+    # The packed gate takes clips up to a third of Whisper's window, so that at least three
+    # share one encoder pass: a gated clip then saves >= 2/3 of a pass and a rejected one
+    # costs <= 1/3 more (its solo encode), so packing pays once the gate accepts > 1/3 of
+    # them. Two 15-s clips per window would need > 1/2 (long-form accepts ~12% here).
+    PACK_GATE_MAX_S = 10.0
     # Seeds kept for an in-process fallback, oldest dropped first beyond this (a dropped
     # row is prefilled as usual). ~18 MB per Whisper tiny segment, mostly cross K/V.
     SEED_BUDGET_BYTES = 1 << 30
 
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None, lookahead: int = 0,
-                 lookahead_rule: str = "greedy"):
+                 lookahead_rule: str = "greedy", pack_gate: bool = False):
+        if pack_gate and not hasattr(adapter, "encode_packed"):
+            raise ValueError(f"ssd.pack_gate: {type(adapter).__name__} cannot pack encoder windows")
         self.adapter = adapter
+        self.pack_gate = pack_gate
         self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens, reuse_kv=reuse_kv,
                                           verify_max_entropy=verify_max_entropy, lookahead=lookahead,
                                           lookahead_rule=lookahead_rule)
@@ -162,9 +172,81 @@ class SSDFirstPassDecoder:
         self._seed_bytes -= kept[1]
         return kept[0]
 
-    def _first_pass(self, enc):
+    def _first_pass(self, audios: list[np.ndarray]):
+        """Rows, the decoder's encoder states of the rows that still need the decoder
+        (``states[k]`` belongs to ``rows[needs[k]]``), and encoder seconds."""
+        t0 = time.perf_counter()
+        enc = self.adapter.encode(audios)
+        _sync(enc.states)
+        t_enc = time.perf_counter() - t0
         draft = self.adapter.ctc_draft(enc)
-        return enc, self.ssd.first_pass(enc.states, draft.texts, draft.max_entropy)
+        rows = self.ssd.first_pass(enc.states, draft.texts, draft.max_entropy)
+        return rows, enc.states, list(range(len(rows))), t_enc
+
+    def _gate_first_pass(self, audios: list[np.ndarray]):
+        """The packed gate for clips of at most PACK_GATE_MAX_S, the plain first pass for
+        the others; the same (rows, states, needs, encoder seconds) as either."""
+        short = [i for i, a in enumerate(audios) if len(a) <= self.PACK_GATE_MAX_S * SAMPLE_RATE]
+        if not self.pack_gate or len(short) < 2:
+            return self._first_pass(audios)
+        if len(short) == len(audios):
+            return self._packed_first_pass(audios)
+        taken = set(short)
+        longer = [i for i in range(len(audios)) if i not in taken]
+        rows: list[SSDRow | None] = [None] * len(audios)
+        states, needs, t_enc = [], [], 0.0
+        for index, part in ((short, self._packed_first_pass), (longer, self._first_pass)):
+            part_rows, part_states, part_needs, seconds = part([audios[i] for i in index])
+            for i, row in zip(index, part_rows):
+                rows[i] = row
+            if part_states is not None:
+                states.append(part_states)
+                needs += [index[k] for k in part_needs]
+            t_enc += seconds
+        return rows, torch.cat(states) if states else None, needs, t_enc
+
+    def _packed_first_pass(self, audios: list[np.ndarray]):
+        """The packed gate (beyond the paper). Short clips share encoder windows
+        (pipeline.packing) for the CTC draft and the gate, as conf/ctc_greedy.yaml does:
+        one encoder pass per window, not per clip. Only rows the gate rejects need a
+        window of their own, because the decoder reads a clip's whole window: a clip that
+        shares a window is encoded again alone, and its solo draft is what verification
+        scores; a clip alone in its window already has its solo states. So with tau_ctc =
+        +inf the text is the packed CTC greedy text, and with tau_ctc = 0 every row is
+        decoded exactly as without packing. The row's max entropy is the gate's (packed)."""
+        ad, ssd = self.adapter, self.ssd
+        t0 = time.perf_counter()
+        packed = ad.encode_packed(audios, keep_windows=True)
+        _sync(packed.states)
+        t_enc = time.perf_counter() - t0
+        draft = ad.ctc_draft(packed)
+        gated = ssd.gated(draft.texts, draft.max_entropy)
+        entropy = draft.max_entropy.tolist()
+        rows: list[SSDRow | None] = [SSDRow(stage=CTC_GATE, text=t.strip(), max_entropy=h, draft_text=t)
+                                     if g else None for g, t, h in zip(gated, draft.texts, entropy)]
+        needs = [i for i, g in enumerate(gated) if not g]
+        if not needs:
+            return rows, None, [], t_enc
+        per_window = Counter(p.window for p in packed.placements)
+        shared = [i for i in needs if per_window[packed.placements[i].window] > 1]
+        states = packed.window_states[[packed.placements[i].window for i in needs]]
+        texts = [draft.texts[i] for i in needs]
+        ent = draft.max_entropy[needs]
+        if shared:
+            t0 = time.perf_counter()
+            solo = ad.encode([audios[i] for i in shared])
+            _sync(solo.states)
+            t_enc += time.perf_counter() - t0
+            solo_draft = ad.ctc_draft(solo)
+            at = [needs.index(i) for i in shared]
+            states[at] = solo.states
+            for k, text in zip(at, solo_draft.texts):
+                texts[k] = text
+        verified = ssd.first_pass(states, texts, ent, gate_drafts=False)
+        for i, row in zip(needs, verified):
+            row.max_entropy = entropy[i]
+            rows[i] = row
+        return rows, states, needs, t_enc
 
     def _ship_kv(self, pending: list) -> dict[int, np.ndarray]:
         """Host copies [layers, 2, H, S, d] of the pending rows' cropped self-attention K/V,
@@ -184,11 +266,15 @@ class SSDFirstPassDecoder:
                 for n, (r, s) in enumerate(zip(rows, stacks))}
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
-        (enc, rows), t_enc, t_dec = encode_then(self.adapter, audios, self._first_pass)
-        pending = [i for i, row in enumerate(rows) if row.stage is None]
+        t0 = time.perf_counter()
+        rows, states, needs, t_enc = self._gate_first_pass(audios)
+        if states is not None:
+            _sync(states)
+        t_enc, t_dec = t_enc / len(audios), (time.perf_counter() - t0 - t_enc) / len(audios)
+        pending = [k for k, i in enumerate(needs) if rows[i].stage is None]
         # One device-to-host copy for all pending rows (the CPU offload), not one per row.
-        host = iter(enc.states[pending].float().cpu().numpy()) if pending else None
-        shipped_kv = self._ship_kv([rows[i] for i in pending])
+        host_rows = dict(zip((needs[k] for k in pending), states[pending].float().cpu().numpy())) if pending else {}
+        shipped_kv = self._ship_kv([rows[needs[k]] for k in pending])
         out = []
         for i, row in enumerate(rows):
             res = SegmentResult(row.text, row.stage or PENDING, len(row.tokens), t_enc, t_dec,
@@ -201,7 +287,7 @@ class SSDFirstPassDecoder:
                     res.kv, res.next_token = shipped_kv[id(row)], row.seed.next_token
                 row.seed = None
                 res.ssd_row = row
-                res.states = next(host)
+                res.states = host_rows[i]
             out.append(res)
         return out
 
@@ -215,12 +301,15 @@ class SSDFirstPassDecoder:
         dtype = self.adapter.dtype
         # Zero-padded to the longest row: Whisper's rows are all 1500 frames; adapters with
         # per-row lengths (granite) read zero rows as padding.
-        states = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(r.states) for r in results],
+        # Arrays from Arrow are read-only views and torch warns on those: np.require copies
+        # only read-only arrays (2.3 MB per Whisper tiny segment, small next to the decode).
+        states = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(np.require(r.states, requirements="W"))
+                                                  for r in results],
                                                  batch_first=True).to(device, dtype)
         for r in results:
             seed = self._take(r.handle)
             if seed is None and r.kv is not None:
-                kv = torch.from_numpy(r.kv).to(device, dtype)
+                kv = torch.from_numpy(np.require(r.kv, requirements="W")).to(device, dtype)
                 seed = DecodeSeed(self_kv=[(layer[0], layer[1]) for layer in kv], next_token=r.next_token)
             r.ssd_row.seed = seed
             self.seeded += seed is not None

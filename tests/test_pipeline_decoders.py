@@ -118,7 +118,8 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     verification KV cache by handle; a fallback pool with its own model (the Ray plan)
     receives the cropped self-attention K/V and next token in the rows. Both give exactly
     the rows of reuse off, and so does that pool with greedy speculative rounds
-    (ssd.lookahead) over the drafts that travel in the rows."""
+    (ssd.lookahead) over the drafts that travel in the rows, and behind a packed gate that
+    gates nothing (ssd.pack_gate with tau_ctc 0)."""
     from actors.audio_prep import AudioPrep
     from actors.ssd_fallback import SSDFallback
     from actors.transcriber import Transcriber
@@ -129,10 +130,11 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     manifest, lines = varied_manifest
     rows = read_source(str(manifest))[:9]
     out = {}
-    for mode in ("in_process", "shipped", "shipped_lookahead", "off"):
+    for mode in ("in_process", "shipped", "shipped_lookahead", "shipped_pack_gate", "off"):
         cfg = load_config("ssd", [f"model.cache_dir={model_cache}", "ssd.tau_ctc=0.0", "ssd.tau_slm=0.5",
                                   f"ssd.reuse_kv={str(mode != 'off').lower()}", "batching.max_tokens=9000",
-                                  f"ssd.lookahead={4 if mode == 'shipped_lookahead' else 0}"])
+                                  f"ssd.lookahead={4 if mode == 'shipped_lookahead' else 0}",
+                                  f"ssd.pack_gate={str(mode == 'shipped_pack_gate').lower()}"])
         prep, first = AudioPrep(cfg.to_dict()), Transcriber(cfg.to_dict())
         second = SSDFallback(cfg.to_dict(), first_stage=first if mode == "in_process" else None)
         mid = first(prep(table(rows, INPUT_SCHEMA)))
@@ -160,3 +162,6 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     assert out["in_process"] == out["off"] and out["shipped"] == out["off"]
     # Greedy-rule speculative rounds over the shipped drafts give the plain fallback's rows.
     assert out["shipped_lookahead"] == out["off"]
+    # The packed gate with tau_ctc 0 gates nothing: every clip is encoded again alone and
+    # its states travel to the fallback pool, so the rows are the unpacked ones.
+    assert out["shipped_pack_gate"] == out["off"]

@@ -26,4 +26,11 @@ def test_quick_ssd_bench_runs_end_to_end_with_the_contract_keys(tmp_path, capsys
         assert s[f"{name}_lookahead_greedy_speedup"] == greedy["rtfx"] / base["rtfx"]
         if base["pct_F"]:
             assert greedy["tokens_per_pass"] >= 1.0
+    # The packed gate rows: the pipeline's decoder with high_rtfx's thresholds, unpacked
+    # gate = the shared-encoder "SSD high_rtfx" row's transcripts; the ratios are the rows' own.
+    on, off = rows["SSD high_rtfx, pipeline, packed gate"], rows["SSD high_rtfx, pipeline, unpacked gate"]
+    assert off["wer"] == rows["SSD high_rtfx"]["wer"] and off["pct_C"] == rows["SSD high_rtfx"]["pct_C"]
+    assert s["high_rtfx_packed_gate_speedup"] == on["rtfx"] / off["rtfx"]
+    assert s["high_rtfx_packed_gate_share_of_packed_ceiling"] == on["rtfx"] / s["ctc_greedy_packed_rtfx"]
+    assert s["high_rtfx_packed_gate_wer"] == on["wer"] and on["pct_C"] == s["high_rtfx_packed_gate_pct_ctc_gated"]
     assert out.with_suffix(".png").stat().st_size > 10_000

@@ -90,12 +90,18 @@ class SelfSpeculativeDecoder:
             return False
         return self.verify_max_entropy is None or row.max_entropy < self.verify_max_entropy
 
+    def gated(self, draft_texts: list[str], max_entropy: torch.Tensor) -> list[bool]:
+        """Eq. 3 per row."""
+        nonempty = torch.tensor([bool(t.strip()) for t in draft_texts], device=max_entropy.device)
+        return gate(max_entropy, nonempty, self.tau_ctc).tolist()
+
     @torch.inference_mode()
     def first_pass(self, encoder_states: torch.Tensor, draft_texts: list[str],
-                   max_entropy: torch.Tensor) -> list[SSDRow]:
+                   max_entropy: torch.Tensor, gate_drafts: bool = True) -> list[SSDRow]:
+        """Gate, then verify the rest. ``gate_drafts=False``: these rows were already
+        gated (on other drafts: the packed gate) and every one goes to verification."""
         ad = self.adapter
-        nonempty = torch.tensor([bool(t.strip()) for t in draft_texts], device=max_entropy.device)
-        gated = gate(max_entropy, nonempty, self.tau_ctc).tolist()
+        gated = self.gated(draft_texts, max_entropy) if gate_drafts else [False] * len(draft_texts)
         rows = [SSDRow(stage=CTC_GATE if g else None, text=t.strip() if g else "",
                        max_entropy=float(h), draft_text=t)
                 for g, t, h in zip(gated, draft_texts, max_entropy.tolist())]

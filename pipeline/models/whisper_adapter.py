@@ -24,6 +24,12 @@ WINDOW_SAMPLES = 30 * SAMPLE_RATE
 class EncoderBatch:
     states: torch.Tensor        # [B, T, D]
     valid_frames: torch.Tensor  # [B] int64, states that cover real audio
+    # Packed encodes only (``encode_packed(keep_windows=True)``): each clip's placement and
+    # the states of the whole windows [W, 1500, D]. A clip alone in its window has exactly
+    # the states a solo encode gives it, so a decoder that must read a whole window can use
+    # them without encoding the clip again.
+    placements: list | None = None
+    window_states: torch.Tensor | None = None
 
 
 @dataclass
@@ -99,11 +105,13 @@ class WhisperAdapter:
         return EncoderBatch(states=states, valid_frames=valid)
 
     @torch.inference_mode()
-    def encode_packed(self, audios: list[np.ndarray], gap_s: float = 0.3) -> EncoderBatch:
+    def encode_packed(self, audios: list[np.ndarray], gap_s: float = 0.3,
+                      keep_windows: bool = False) -> EncoderBatch:
         """Encoder states per clip, with short clips packed several to a 30-s window
         (pipeline.packing): each window is encoded once and every clip's states are cut
         out of it; rows are right-padded to the longest clip. For decoders that read only
-        the encoder states (the CTC head)."""
+        the encoder states (the CTC head); ``keep_windows`` also returns the placements
+        and the window states (the SSD packed gate)."""
         from pipeline.packing import pack_signals, plan_windows
 
         placements = plan_windows([len(a) for a in audios], WINDOW_SAMPLES, int(gap_s * SAMPLE_RATE),
@@ -116,7 +124,9 @@ class WhisperAdapter:
         states = windows.new_zeros(len(audios), max(valid), windows.shape[2])
         for i, (p, a, n) in enumerate(zip(placements, first, valid)):
             states[i, :n] = windows[p.window, a:a + n]
-        return EncoderBatch(states=states, valid_frames=torch.tensor(valid, dtype=torch.long, device=self.device))
+        return EncoderBatch(states=states, valid_frames=torch.tensor(valid, dtype=torch.long, device=self.device),
+                            placements=placements if keep_windows else None,
+                            window_states=windows if keep_windows else None)
 
     @torch.inference_mode()
     def ctc_draft(self, enc: EncoderBatch) -> CTCDraftBatch:

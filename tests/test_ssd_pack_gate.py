@@ -1,0 +1,140 @@
+"""SSD's packed gate (``ssd.pack_gate``): drafts and the gate read packed encoder windows,
+and only the rows the gate rejects are encoded alone for the decoder. Checked against the
+packed CTC decoder, full AR and the unpacked SSD decoder on the bundled real clips."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import ConfigError, load_config
+from pipeline.packing import plan_windows
+
+
+@pytest.fixture(scope="module")
+def adapter(model_cache):
+    from pipeline.models.whisper_adapter import load_whisper_adapter
+
+    torch.set_num_threads(1)
+    return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
+
+
+@pytest.fixture(scope="module")
+def audios(sample_audio, sample_manifest):
+    clips = [sample_audio[m["id"]] for m in sample_manifest]
+    # Some clips share a window and at least one is alone in its own: both paths run.
+    per_window = {}
+    for p in plan_windows([len(a) for a in clips], 30 * 16000, int(0.3 * 16000), 320):
+        per_window[p.window] = per_window.get(p.window, 0) + 1
+    assert max(per_window.values()) > 1 and min(per_window.values()) == 1, per_window
+    return clips
+
+
+def _decoder(adapter, tau_ctc, tau_slm, pack_gate=True):
+    from pipeline.transcribe import SSDFirstPassDecoder
+
+    dec = SSDFirstPassDecoder(adapter, tau_ctc, tau_slm, pack_gate=pack_gate)
+    dec.keep_seeds = True
+    return dec
+
+
+def _finish(dec, results):
+    pending = [r for r in results if r.stage == "pending"]
+    if pending:
+        dec.finish(pending)
+    return results
+
+
+def test_infinite_tau_ctc_gives_the_packed_ctc_greedy_text(adapter, audios):
+    from pipeline.transcribe import CTCGreedySegmentDecoder
+
+    packed = CTCGreedySegmentDecoder(adapter, pack=True).decode(audios)
+    got = _decoder(adapter, float("inf"), 0.1).decode(audios)
+    assert [r.stage for r in got] == ["ctc_gate"] * len(audios)
+    assert [r.text for r in got] == [r.text for r in packed]
+    assert [r.max_entropy for r in got] == pytest.approx([r.max_entropy for r in packed])
+    # The unpacked gate reads other drafts: the packed gate is not a no-op here.
+    solo = _decoder(adapter, float("inf"), 0.1, pack_gate=False).decode(audios)
+    assert [r.max_entropy for r in solo] != pytest.approx([r.max_entropy for r in got])
+
+
+def test_zero_tau_ctc_and_unit_tau_slm_give_full_ar(adapter, audios):
+    from pipeline.transcribe import ARSegmentDecoder
+
+    ar = ARSegmentDecoder(adapter).decode(audios)
+    dec = _decoder(adapter, 0.0, 1.0)
+    got = _finish(dec, dec.decode(audios))
+    assert [r.stage for r in got] == ["ar_fallback"] * len(audios)
+    assert [r.text for r in got] == [r.text for r in ar]
+    assert [r.tokens for r in got] == [r.tokens for r in ar]
+
+
+def test_rows_the_packed_gate_rejects_are_decoded_as_unpacked_ssd_decodes_them(adapter, audios):
+    from pipeline.decoding.ssd import SelfSpeculativeDecoder
+
+    packed_entropy = [r.max_entropy for r in _decoder(adapter, float("inf"), 0.1).decode(audios)]
+    tau_ctc = sorted(packed_entropy)[len(audios) // 2]   # gates the clips below the median
+    tau_slm = 0.3
+    dec = _decoder(adapter, tau_ctc, tau_slm)
+    got = _finish(dec, dec.decode(audios))
+    gated = [h < tau_ctc for h in packed_entropy]
+    assert 0 < sum(gated) < len(audios)
+    assert [r.stage == "ctc_gate" for r in got] == gated
+    assert [r.max_entropy for r in got] == pytest.approx(packed_entropy)
+    # The rest: exactly what unpacked SSD gives from solo states and solo drafts, every
+    # row verified (they were gated already).
+    rest = [i for i, g in enumerate(gated) if not g]
+    enc = adapter.encode([audios[i] for i in rest])
+    draft = adapter.ctc_draft(enc)
+    expected = SelfSpeculativeDecoder(adapter, 0.0, tau_slm).decode(enc.states, draft.texts, draft.max_entropy)
+    assert [got[i].text for i in rest] == [r.text for r in expected]
+    assert [got[i].stage for i in rest] == [r.stage for r in expected]
+    assert [got[i].prefix_len for i in rest] == [r.prefix_len for r in expected]
+
+
+def test_clips_longer_than_a_third_of_the_window_skip_the_packed_gate(adapter, audios):
+    from pipeline.transcribe import ARSegmentDecoder, CTCGreedySegmentDecoder, SSDFirstPassDecoder
+
+    gap = np.zeros(8000, np.float32)
+    long_clip = np.concatenate([audios[0], gap, audios[1], gap, audios[2]])
+    assert len(long_clip) > SSDFirstPassDecoder.PACK_GATE_MAX_S * 16000
+    mixed = [audios[3], long_clip, audios[4], audios[5]]
+    short = [0, 2, 3]
+    got = _decoder(adapter, float("inf"), 0.1).decode(mixed)
+    packed = CTCGreedySegmentDecoder(adapter, pack=True).decode([mixed[i] for i in short])
+    alone = CTCGreedySegmentDecoder(adapter).decode([long_clip])
+    assert [got[i].text for i in short] == [r.text for r in packed]
+    assert got[1].text == alone[0].text and got[1].max_entropy == pytest.approx(alone[0].max_entropy)
+    dec = _decoder(adapter, 0.0, 1.0)
+    full = _finish(dec, dec.decode(mixed))
+    assert [r.text for r in full] == [r.text for r in ARSegmentDecoder(adapter).decode(mixed)]
+
+
+def test_pending_rows_carry_their_solo_window_states(adapter, audios):
+    dec = _decoder(adapter, 0.0, 1.0)
+    dec.keep_seeds = False   # a fallback pool in another process: states travel as arrays
+    got = dec.decode(audios)
+    solo = adapter.encode(audios).states.numpy()
+    for res, states in zip(got, solo):
+        assert res.stage == "pending" and res.states.shape == states.shape
+        torch.testing.assert_close(torch.from_numpy(res.states), torch.from_numpy(states), atol=1e-4, rtol=1e-4)
+
+
+def test_pack_gate_config_comes_from_the_preset_and_is_validated():
+    assert load_config("ssd", ["ssd.preset=high_rtfx"]).ssd.packs_gate() is True
+    assert load_config("ssd", ["ssd.preset=high_accuracy"]).ssd.packs_gate() is False
+    assert load_config("ssd", ["ssd.preset=high_rtfx", "ssd.pack_gate=false"]).ssd.packs_gate() is False
+    with pytest.raises(ConfigError, match="ssd.pack_gate"):
+        load_config("ssd", ["ssd.pack_gate=3"])
+    with pytest.raises(ConfigError, match="ssd.presets.fast"):
+        load_config("ssd", ["ssd.presets.fast={tau_ctc: 1.0, tau_slm: 0.1, pack: true}"])
+
+
+def test_pack_gate_needs_an_adapter_that_packs():
+    from pipeline.transcribe import SSDFirstPassDecoder
+
+    class NoPacking:
+        pass
+
+    with pytest.raises(ValueError, match="ssd.pack_gate"):
+        SSDFirstPassDecoder(NoPacking(), 1.0, 0.1, pack_gate=True)
