@@ -24,7 +24,7 @@ import torch
 from pipeline.audio import SAMPLE_RATE
 from pipeline.batching import pack_by_budget
 from pipeline.decoding.ar_greedy import DecodeSeed, greedy_decode
-from pipeline.decoding.ssd import CTC_GATE, SelfSpeculativeDecoder, SSDRow
+from pipeline.decoding.ssd import SelfSpeculativeDecoder, SSDRow
 from pipeline.records import PENDING_FIELDS, recording_stage
 
 ENCODER_FRAMES = 1500  # Whisper encodes a fixed 30-s window per segment
@@ -59,17 +59,23 @@ def _sync(t: torch.Tensor) -> None:
         torch.cuda.synchronize(t.device)
 
 
+def timed_encode(encode, audios: list[np.ndarray], **kw):
+    """``encode(audios, **kw)`` and its seconds, the device synchronised."""
+    t0 = time.perf_counter()
+    enc = encode(audios, **kw)
+    _sync(enc.states)
+    return enc, time.perf_counter() - t0
+
+
 def encode_then(adapter, audios: list[np.ndarray], after_encode, packed: bool = False):
     """Encode ``audios`` (several short clips per encoder window when ``packed``) and run
     ``after_encode(encoder_batch)``; returns its result and the encoder's and its own
     seconds per segment (the per-stage timings of each row)."""
-    t0 = time.perf_counter()
-    enc = adapter.encode_packed(audios) if packed else adapter.encode(audios)
-    _sync(enc.states)
+    enc, t_enc = timed_encode(adapter.encode_packed if packed else adapter.encode, audios)
     t1 = time.perf_counter()
     out = after_encode(enc)
     t2 = time.perf_counter()
-    return out, (t1 - t0) / len(audios), (t2 - t1) / len(audios)
+    return out, t_enc / len(audios), (t2 - t1) / len(audios)
 
 
 class ARSegmentDecoder:
@@ -175,10 +181,7 @@ class SSDFirstPassDecoder:
     def _first_pass(self, audios: list[np.ndarray]):
         """Rows, the decoder's encoder states of the rows that still need the decoder
         (``states[k]`` belongs to ``rows[needs[k]]``), and encoder seconds."""
-        t0 = time.perf_counter()
-        enc = self.adapter.encode(audios)
-        _sync(enc.states)
-        t_enc = time.perf_counter() - t0
+        enc, t_enc = timed_encode(self.adapter.encode, audios)
         draft = self.adapter.ctc_draft(enc)
         rows = self.ssd.first_pass(enc.states, draft.texts, draft.max_entropy)
         return rows, enc.states, list(range(len(rows))), t_enc
@@ -215,37 +218,22 @@ class SSDFirstPassDecoder:
         +inf the text is the packed CTC greedy text, and with tau_ctc = 0 every row is
         decoded exactly as without packing. The row's max entropy is the gate's (packed)."""
         ad, ssd = self.adapter, self.ssd
-        t0 = time.perf_counter()
-        packed = ad.encode_packed(audios, keep_windows=True)
-        _sync(packed.states)
-        t_enc = time.perf_counter() - t0
+        packed, t_enc = timed_encode(ad.encode_packed, audios, keep_windows=True)
         draft = ad.ctc_draft(packed)
-        gated = ssd.gated(draft.texts, draft.max_entropy)
-        entropy = draft.max_entropy.tolist()
-        rows: list[SSDRow | None] = [SSDRow(stage=CTC_GATE, text=t.strip(), max_entropy=h, draft_text=t)
-                                     if g else None for g, t, h in zip(gated, draft.texts, entropy)]
-        needs = [i for i, g in enumerate(gated) if not g]
+        rows = ssd.gate_rows(draft.texts, draft.max_entropy)
+        needs = [i for i, row in enumerate(rows) if row.stage is None]
         if not needs:
             return rows, None, [], t_enc
         per_window = Counter(p.window for p in packed.placements)
         shared = [i for i in needs if per_window[packed.placements[i].window] > 1]
         states = packed.window_states[[packed.placements[i].window for i in needs]]
-        texts = [draft.texts[i] for i in needs]
-        ent = draft.max_entropy[needs]
         if shared:
-            t0 = time.perf_counter()
-            solo = ad.encode([audios[i] for i in shared])
-            _sync(solo.states)
-            t_enc += time.perf_counter() - t0
-            solo_draft = ad.ctc_draft(solo)
-            at = [needs.index(i) for i in shared]
-            states[at] = solo.states
-            for k, text in zip(at, solo_draft.texts):
-                texts[k] = text
-        verified = ssd.first_pass(states, texts, ent, gate_drafts=False)
-        for i, row in zip(needs, verified):
-            row.max_entropy = entropy[i]
-            rows[i] = row
+            solo, seconds = timed_encode(ad.encode, [audios[i] for i in shared])
+            t_enc += seconds
+            states[[needs.index(i) for i in shared]] = solo.states
+            for i, text in zip(shared, ad.ctc_draft(solo).texts):
+                rows[i].draft_text = text
+        ssd.verify_rows(states, [rows[i] for i in needs])
         return rows, states, needs, t_enc
 
     def _ship_kv(self, pending: list) -> dict[int, np.ndarray]:

@@ -90,21 +90,24 @@ class SelfSpeculativeDecoder:
             return False
         return self.verify_max_entropy is None or row.max_entropy < self.verify_max_entropy
 
-    def gated(self, draft_texts: list[str], max_entropy: torch.Tensor) -> list[bool]:
-        """Eq. 3 per row."""
+    def gate_rows(self, draft_texts: list[str], max_entropy: torch.Tensor) -> list[SSDRow]:
+        """Eq. 3: one row per draft, final (ctc_gate) where the gate accepts it, else pending."""
         nonempty = torch.tensor([bool(t.strip()) for t in draft_texts], device=max_entropy.device)
-        return gate(max_entropy, nonempty, self.tau_ctc).tolist()
+        gated = gate(max_entropy, nonempty, self.tau_ctc).tolist()
+        return [SSDRow(stage=CTC_GATE if g else None, text=t.strip() if g else "", max_entropy=float(h), draft_text=t)
+                for g, t, h in zip(gated, draft_texts, max_entropy.tolist())]
 
     @torch.inference_mode()
     def first_pass(self, encoder_states: torch.Tensor, draft_texts: list[str],
-                   max_entropy: torch.Tensor, gate_drafts: bool = True) -> list[SSDRow]:
-        """Gate, then verify the rest. ``gate_drafts=False``: these rows were already
-        gated (on other drafts: the packed gate) and every one goes to verification."""
+                   max_entropy: torch.Tensor) -> list[SSDRow]:
+        """Gate, then verify the rest."""
+        return self.verify_rows(encoder_states, self.gate_rows(draft_texts, max_entropy))
+
+    @torch.inference_mode()
+    def verify_rows(self, encoder_states: torch.Tensor, rows: list[SSDRow]) -> list[SSDRow]:
+        """Eq. 5 for the pending rows among ``rows`` (``encoder_states[i]`` is row i's), in
+        place; gated rows are left as they are."""
         ad = self.adapter
-        gated = self.gated(draft_texts, max_entropy) if gate_drafts else [False] * len(draft_texts)
-        rows = [SSDRow(stage=CTC_GATE if g else None, text=t.strip() if g else "",
-                       max_entropy=float(h), draft_text=t)
-                for g, t, h in zip(gated, draft_texts, max_entropy.tolist())]
         todo = [i for i, r in enumerate(rows) if r.stage is None and self._verifies(r)]
         if todo:
             drafts = [ad.tokenize(rows[i].draft_text) for i in todo]
