@@ -274,6 +274,8 @@ def test_chunked_verification_head_makes_the_same_decisions(whisper_adapter, enc
             assert got.token_probs[i, :upto].tolist() == pytest.approx(ref.token_probs[i, :upto].tolist(), abs=1e-5)
             assert got.token_probs[i, upto:len(d)].eq(0).all()
             if j == len(d):  # accepted or incomplete: every position was computed
-                assert float(got.min_prob[i]) == pytest.approx(float(ref.min_prob[i]), abs=1e-6)
+                # A chunk is a GEMM of another shape, so its float32 rounding differs:
+                # same tolerance as the token probabilities above (1e-6 failed on one VM).
+                assert float(got.min_prob[i]) == pytest.approx(float(ref.min_prob[i]), abs=1e-5)
             else:
                 assert float(got.min_prob[i]) <= tau
