@@ -40,7 +40,8 @@ def build_segment_decoder(cfg, adapter=None):
         return SSDFirstPassDecoder(adapter, tau_ctc, tau_slm, cfg.decoder.max_new_tokens,
                                    reuse_kv=cfg.ssd.reuse_kv, verify_max_entropy=cfg.ssd.verify_max_entropy,
                                    lookahead=cfg.ssd.lookahead, lookahead_rule=cfg.ssd.lookahead_rule,
-                                   pack_gate=cfg.ssd.packs_gate())
+                                   pack_gate=cfg.ssd.packs_gate(),
+                                   gate_verify_tau=cfg.ssd.gate_verify_threshold())
     if kind == "ctc_beam":
         from pipeline.beam_stage import CTCLogProbsDecoder
 

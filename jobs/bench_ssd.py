@@ -27,7 +27,13 @@ encodes only the rejected clips alone. It changes the encoder's work, so two mor
 the pipeline's SSD decoder (``SSDFirstPassDecoder`` + in-process fallback) end to end with
 the high_rtfx thresholds, each with its own encoder passes: "SSD high_rtfx, pipeline,
 unpacked gate" and "..., packed gate"; the summary's ``high_rtfx_packed_gate_*`` keys
-compare them with each other and with both CTC-greedy ceilings. (The other "SSD high_rtfx"
+compare them with each other and with both CTC-greedy ceilings.
+Gate verification (``ssd.gate_verify_tau``, in the high_rtfx preset): drafts the gate
+accepts are also verified, on their own window or, with the packed gate, on their packed
+window (pipeline.decoding.ssd_packed_verify). Every high_rtfx row applies the preset's;
+"SSD high_rtfx, paper gate" and "SSD high_rtfx, pipeline, packed gate, gate unverified"
+are the same without it (the sweep is the paper's gate too), and the summary's
+``high_rtfx_unverified_*`` keys carry them. (The other "SSD high_rtfx"
 rows are the unpacked gate on the shared encoder pass: the paper's method.)
 ``--repeat N`` times every configuration N times, round-robin, and keeps the fastest run
 (timings on a shared 2-core machine drift by 20-40%).
@@ -40,6 +46,7 @@ from pathlib import Path
 from jobs.bench_data import concat_long_form, join_by_recording, load_recordings
 from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 
+UNVERIFIED_PACKED_ROW = "SSD high_rtfx, pipeline, packed gate, gate unverified"
 # Per-row statistics of the speculative rounds (not seconds, unlike the other stage keys).
 ROUND_STATS = ("tokens_per_pass", "guesses_kept")
 
@@ -178,12 +185,12 @@ def run(args) -> dict:
         res, t = _timed(lambda: decode_segments(decoder, [a for _, a in flat], cfg.batching.max_tokens), device)
         return [r.text for r in res], t
 
-    def run_pipeline_ssd(preset, pack_gate):
+    def run_pipeline_ssd(preset, pack_gate, gate_verify_tau=None):
         # The pipeline's SSD decoder end to end, its own encoder pass(es) included: the
         # packed gate changes what the encoder does, so it cannot share the pass above.
         tc, ts = cfg.ssd.presets[preset]["tau_ctc"], cfg.ssd.presets[preset]["tau_slm"]
         decoder = SSDFirstPassDecoder(adapter, tc, ts, cfg.decoder.max_new_tokens, reuse_kv=cfg.ssd.reuse_kv,
-                                      pack_gate=pack_gate)
+                                      pack_gate=pack_gate, gate_verify_tau=gate_verify_tau)
         decoder.keep_seeds = True
 
         def go():
@@ -199,21 +206,25 @@ def run(args) -> dict:
     # (label, tau_ctc, tau_slm, run); with --repeat N every configuration runs N times,
     # round-robin so that load drift on a shared machine hits all alike; the fastest run counts.
     ha_tc, ha_ts = cfg.ssd.presets["high_accuracy"]["tau_ctc"], cfg.ssd.presets["high_accuracy"]["tau_slm"]
+    gv = {name: cfg.ssd.presets[name].get("gate_verify_tau") for name in ("high_accuracy", "high_rtfx")}
     configs = [("full AR", None, None, run_ar)]
     for name in ("high_accuracy", "high_rtfx"):
         tc, ts = cfg.ssd.presets[name]["tau_ctc"], cfg.ssd.presets[name]["tau_slm"]
-        configs.append((f"SSD {name}", tc, ts, lambda tc=tc, ts=ts: run_ssd(tc, ts)))
+        configs.append((f"SSD {name}", tc, ts, lambda tc=tc, ts=ts, g=gv[name]: run_ssd(tc, ts, gate_verify_tau=g)))
+    hr_tc, hr_ts = cfg.ssd.presets["high_rtfx"]["tau_ctc"], cfg.ssd.presets["high_rtfx"]["tau_slm"]
+    configs.append(("SSD high_rtfx, paper gate", hr_tc, hr_ts, lambda: run_ssd(hr_tc, hr_ts)))
     if args.lookahead:
         for name in ("high_accuracy", "high_rtfx"):
             tc, ts = cfg.ssd.presets[name]["tau_ctc"], cfg.ssd.presets[name]["tau_slm"]
             for rule in LOOKAHEAD_RULES:
                 configs.append((f"SSD {name}, lookahead {args.lookahead} {rule}", tc, ts,
-                                lambda tc=tc, ts=ts, rule=rule: run_ssd(tc, ts, lookahead=args.lookahead,
-                                                                        lookahead_rule=rule)))
-    hr_tc, hr_ts = cfg.ssd.presets["high_rtfx"]["tau_ctc"], cfg.ssd.presets["high_rtfx"]["tau_slm"]
+                                lambda tc=tc, ts=ts, rule=rule, g=gv[name]:
+                                run_ssd(tc, ts, lookahead=args.lookahead, lookahead_rule=rule, gate_verify_tau=g)))
     for pack_gate in (False, True) if hasattr(adapter, "encode_packed") else ():
         configs.append((f"SSD high_rtfx, pipeline, {'packed' if pack_gate else 'unpacked'} gate", hr_tc, hr_ts,
-                        lambda p=pack_gate: run_pipeline_ssd("high_rtfx", p)))
+                        lambda p=pack_gate: run_pipeline_ssd("high_rtfx", p, gv["high_rtfx"])))
+    if hasattr(adapter, "encode_packed") and gv["high_rtfx"] is not None:
+        configs.append((UNVERIFIED_PACKED_ROW, hr_tc, hr_ts, lambda: run_pipeline_ssd("high_rtfx", True)))
     configs.append(("SSD high_accuracy, no KV reuse", ha_tc, ha_ts, lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False)))
     configs.append(("SSD high_accuracy, full-draft head", ha_tc, ha_ts,
                     lambda: run_ssd(ha_tc, ha_ts, verify_chunk=None)))
@@ -261,6 +272,8 @@ def run(args) -> dict:
         "ar_wer": ar["wer"], "ar_rtfx": ar["rtfx"], "ctc_greedy_wer": ctc["wer"],
         "ctc_greedy_rtfx": ctc["rtfx"], "ctc_greedy_packed_rtfx": packed_rtfx,
         "high_rtfx_wer": hr["wer"], "high_rtfx_rtfx": hr["rtfx"],
+        "high_rtfx_unverified_wer": recorded["SSD high_rtfx, paper gate"]["wer"],
+        "high_rtfx_unverified_rtfx": recorded["SSD high_rtfx, paper gate"]["rtfx"],
         "high_accuracy_wer": ha["wer"], "high_accuracy_rtfx": ha["rtfx"],
         "pct_ctc_gated": hr["pct_C"], "pct_llm_verified": hr["pct_L"],
         "high_accuracy_pct_ctc_gated": ha["pct_C"], "high_accuracy_pct_llm_verified": ha["pct_L"],
@@ -281,9 +294,14 @@ def run(args) -> dict:
 
 def _pack_gate_summary(recorded: dict, ceiling_rtfx: float, packed_ceiling_rtfx: float | None) -> dict:
     """high_rtfx through the pipeline's decoder with the packed gate, against the same
-    decoder with the unpacked gate and against both CTC-greedy ceilings."""
+    decoder with the unpacked gate and against both CTC-greedy ceilings (and, where the
+    preset verifies its gate, the packed gate without that verification)."""
     on, off = (recorded[f"SSD high_rtfx, pipeline, {k} gate"] for k in ("packed", "unpacked"))
-    return {"high_rtfx_packed_gate_rtfx": on["rtfx"], "high_rtfx_packed_gate_wer": on["wer"],
+    unverified = recorded.get(UNVERIFIED_PACKED_ROW)
+    return {**({"high_rtfx_unverified_packed_gate_rtfx": unverified["rtfx"],
+                "high_rtfx_unverified_packed_gate_wer": unverified["wer"],
+                "high_rtfx_unverified_packed_gate_pct_ctc_gated": unverified["pct_C"]} if unverified else {}),
+            "high_rtfx_packed_gate_rtfx": on["rtfx"], "high_rtfx_packed_gate_wer": on["wer"],
             "high_rtfx_packed_gate_pct_ctc_gated": on["pct_C"],
             "high_rtfx_unpacked_gate_pipeline_rtfx": off["rtfx"], "high_rtfx_unpacked_gate_pipeline_wer": off["wer"],
             "high_rtfx_packed_gate_speedup": on["rtfx"] / off["rtfx"],

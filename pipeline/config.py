@@ -108,37 +108,52 @@ class SSDConfig:
     lookahead: int = 0                # fallback feeds up to this many draft tokens per step (0: plain AR)
     lookahead_rule: str = "greedy"    # greedy: keep argmax guesses (plain AR's text) | tau_slm: eq. 5 again
     pack_gate: bool | None = None     # gate on packed-window drafts (null: the preset's, else false)
+    gate_verify_tau: float | None = None  # gated drafts verified at this tau too (null: the preset's, else off)
     presets: dict = field(default_factory=lambda: {
         "high_accuracy": {"tau_ctc": 0.9, "tau_slm": 0.1},
         "high_rtfx": {"tau_ctc": 1.4, "tau_slm": 0.1},
     })
 
+    PRESET_KEYS = {"tau_ctc": float, "tau_slm": float, "pack_gate": bool, "gate_verify_tau": float}
+
     def validate(self, key: str) -> None:
+        shape = "{tau_ctc, tau_slm[, pack_gate, gate_verify_tau]}"
         if not isinstance(self.presets, dict) or not self.presets:
-            raise ConfigError(f"{key}.presets: expected a mapping of name -> {{tau_ctc, tau_slm[, pack_gate]}}")
+            raise ConfigError(f"{key}.presets: expected a mapping of name -> {shape}")
         for name, p in self.presets.items():
-            if not isinstance(p, dict) or not {"tau_ctc", "tau_slm"} <= set(p) <= {"tau_ctc", "tau_slm", "pack_gate"}:
-                raise ConfigError(f"{key}.presets.{name}: expected tau_ctc, tau_slm and optionally pack_gate")
+            if not isinstance(p, dict) or not {"tau_ctc", "tau_slm"} <= set(p) <= set(self.PRESET_KEYS):
+                raise ConfigError(f"{key}.presets.{name}: expected {shape}")
             for k, v in p.items():
-                _coerce(f"{key}.presets.{name}.{k}", v, bool if k == "pack_gate" else float)
+                _coerce(f"{key}.presets.{name}.{k}", v, self.PRESET_KEYS[k])
         _choice(f"{key}.preset", self.preset, tuple(self.presets))
         tau_ctc, tau_slm = self.thresholds()
         if tau_ctc < 0:
             raise ConfigError(f"{key}.tau_ctc: must be >= 0, got {tau_ctc}")
         if not 0.0 <= tau_slm <= 1.0:
             raise ConfigError(f"{key}.tau_slm: must be in [0, 1], got {tau_slm}")
+        tau_gate = self.gate_verify_threshold()
+        if tau_gate is not None and not 0.0 <= tau_gate <= 1.0:
+            raise ConfigError(f"{key}.gate_verify_tau: must be in [0, 1] or null, got {tau_gate}")
         _at_least(f"{key}.lookahead", self.lookahead, 0)
         _choice(f"{key}.lookahead_rule", self.lookahead_rule, LOOKAHEAD_RULES)
         if self.verify_max_entropy is not None and self.verify_max_entropy < 0:
             raise ConfigError(f"{key}.verify_max_entropy: must be >= 0 or null, got {self.verify_max_entropy}")
 
+    def _pick(self, name: str, default):
+        """The override where one is set, else the selected preset's value, else ``default``."""
+        value = getattr(self, name)
+        return value if value is not None else self.presets[self.preset].get(name, default)
+
     def packs_gate(self) -> bool:
-        return bool(self.pack_gate if self.pack_gate is not None else self.presets[self.preset].get("pack_gate", False))
+        return bool(self._pick("pack_gate", False))
+
+    def gate_verify_threshold(self) -> float | None:
+        """tau of the gated drafts' verification; None where it is off."""
+        tau = self._pick("gate_verify_tau", None)
+        return None if tau is None else float(tau)
 
     def thresholds(self) -> tuple[float, float]:
-        p = self.presets[self.preset]
-        return (float(self.tau_ctc if self.tau_ctc is not None else p["tau_ctc"]),
-                float(self.tau_slm if self.tau_slm is not None else p["tau_slm"]))
+        return float(self._pick("tau_ctc", None)), float(self._pick("tau_slm", None))
 
 
 @dataclass

@@ -6,7 +6,8 @@ while decoding one sub-batch retries its segments one at a time, so only the seg
 really fails marks its recording with an `error`.
 
 Decoders: full AR (the baseline), greedy CTC (the draft alone) and the SSD first pass
-(gate + verify; with ``pack_gate`` the gate reads drafts of packed encoder windows). SSD
+(gate + verify; with ``pack_gate`` the gate reads drafts of packed encoder windows, and
+with ``gate_verify_tau`` the drafts it accepts are also verified on those windows). SSD
 segments that fail verification come back *pending*, carrying their
 encoder states as CPU arrays; `complete_pending` runs the AR fallback on them, in the
 same process or in a separate actor pool.
@@ -25,6 +26,7 @@ from pipeline.audio import SAMPLE_RATE
 from pipeline.batching import pack_by_budget
 from pipeline.decoding.ar_greedy import DecodeSeed, greedy_decode
 from pipeline.decoding.ssd import SelfSpeculativeDecoder, SSDRow
+from pipeline.decoding.ssd_packed_verify import verify_packed_drafts
 from pipeline.records import PENDING_FIELDS, recording_stage
 
 ENCODER_FRAMES = 1500  # Whisper encodes a fixed 30-s window per segment
@@ -146,14 +148,15 @@ class SSDFirstPassDecoder:
 
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None, lookahead: int = 0,
-                 lookahead_rule: str = "greedy", pack_gate: bool = False):
+                 lookahead_rule: str = "greedy", pack_gate: bool = False,
+                 gate_verify_tau: float | None = None):
         if pack_gate and not hasattr(adapter, "encode_packed"):
             raise ValueError(f"ssd.pack_gate: {type(adapter).__name__} cannot pack encoder windows")
         self.adapter = adapter
         self.pack_gate = pack_gate
         self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens, reuse_kv=reuse_kv,
                                           verify_max_entropy=verify_max_entropy, lookahead=lookahead,
-                                          lookahead_rule=lookahead_rule)
+                                          lookahead_rule=lookahead_rule, gate_verify_tau=gate_verify_tau)
         self.keep_seeds = False
         self.seeded = 0  # fallback rows that started from a verification cache (a statistic)
         self._seeds: OrderedDict[str, tuple[DecodeSeed, int]] = OrderedDict()
@@ -216,11 +219,16 @@ class SSDFirstPassDecoder:
         shares a window is encoded again alone, and its solo draft is what verification
         scores; a clip alone in its window already has its solo states. So with tau_ctc =
         +inf the text is the packed CTC greedy text, and with tau_ctc = 0 every row is
-        decoded exactly as without packing. The row's max entropy is the gate's (packed)."""
+        decoded exactly as without packing. The row's max entropy is the gate's (packed).
+        With ``gate_verify_tau`` a draft the gate accepts must also pass packed
+        verification (pipeline.decoding.ssd_packed_verify); one that fails is treated as
+        rejected by the gate, and its packed min token probability is kept as evidence."""
         ad, ssd = self.adapter, self.ssd
         packed, t_enc = timed_encode(ad.encode_packed, audios, keep_windows=True)
         draft = ad.ctc_draft(packed)
         rows = ssd.gate_rows(draft.texts, draft.max_entropy)
+        if ssd.gate_verify_tau is not None:
+            self._verify_packed(packed, rows)
         needs = [i for i, row in enumerate(rows) if row.stage is None]
         if not needs:
             return rows, None, [], t_enc
@@ -235,6 +243,27 @@ class SSDFirstPassDecoder:
                 rows[i].draft_text = text
         ssd.verify_rows(states, [rows[i] for i in needs])
         return rows, states, needs, t_enc
+
+    def _verify_packed(self, packed, rows: list[SSDRow]) -> None:
+        """Packed verification of the gated rows, in place: one decoder pass over each
+        window that holds a gated clip, with every draft of that window as context."""
+        gated = {i for i, row in enumerate(rows) if row.stage is not None}
+        if not gated:
+            return
+        order = sorted(range(len(rows)), key=lambda i: (packed.placements[i].window, packed.placements[i].start))
+        windows: dict[int, list[int]] = {}
+        for i in order:
+            windows.setdefault(packed.placements[i].window, []).append(i)
+        checked = [w for w, clips in windows.items() if gated.intersection(clips)]
+        drafts = [self.adapter.tokenize(row.draft_text) if row.draft_text.strip() else [] for row in rows]
+        ver = verify_packed_drafts(self.adapter, packed.window_states[checked], [windows[w] for w in checked],
+                                   drafts, self.ssd.gate_verify_tau)
+        accepted, min_prob = ver.accepted.tolist(), ver.min_prob.tolist()
+        for i in gated:
+            row = rows[i]
+            row.draft_tokens, row.min_prob = drafts[i], min_prob[i]
+            if not accepted[i]:
+                row.stage, row.text = None, ""
 
     def _ship_kv(self, pending: list) -> dict[int, np.ndarray]:
         """Host copies [layers, 2, H, S, d] of the pending rows' cropped self-attention K/V,

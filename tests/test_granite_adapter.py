@@ -326,6 +326,26 @@ def test_complete_ar_drafts_are_verified_not_regenerated(setup):
     assert [r.tokens for r in rows] == [full[i] for i in ended]
 
 
+def test_gate_verification_serves_granite_unchanged(setup):
+    """ssd.gate_verify_tau on a decoder-only model: complete AR drafts pass it and stay
+    final from the gate; truncated ones fail eq. 5's end-of-text check and are decoded
+    exactly as with a closed gate."""
+    ad, full = setup["adapter"], setup["full"]
+    ended = [i for i, f in enumerate(full) if 1 < len(f) < MAX_NEW]
+    assert ended
+    drafts = [ad.text(full[i]) if n % 2 == 0 else ad.text(full[i][:-1]) for n, i in enumerate(ended)]
+    states = setup["states"][ended]
+    zeros = torch.zeros(len(ended))
+    got = SelfSpeculativeDecoder(ad, tau_ctc=math.inf, tau_slm=0.5, max_new_tokens=MAX_NEW,
+                                 gate_verify_tau=0.0).decode(states, drafts, zeros)
+    closed = SelfSpeculativeDecoder(ad, tau_ctc=0.0, tau_slm=0.5, max_new_tokens=MAX_NEW).decode(states, drafts, zeros)
+    for n, (g, c) in enumerate(zip(got, closed)):
+        if n % 2 == 0:
+            assert g.stage == CTC_GATE and g.text == drafts[n] and g.min_prob is not None
+        else:
+            assert (g.stage, g.tokens, g.prefix) == (c.stage, c.tokens, c.prefix)
+
+
 def test_speculative_rounds_serve_granite_unchanged(setup):
     """The fallback's greedy speculative rounds (ssd.lookahead) on a decoder-only cache give
     plain greedy decoding, for the decoder's own output and for a damaged copy of it."""

@@ -251,6 +251,28 @@ def test_fallback_batch_of_seeds_from_several_verification_batches(whisper_adapt
     assert [len(rows[i].prefix) for i in order] == [js[i] for i in order]
 
 
+@pytest.mark.parametrize("chunk", [None, 1, 3, 8])
+def test_per_row_accept_tau_equals_two_separate_verifications(whisper_adapter, encoded, chunk):
+    """accept_tau (gate verification): acceptance as a pass at each row's own threshold
+    would decide it, j and the next token as the pass at tau_slm finds them."""
+    enc, full = encoded
+    bad = whisper_adapter.tokenize("zebra")[0]
+    drafts = [f[:j] + [bad] + f[j + 1:] for f, j in zip(full, [0, 2, 5, 9, 1, 4, 13])]
+    drafts[3], drafts[5], drafts[6] = full[3], full[5][:-1], full[6]
+    tau_slm = 0.3
+    low = torch.tensor([1e-4, 0.3, 1e-6, 1e-4, 0.3, 1e-4, 0.0])
+    got = verify_drafts(whisper_adapter, enc.states, drafts, tau_slm, head_chunk=chunk, accept_tau=low)
+    at_slm = verify_drafts(whisper_adapter, enc.states, drafts, tau_slm)
+    assert got.first_reject.tolist() == at_slm.first_reject.tolist()
+    assert got.next_token.tolist() == at_slm.next_token.tolist()
+    for i, d in enumerate(drafts):
+        alone = verify_drafts(whisper_adapter, enc.states[i:i + 1], [d], float(low[i]))
+        assert bool(got.accepted[i]) == bool(alone.accepted[0]), i
+    assert got.accepted.any() and not got.accepted.all()
+    assert not bool(got.accepted[5])    # incomplete: no threshold accepts it
+    assert (got.accepted & ~at_slm.accepted).any()   # some row passes only its lower threshold
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 8])
 def test_chunked_verification_head_makes_the_same_decisions(whisper_adapter, encoded, chunk):
     """The output projection in chunks, stopping at each row's first failure, accepts the

@@ -25,6 +25,15 @@ argmax, so the text is the plain fallback's; "tau_slm" keeps it when its probabi
 above tau_slm, eq. 5's rule applied again after each correction (a re-synchronising
 verifier: the draft is not abandoned at its first error).
 
+Beyond the paper, off by default: ``gate_verify_tau``. A draft the gate accepts is also
+verified (eq. 5 at this threshold, usually far below tau_slm, with eq. 5's end-of-text
+check) before it is final, in the verification pass of the rows the gate rejected; one
+that fails continues from its prefix at tau_slm, found in that same pass. The embedded
+head's max entropy is poorly calibrated (synthetic training speech), so the gate alone
+admits drafts with misspelt words that the decoder finds all but impossible; this catches
+them at the cost of scoring the gated rows too. The pipeline's packed gate does the same check on packed windows
+(pipeline.decoding.ssd_packed_verify), where it costs a pass per window, not per row.
+
 The split into `first_pass` and `fallback` lets the pipeline run them in two actor pools
 with the encoder states travelling between them as CPU arrays (the paper's CPU offload).
 """
@@ -72,7 +81,7 @@ class SelfSpeculativeDecoder:
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None,
                  verify_chunk: int | None = VERIFY_HEAD_CHUNK, lookahead: int = 0,
-                 lookahead_rule: str = "greedy"):
+                 lookahead_rule: str = "greedy", gate_verify_tau: float | None = None):
         if lookahead_rule not in LOOKAHEAD_RULES:
             raise ValueError(f"lookahead_rule must be one of {LOOKAHEAD_RULES}, got {lookahead_rule!r}")
         self.adapter = adapter
@@ -84,6 +93,7 @@ class SelfSpeculativeDecoder:
         self.verify_chunk = verify_chunk
         self.lookahead = lookahead
         self.lookahead_rule = lookahead_rule
+        self.gate_verify_tau = gate_verify_tau
 
     def _verifies(self, row: SSDRow) -> bool:
         if not row.draft_text.strip():
@@ -106,19 +116,31 @@ class SelfSpeculativeDecoder:
     @torch.inference_mode()
     def verify_rows(self, encoder_states: torch.Tensor, rows: list[SSDRow]) -> list[SSDRow]:
         """Eq. 5 for the pending rows among ``rows`` (``encoder_states[i]`` is row i's), in
-        place; gated rows are left as they are."""
+        place. Gated rows are left as they are, unless ``gate_verify_tau``: then they are
+        scored in the same pass, stay final where every token is above that threshold and
+        end-of-text follows, and otherwise become pending from their prefix at tau_slm."""
         ad = self.adapter
-        todo = [i for i, r in enumerate(rows) if r.stage is None and self._verifies(r)]
+        check_gated = self.gate_verify_tau is not None
+        todo = [i for i, r in enumerate(rows)
+                if (r.stage is None and self._verifies(r)) or (check_gated and r.stage == CTC_GATE)]
         if todo:
             drafts = [ad.tokenize(rows[i].draft_text) for i in todo]
-            ver = verify_drafts(ad, encoder_states[todo], drafts, self.tau_slm, head_chunk=self.verify_chunk)
+            gated = [rows[i].stage == CTC_GATE for i in todo]
+            accept_tau = torch.tensor([self.gate_verify_tau if g else self.tau_slm for g in gated]) \
+                if check_gated else None
+            ver = verify_drafts(ad, encoder_states[todo], drafts, self.tau_slm, head_chunk=self.verify_chunk,
+                                accept_tau=accept_tau)
             js = ver.first_reject.tolist()
             for n, i in enumerate(todo):
                 row = rows[i]
                 row.draft_tokens, row.min_prob = drafts[n], float(ver.min_prob[n])
+                if gated[n] and bool(ver.accepted[n]):
+                    continue
                 row.prefix = drafts[n][:js[n]]
                 if bool(ver.accepted[n]):
                     row.stage, row.text, row.tokens = LLM_VERIFY, ad.text(drafts[n]), drafts[n]
+                elif gated[n]:
+                    row.stage, row.text = None, ""
             if self.reuse_kv:
                 rejected = [n for n, i in enumerate(todo) if rows[i].stage is None]
                 lead = ver.lead.tolist()

@@ -12,6 +12,12 @@ A draft is accepted when every token has probability > tau_slm and end-of-text i
 most likely token after it; otherwise j is the first failing position (j = K when all
 tokens pass but the draft is incomplete), and AR decoding resumes from tokens < j.
 
+``accept_tau`` (beyond the paper, for SSD's gate verification): a per-row acceptance
+threshold at or below tau_slm. Row b is accepted when every token has probability >
+accept_tau[b] and end-of-text follows; j (and the next token) are still found at tau_slm,
+so one pass serves a gated draft checked at a low tau and the prefix its fallback needs if
+that check fails. Without it every row is accepted at tau_slm, as in the paper.
+
 ``head_chunk`` (beyond the paper): the output projection runs over draft positions in
 chunks and stops for a row at the chunk holding its first failure. The decisions (accept,
 j, next token) are those of the full projection; a rejected row's ``min_prob`` is then the
@@ -45,7 +51,8 @@ class Verification:
 
 @torch.inference_mode()
 def verify_drafts(adapter, encoder_states: torch.Tensor, drafts: list[list[int]],
-                  tau_slm: float, head_chunk: int | None = None) -> Verification:
+                  tau_slm: float, head_chunk: int | None = None,
+                  accept_tau: torch.Tensor | None = None) -> Verification:
     B = len(drafts)
     device = encoder_states.device
     prompts = adapter.batch_prompts(encoder_states)
@@ -69,12 +76,19 @@ def verify_drafts(adapter, encoder_states: torch.Tensor, drafts: list[list[int]]
     probs = torch.zeros((B, Kmax + 1), device=device)
     computed = torch.zeros((B, Kmax + 1), dtype=torch.bool, device=device)
     first_fail, next_token = K.clone(), torch.zeros_like(K)
+    acc_tau = torch.full((B,), float(tau_slm), device=device) if accept_tau is None else \
+        accept_tau.to(device=device, dtype=torch.float32).clamp(max=float(tau_slm))
+    j_found = torch.zeros(B, dtype=torch.bool, device=device)
+    acc_failed = torch.zeros(B, dtype=torch.bool, device=device)
+    after = torch.full_like(K, -1)  # argmax after the whole draft, where it was reached
     alive = torch.arange(B, device=device)
     chunk = head_chunk or (Kmax + 1)
     # The output projection, chunk by chunk of draft positions, only for rows not yet
-    # decided: a row is decided at its first failing token or at the position after its
-    # draft. Rejected drafts usually fail early (mean j ~1.5-2.5 here), so long drafts
-    # need a fraction of the [positions, vocabulary] logits.
+    # decided: a row is decided at its first token at or below its acceptance threshold
+    # (tau_slm unless accept_tau) or at the position after its draft. Rejected drafts
+    # usually fail early (mean j ~1.5-2.5 here), so long drafts need a fraction of the
+    # [positions, vocabulary] logits. j is the first failure at tau_slm, never after the
+    # first failure at a lower acceptance threshold, so its chunk is always computed.
     for c0 in range(0, Kmax + 1, chunk):
         if alive.numel() == 0:
             break
@@ -91,17 +105,25 @@ def verify_drafts(adapter, encoder_states: torch.Tensor, drafts: list[list[int]]
         probs[alive, c0:c1] = p
         computed[alive, c0:c1] = True
         fails = (p <= tau_slm) & in_d
-        has_fail = fails.any(1)
-        at = torch.where(has_fail, fails.float().argmax(1), Ka - c0)              # j (or K) in this chunk
-        decided = has_fail | (Ka < c1)
-        rows = decided.nonzero().squeeze(-1)
+        rows = (fails.any(1) & ~j_found[alive]).nonzero().squeeze(-1)
+        at = fails.float().argmax(1)
         first_fail[alive[rows]] = at[rows] + c0
         next_token[alive[rows]] = logits[rows, at[rows]].argmax(-1)
-        alive = alive[~decided]
-    ends = next_token == eot        # the argmax after the draft, where no token failed
+        j_found[alive[rows]] = True
+        stops = ((p <= acc_tau[alive].unsqueeze(1)) & in_d).any(1)
+        acc_failed[alive] |= stops
+        ended = (Ka < c1) & ~stops
+        rows = ended.nonzero().squeeze(-1)
+        after[alive[rows]] = logits[rows, Ka[rows] - c0].argmax(-1)
+        # Drafts that ended with no failure at tau_slm: j = K, the next token follows them.
+        done = rows[~j_found[alive[rows]]]
+        first_fail[alive[done]] = Ka[done]
+        next_token[alive[done]] = after[alive[done]]
+        j_found[alive[done]] = True
+        alive = alive[~(stops | ended)]
     in_draft = steps[:Kmax].unsqueeze(0) < K.unsqueeze(1)
     probs = probs[:, :Kmax]
-    accepted = (first_fail == K) & ends & (K > 0)
+    accepted = ~acc_failed & (after == eot) & (K > 0)
     seen = in_draft & computed[:, :Kmax]
     min_prob = torch.where(seen, probs, torch.ones_like(probs)).min(1).values if Kmax else \
         torch.ones(B, device=device)
