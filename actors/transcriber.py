@@ -16,6 +16,10 @@ from pipeline.transcribe import (ARSegmentDecoder, CTCGreedySegmentDecoder, SSDF
                                  transcribe_prepared)
 
 
+# model.encoder_micro_batch's default on CPU (see pipeline.config.ModelConfig).
+CPU_ENCODER_MICRO_BATCH = 2
+
+
 def load_adapter(cfg):
     import torch
 
@@ -23,9 +27,13 @@ def load_adapter(cfg):
 
     if cfg.model.num_threads:
         torch.set_num_threads(cfg.model.num_threads)
-    return load_whisper_adapter(cfg.model.source, device=resolve_device(cfg.model.device),
+    device = resolve_device(cfg.model.device)
+    micro = cfg.model.encoder_micro_batch
+    if micro is None:
+        micro = CPU_ENCODER_MICRO_BATCH if torch.device(device).type == "cpu" else 0
+    return load_whisper_adapter(cfg.model.source, device=device,
                                 dtype=torch_dtype(cfg.model.dtype), cache_dir=cfg.model.cache_dir,
-                                ctc_head=cfg.model.ctc_head)
+                                ctc_head=cfg.model.ctc_head, encoder_micro_batch=micro)
 
 
 def build_segment_decoder(cfg, adapter=None):

@@ -31,12 +31,19 @@ class ModelConfig:
     cache_dir: str | None = None      # converted checkpoints; default ~/.cache/shardscribe
     ctc_head: str | None = None       # "embedded" (the shipped head), a head directory, or null
     num_threads: int = 0              # torch intra-op threads per worker; 0 = torch default
+    # Segments per encoder call: a batch is encoded in slices of this many (0: whole
+    # batches). null: 2 on CPU, where Whisper's 1500-frame attention thrashes the caches
+    # at larger batches (tiny.en, 1 thread: 16 per call is ~20% slower than 2), whole
+    # batches on GPU.
+    encoder_micro_batch: int | None = None
 
     def validate(self, key: str) -> None:
         _choice(f"{key}.dtype", self.dtype, ("float32", "float16", "bfloat16"))
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"{key}.device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
         _at_least(f"{key}.num_threads", self.num_threads, 0)
+        if self.encoder_micro_batch is not None:
+            _at_least(f"{key}.encoder_micro_batch", self.encoder_micro_batch, 0)
 
 
 @dataclass

@@ -90,3 +90,30 @@ def test_packing_is_refused_for_decoders_that_read_the_whole_window():
     for kind in ("ar", "ssd"):
         with pytest.raises(ConfigError, match="decoder.pack_windows"):
             load_config(kind, ["decoder.pack_windows=true"])
+
+
+@pytest.mark.parametrize("micro", [1, 3])
+def test_encoder_micro_batches_give_the_whole_batch_states(head_adapter, sample_audio, sample_manifest, micro):
+    """model.encoder_micro_batch changes only how many segments one encoder call takes."""
+    audios = [sample_audio[m["id"]] for m in sample_manifest]
+    saved = head_adapter.encoder_micro_batch
+    try:
+        head_adapter.encoder_micro_batch = 0
+        whole, whole_packed = head_adapter.encode(audios), head_adapter.encode_packed(audios[:4] * 3)
+        head_adapter.encoder_micro_batch = micro
+        sliced, sliced_packed = head_adapter.encode(audios), head_adapter.encode_packed(audios[:4] * 3)
+    finally:
+        head_adapter.encoder_micro_batch = saved
+    assert torch.allclose(sliced.states, whole.states, atol=1e-4)
+    assert sliced.valid_frames.tolist() == whole.valid_frames.tolist()
+    assert torch.allclose(sliced_packed.states, whole_packed.states, atol=1e-4)
+
+
+def test_encoder_micro_batch_defaults_to_two_on_cpu_and_is_validated(model_cache):
+    from actors.transcriber import CPU_ENCODER_MICRO_BATCH, load_adapter
+
+    assert load_config("ctc_greedy").model.encoder_micro_batch is None
+    adapter = load_adapter(load_config("ctc_greedy", ["model.device=cpu", f"model.cache_dir={model_cache}"]))
+    assert adapter.encoder_micro_batch == CPU_ENCODER_MICRO_BATCH == 2
+    with pytest.raises(ConfigError, match=r"model\.encoder_micro_batch"):
+        load_config("ctc_greedy", ["model.encoder_micro_batch=-1"])

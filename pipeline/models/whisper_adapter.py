@@ -43,13 +43,16 @@ class CTCDraftBatch:
 
 class WhisperAdapter:
     def __init__(self, model, processor, device: str | torch.device = "cpu", ctc_head=None,
-                 ctc_decode=None):
+                 ctc_decode=None, encoder_micro_batch: int = 0):
         self.model = model.requires_grad_(False)
         # A CTC head over the encoder states: module(states [B,T,D], lengths [B]) -> logits
         # [B,T,C]; ctc_decode maps its collapsed ids to text.
         self.ctc_head = ctc_head.to(device).eval() if ctc_head is not None else None
         self.ctc_decode = ctc_decode
         self.processor = processor
+        # Segments per encoder call (0: the whole batch); the result is the same, the
+        # speed is not (pipeline.config.ModelConfig.encoder_micro_batch).
+        self.encoder_micro_batch = encoder_micro_batch
         self.tokenizer = processor.tokenizer
         self.device = torch.device(device)
         self.dtype = next(model.parameters()).dtype
@@ -94,12 +97,22 @@ class WhisperAdapter:
     def valid_frames(num_samples: int, total_frames: int = 1500) -> int:
         return min(total_frames, max(1, math.ceil(num_samples / SAMPLES_PER_STATE)))
 
+    def run_encoder(self, features: torch.Tensor) -> torch.Tensor:
+        """Encoder states of log-mel ``features`` [B, 80, 3000], in slices of
+        ``encoder_micro_batch`` segments."""
+        step = self.encoder_micro_batch or features.shape[0]
+        encoder = self.model.model.encoder
+        if step >= features.shape[0]:
+            return encoder(features).last_hidden_state
+        return torch.cat([encoder(features[i:i + step]).last_hidden_state
+                          for i in range(0, features.shape[0], step)])
+
     @torch.inference_mode()
     def encode(self, audios: list[np.ndarray]) -> EncoderBatch:
         for a in audios:
             if len(a) > WINDOW_SAMPLES:
                 raise ValueError(f"segment of {len(a) / SAMPLE_RATE:.1f} s exceeds Whisper's 30-s window")
-        states = self.model.model.encoder(self.features(audios)).last_hidden_state
+        states = self.run_encoder(self.features(audios))
         valid = torch.tensor([self.valid_frames(len(a), states.shape[1]) for a in audios],
                              dtype=torch.long, device=self.device)
         return EncoderBatch(states=states, valid_frames=valid)
@@ -116,8 +129,7 @@ class WhisperAdapter:
 
         placements = plan_windows([len(a) for a in audios], WINDOW_SAMPLES, int(gap_s * SAMPLE_RATE),
                                   SAMPLES_PER_STATE)
-        windows = self.model.model.encoder(
-            self.features(pack_signals(audios, placements, WINDOW_SAMPLES))).last_hidden_state
+        windows = self.run_encoder(self.features(pack_signals(audios, placements, WINDOW_SAMPLES)))
         total = windows.shape[1]
         first = [p.start // SAMPLES_PER_STATE for p in placements]
         valid = [min(total - a, self.valid_frames(p.length, total)) for a, p in zip(first, placements)]
@@ -166,7 +178,7 @@ class WhisperAdapter:
 
 def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
                          dtype: torch.dtype = torch.float32, cache_dir=None,
-                         ctc_head: str | None = None) -> WhisperAdapter:
+                         ctc_head: str | None = None, encoder_micro_batch: int = 0) -> WhisperAdapter:
     """Whisper (+ an optional character CTC head: "embedded" or a head directory)."""
     from pipeline.models.whisper_loader import load_whisper
 
@@ -177,4 +189,5 @@ def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
         from pipeline.text import charset
 
         head, decode = load_ctc_head(ctc_head, device=device), charset.decode
-    return WhisperAdapter(model, processor, device=device, ctc_head=head, ctc_decode=decode)
+    return WhisperAdapter(model, processor, device=device, ctc_head=head, ctc_decode=decode,
+                          encoder_micro_batch=encoder_micro_batch)
