@@ -121,7 +121,9 @@ class SSDConfig:
         "high_rtfx": {"tau_ctc": 1.4, "tau_slm": 0.1},
     })
 
-    PRESET_KEYS = {"tau_ctc": float, "tau_slm": float, "pack_gate": bool, "gate_verify_tau": float}
+    # A preset's gate_verify_tau may be null (off), so that an override can switch a shipped
+    # preset's gate verification off: --set ssd.presets.high_rtfx.gate_verify_tau=null.
+    PRESET_KEYS = {"tau_ctc": float, "tau_slm": float, "pack_gate": bool, "gate_verify_tau": float | None}
 
     def validate(self, key: str) -> None:
         shape = "{tau_ctc, tau_slm[, pack_gate, gate_verify_tau]}"

@@ -222,7 +222,8 @@ class SSDFirstPassDecoder:
         decoded exactly as without packing. The row's max entropy is the gate's (packed).
         With ``gate_verify_tau`` a draft the gate accepts must also pass packed
         verification (pipeline.decoding.ssd_packed_verify); one that fails is treated as
-        rejected by the gate, and its packed min token probability is kept as evidence."""
+        rejected by the gate; its packed min token probability stays as evidence only where
+        it is not verified again alone."""
         ad, ssd = self.adapter, self.ssd
         packed, t_enc = timed_encode(ad.encode_packed, audios, keep_windows=True)
         draft = ad.ctc_draft(packed)
@@ -240,7 +241,8 @@ class SSDFirstPassDecoder:
             t_enc += seconds
             states[[needs.index(i) for i in shared]] = solo.states
             for i, text in zip(shared, ad.ctc_draft(solo).texts):
-                rows[i].draft_text = text
+                # The packed draft's tokens (from packed verification) no longer apply.
+                rows[i].draft_text, rows[i].draft_tokens = text, []
         ssd.verify_rows(states, [rows[i] for i in needs])
         return rows, states, needs, t_enc
 

@@ -179,6 +179,9 @@ def test_config_reads_the_preset_and_names_the_key_on_bad_values():
     assert load_config("ssd", ["ssd.preset=high_accuracy"]).ssd.gate_verify_threshold() is None
     assert load_config("ssd", ["ssd.preset=high_rtfx", "ssd.gate_verify_tau=0.01"]).ssd.gate_verify_threshold() == 0.01
     assert load_config("ssd", ["ssd.preset=high_accuracy", "ssd.gate_verify_tau=0.01"]).ssd.gate_verify_threshold() == 0.01
+    # A shipped preset's gate verification can be switched off by an override.
+    off = load_config("ssd", ["ssd.preset=high_rtfx", "ssd.presets.high_rtfx.gate_verify_tau=null"])
+    assert off.ssd.gate_verify_threshold() is None and off.ssd.packs_gate()
     with pytest.raises(ConfigError, match=r"ssd\.gate_verify_tau"):
         load_config("ssd", ["ssd.preset=high_rtfx", "ssd.gate_verify_tau=1.5"])
     with pytest.raises(ConfigError, match=r"ssd\.presets\.x\.gate_verify_tau"):

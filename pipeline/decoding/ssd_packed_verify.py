@@ -36,7 +36,9 @@ def joined_transcript(prompt: list[int], clips: list[int], drafts: list[list[int
                       max_positions: int) -> tuple[list[int], list[tuple[int, int, int]]]:
     """One window's prompt plus its clips' drafts in order, and per clip its (clip, first,
     end) columns; a clip that would not fit in ``max_positions`` (one column is kept for
-    the token after the last draft) is left out with the clips after it."""
+    the token after the last draft) is left out with the clips after it. The last clip
+    that fits is then checked against end-of-text although speech follows it, so it is
+    usually rejected: conservative (it costs speed, not accuracy)."""
     seq, span = list(prompt), []
     for i in clips:
         if len(seq) + len(drafts[i]) + 1 > max_positions:

@@ -39,7 +39,7 @@ import torch
 @dataclass
 class Verification:
     accepted: torch.Tensor      # [B] bool
-    first_reject: torch.Tensor  # [B] int64, j (= K when accepted)
+    first_reject: torch.Tensor  # [B] int64, j at tau_slm (= K when every token passes tau_slm)
     min_prob: torch.Tensor      # [B] min draft-token probability (1.0 for an empty draft)
     token_probs: torch.Tensor   # [B, Kmax] probabilities of the draft tokens (0 on padding and
                                 # beyond the head chunk holding j: never computed)
