@@ -33,8 +33,8 @@ accepts are also verified, on their own window or, with the packed gate, on thei
 window (pipeline.decoding.ssd_packed_verify). Every high_rtfx row applies the preset's;
 "SSD high_rtfx, paper gate" and "SSD high_rtfx, pipeline, packed gate, gate unverified"
 are the same without it (the sweep is the paper's gate too), and the summary's
-``high_rtfx_unverified_*`` keys carry them. (The other "SSD high_rtfx"
-rows are the unpacked gate on the shared encoder pass: the paper's method.)
+``high_rtfx_unverified_*`` keys carry them. (The other "SSD high_rtfx" rows run the
+unpacked gate on the shared encoder pass; "paper gate" is the paper's method.)
 ``--repeat N`` times every configuration N times, round-robin, and keeps the fastest run
 (timings on a shared 2-core machine drift by 20-40%).
 """
@@ -46,6 +46,7 @@ from pathlib import Path
 from jobs.bench_data import concat_long_form, join_by_recording, load_recordings
 from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 
+PAPER_GATE_ROW = "SSD high_rtfx, paper gate"
 UNVERIFIED_PACKED_ROW = "SSD high_rtfx, pipeline, packed gate, gate unverified"
 # Per-row statistics of the speculative rounds (not seconds, unlike the other stage keys).
 ROUND_STATS = ("tokens_per_pass", "guesses_kept")
@@ -185,10 +186,16 @@ def run(args) -> dict:
         res, t = _timed(lambda: decode_segments(decoder, [a for _, a in flat], cfg.batching.max_tokens), device)
         return [r.text for r in res], t
 
+    # Each preset's (tau_ctc, tau_slm, gate_verify_tau), read once for every row below.
+    thresholds = {}
+    for name in ("high_accuracy", "high_rtfx"):
+        preset = cfg.ssd.presets[name]
+        thresholds[name] = (preset["tau_ctc"], preset["tau_slm"], preset.get("gate_verify_tau"))
+
     def run_pipeline_ssd(preset, pack_gate, gate_verify_tau=None):
         # The pipeline's SSD decoder end to end, its own encoder pass(es) included: the
         # packed gate changes what the encoder does, so it cannot share the pass above.
-        tc, ts = cfg.ssd.presets[preset]["tau_ctc"], cfg.ssd.presets[preset]["tau_slm"]
+        tc, ts, _ = thresholds[preset]
         decoder = SSDFirstPassDecoder(adapter, tc, ts, cfg.decoder.max_new_tokens, reuse_kv=cfg.ssd.reuse_kv,
                                       pack_gate=pack_gate, gate_verify_tau=gate_verify_tau)
         decoder.keep_seeds = True
@@ -205,25 +212,21 @@ def run(args) -> dict:
 
     # (label, tau_ctc, tau_slm, run); with --repeat N every configuration runs N times,
     # round-robin so that load drift on a shared machine hits all alike; the fastest run counts.
-    ha_tc, ha_ts = cfg.ssd.presets["high_accuracy"]["tau_ctc"], cfg.ssd.presets["high_accuracy"]["tau_slm"]
-    gv = {name: cfg.ssd.presets[name].get("gate_verify_tau") for name in ("high_accuracy", "high_rtfx")}
+    (ha_tc, ha_ts, _), (hr_tc, hr_ts, hr_gv) = thresholds["high_accuracy"], thresholds["high_rtfx"]
     configs = [("full AR", None, None, run_ar)]
-    for name in ("high_accuracy", "high_rtfx"):
-        tc, ts = cfg.ssd.presets[name]["tau_ctc"], cfg.ssd.presets[name]["tau_slm"]
-        configs.append((f"SSD {name}", tc, ts, lambda tc=tc, ts=ts, g=gv[name]: run_ssd(tc, ts, gate_verify_tau=g)))
-    hr_tc, hr_ts = cfg.ssd.presets["high_rtfx"]["tau_ctc"], cfg.ssd.presets["high_rtfx"]["tau_slm"]
-    configs.append(("SSD high_rtfx, paper gate", hr_tc, hr_ts, lambda: run_ssd(hr_tc, hr_ts)))
+    for name, (tc, ts, gv) in thresholds.items():
+        configs.append((f"SSD {name}", tc, ts, lambda tc=tc, ts=ts, gv=gv: run_ssd(tc, ts, gate_verify_tau=gv)))
+    configs.append((PAPER_GATE_ROW, hr_tc, hr_ts, lambda: run_ssd(hr_tc, hr_ts)))
     if args.lookahead:
-        for name in ("high_accuracy", "high_rtfx"):
-            tc, ts = cfg.ssd.presets[name]["tau_ctc"], cfg.ssd.presets[name]["tau_slm"]
+        for name, (tc, ts, gv) in thresholds.items():
             for rule in LOOKAHEAD_RULES:
                 configs.append((f"SSD {name}, lookahead {args.lookahead} {rule}", tc, ts,
-                                lambda tc=tc, ts=ts, rule=rule, g=gv[name]:
-                                run_ssd(tc, ts, lookahead=args.lookahead, lookahead_rule=rule, gate_verify_tau=g)))
+                                lambda tc=tc, ts=ts, rule=rule, gv=gv:
+                                run_ssd(tc, ts, lookahead=args.lookahead, lookahead_rule=rule, gate_verify_tau=gv)))
     for pack_gate in (False, True) if hasattr(adapter, "encode_packed") else ():
         configs.append((f"SSD high_rtfx, pipeline, {'packed' if pack_gate else 'unpacked'} gate", hr_tc, hr_ts,
-                        lambda p=pack_gate: run_pipeline_ssd("high_rtfx", p, gv["high_rtfx"])))
-    if hasattr(adapter, "encode_packed") and gv["high_rtfx"] is not None:
+                        lambda p=pack_gate: run_pipeline_ssd("high_rtfx", p, hr_gv)))
+    if hasattr(adapter, "encode_packed") and hr_gv is not None:
         configs.append((UNVERIFIED_PACKED_ROW, hr_tc, hr_ts, lambda: run_pipeline_ssd("high_rtfx", True)))
     configs.append(("SSD high_accuracy, no KV reuse", ha_tc, ha_ts, lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False)))
     configs.append(("SSD high_accuracy, full-draft head", ha_tc, ha_ts,
@@ -272,8 +275,8 @@ def run(args) -> dict:
         "ar_wer": ar["wer"], "ar_rtfx": ar["rtfx"], "ctc_greedy_wer": ctc["wer"],
         "ctc_greedy_rtfx": ctc["rtfx"], "ctc_greedy_packed_rtfx": packed_rtfx,
         "high_rtfx_wer": hr["wer"], "high_rtfx_rtfx": hr["rtfx"],
-        "high_rtfx_unverified_wer": recorded["SSD high_rtfx, paper gate"]["wer"],
-        "high_rtfx_unverified_rtfx": recorded["SSD high_rtfx, paper gate"]["rtfx"],
+        "high_rtfx_unverified_wer": recorded[PAPER_GATE_ROW]["wer"],
+        "high_rtfx_unverified_rtfx": recorded[PAPER_GATE_ROW]["rtfx"],
         "high_accuracy_wer": ha["wer"], "high_accuracy_rtfx": ha["rtfx"],
         "pct_ctc_gated": hr["pct_C"], "pct_llm_verified": hr["pct_L"],
         "high_accuracy_pct_ctc_gated": ha["pct_C"], "high_accuracy_pct_llm_verified": ha["pct_L"],

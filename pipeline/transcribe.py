@@ -260,10 +260,11 @@ class SSDFirstPassDecoder:
         drafts = [self.adapter.tokenize(row.draft_text) if row.draft_text.strip() else [] for row in rows]
         ver = verify_packed_drafts(self.adapter, packed.window_states[checked], [windows[w] for w in checked],
                                    drafts, self.ssd.gate_verify_tau)
-        accepted, min_prob = ver.accepted.tolist(), ver.min_prob.tolist()
+        accepted, min_prob, scored = ver.accepted.tolist(), ver.min_prob.tolist(), ver.scored.tolist()
         for i in gated:
             row = rows[i]
-            row.draft_tokens, row.min_prob = drafts[i], min_prob[i]
+            # A clip past the decoder's positions was not scored: no evidence, not 1.0.
+            row.draft_tokens, row.min_prob = drafts[i], min_prob[i] if scored[i] else None
             if not accepted[i]:
                 row.stage, row.text = None, ""
 

@@ -31,8 +31,9 @@ check) before it is final, in the verification pass of the rows the gate rejecte
 that fails continues from its prefix at tau_slm, found in that same pass. The embedded
 head's max entropy is poorly calibrated (synthetic training speech), so the gate alone
 admits drafts with misspelt words that the decoder finds all but impossible; this catches
-them at the cost of scoring the gated rows too. The pipeline's packed gate does the same check on packed windows
-(pipeline.decoding.ssd_packed_verify), where it costs a pass per window, not per row.
+them at the cost of scoring the gated rows too. The pipeline's packed gate does the same
+check on packed windows (pipeline.decoding.ssd_packed_verify), where it costs a pass per
+window, not per row.
 
 The split into `first_pass` and `fallback` lets the pipeline run them in two actor pools
 with the encoder states travelling between them as CPU arrays (the paper's CPU offload).
