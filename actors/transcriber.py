@@ -11,6 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from pipeline.config import config_from_dict, resolve_device, torch_dtype
+from pipeline.pack_gate_policy import PackGatePolicy
 from pipeline.records import INTERMEDIATE_SCHEMA, OUTPUT_SCHEMA, prepared_rows, table
 from pipeline.transcribe import (ARSegmentDecoder, CTCGreedySegmentDecoder, SSDFirstPassDecoder,
                                  transcribe_prepared)
@@ -49,7 +50,8 @@ def build_segment_decoder(cfg, adapter=None):
                                    reuse_kv=cfg.ssd.reuse_kv, verify_max_entropy=cfg.ssd.verify_max_entropy,
                                    lookahead=cfg.ssd.lookahead, lookahead_rule=cfg.ssd.lookahead_rule,
                                    pack_gate=cfg.ssd.packs_gate(),
-                                   gate_verify_tau=cfg.ssd.gate_verify_threshold())
+                                   gate_verify_tau=cfg.ssd.gate_verify_threshold(),
+                                   pack_policy=PackGatePolicy() if cfg.ssd.adaptive_pack_gate else None)
     if kind == "ctc_beam":
         from pipeline.beam_stage import CTCLogProbsDecoder
 

@@ -27,7 +27,10 @@ encodes only the rejected clips alone. It changes the encoder's work, so two mor
 the pipeline's SSD decoder (``SSDFirstPassDecoder`` + in-process fallback) end to end with
 the high_rtfx thresholds, each with its own encoder passes: "SSD high_rtfx, pipeline,
 unpacked gate" and "..., packed gate"; the summary's ``high_rtfx_packed_gate_*`` keys
-compare them with each other and with both CTC-greedy ceilings.
+compare them with each other and with both CTC-greedy ceilings. The packed gate row packs
+a batch only where the running gate pass rate says it pays (``ssd.adaptive_pack_gate``,
+pipeline.pack_gate_policy; its row counts packed and plain batches); "..., packed gate,
+every batch packed" packs them all, as does "..., gate unverified" below.
 Gate verification (``ssd.gate_verify_tau``, in the high_rtfx preset): drafts the gate
 accepts are also verified, on their own window or, with the packed gate, on their packed
 window (pipeline.decoding.ssd_packed_verify). Every high_rtfx row applies the preset's;
@@ -48,6 +51,7 @@ from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 
 PAPER_GATE_ROW = "SSD high_rtfx, paper gate"
 UNVERIFIED_PACKED_ROW = "SSD high_rtfx, pipeline, packed gate, gate unverified"
+EVERY_BATCH_PACKED_ROW = "SSD high_rtfx, pipeline, packed gate, every batch packed"
 # Per-row statistics of the speculative rounds (not seconds, unlike the other stage keys).
 ROUND_STATS = ("tokens_per_pass", "guesses_kept")
 
@@ -91,6 +95,7 @@ def run(args) -> dict:
     from pipeline.decoding.ar_greedy import greedy_decode
     from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
     from pipeline.metrics import corpus_wer
+    from pipeline.pack_gate_policy import PackGatePolicy
     from pipeline.transcribe import PENDING, CTCGreedySegmentDecoder, SSDFirstPassDecoder, decode_segments
 
     import torch
@@ -192,13 +197,18 @@ def run(args) -> dict:
         preset = cfg.ssd.presets[name]
         thresholds[name] = (preset["tau_ctc"], preset["tau_slm"], preset.get("gate_verify_tau"))
 
-    def run_pipeline_ssd(preset, pack_gate, gate_verify_tau=None):
+    pack_decisions = {}  # label -> the PackGatePolicy of its latest run (adaptive packed gate rows)
+
+    def run_pipeline_ssd(label, preset, pack_gate, gate_verify_tau=None, adaptive=cfg.ssd.adaptive_pack_gate):
         # The pipeline's SSD decoder end to end, its own encoder pass(es) included: the
         # packed gate changes what the encoder does, so it cannot share the pass above.
         tc, ts, _ = thresholds[preset]
+        policy = PackGatePolicy() if pack_gate and adaptive else None
         decoder = SSDFirstPassDecoder(adapter, tc, ts, cfg.decoder.max_new_tokens, reuse_kv=cfg.ssd.reuse_kv,
-                                      pack_gate=pack_gate, gate_verify_tau=gate_verify_tau)
+                                      pack_gate=pack_gate, gate_verify_tau=gate_verify_tau, pack_policy=policy)
         decoder.keep_seeds = True
+        if policy is not None:
+            pack_decisions[label] = policy
 
         def go():
             res = decode_segments(decoder, [a for _, a in flat], cfg.batching.max_tokens)
@@ -224,10 +234,14 @@ def run(args) -> dict:
                                 lambda tc=tc, ts=ts, rule=rule, gv=gv:
                                 run_ssd(tc, ts, lookahead=args.lookahead, lookahead_rule=rule, gate_verify_tau=gv)))
     for pack_gate in (False, True) if hasattr(adapter, "encode_packed") else ():
-        configs.append((f"SSD high_rtfx, pipeline, {'packed' if pack_gate else 'unpacked'} gate", hr_tc, hr_ts,
-                        lambda p=pack_gate: run_pipeline_ssd("high_rtfx", p, hr_gv)))
+        label = f"SSD high_rtfx, pipeline, {'packed' if pack_gate else 'unpacked'} gate"
+        configs.append((label, hr_tc, hr_ts, lambda p=pack_gate, lb=label: run_pipeline_ssd(lb, "high_rtfx", p, hr_gv)))
+    if hasattr(adapter, "encode_packed") and cfg.ssd.adaptive_pack_gate:
+        configs.append((EVERY_BATCH_PACKED_ROW, hr_tc, hr_ts,
+                        lambda: run_pipeline_ssd(EVERY_BATCH_PACKED_ROW, "high_rtfx", True, hr_gv, adaptive=False)))
     if hasattr(adapter, "encode_packed") and hr_gv is not None:
-        configs.append((UNVERIFIED_PACKED_ROW, hr_tc, hr_ts, lambda: run_pipeline_ssd("high_rtfx", True)))
+        configs.append((UNVERIFIED_PACKED_ROW, hr_tc, hr_ts,
+                        lambda: run_pipeline_ssd(UNVERIFIED_PACKED_ROW, "high_rtfx", True, adaptive=False)))
     configs.append(("SSD high_accuracy, no KV reuse", ha_tc, ha_ts, lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False)))
     configs.append(("SSD high_accuracy, full-draft head", ha_tc, ha_ts,
                     lambda: run_ssd(ha_tc, ha_ts, verify_chunk=None)))
@@ -254,6 +268,11 @@ def run(args) -> dict:
         row = recorded[label] = record(label, texts, seconds, tc, ts, ssd_rows, stages)
         if label.startswith("SSD high_rtfx, pipeline"):
             row["rtfx"], row["s_encoder"] = audio_s / seconds, None  # its own encoder pass(es)
+        if label in pack_decisions:
+            # Of the latest run: every run starts a fresh policy and its decisions follow
+            # the gate's results only, which do not change between runs.
+            row["packed_batches"] = pack_decisions[label].packed_batches
+            row["plain_batches"] = pack_decisions[label].plain_batches
         if k == 0:
             recorded["CTC greedy"] = record("CTC greedy", [t.strip() for d in drafts for t in d.texts], t_ctc,
                                             stages={"ctc_head": t_ctc})
@@ -296,12 +315,16 @@ def run(args) -> dict:
 
 
 def _pack_gate_summary(recorded: dict, ceiling_rtfx: float, packed_ceiling_rtfx: float | None) -> dict:
-    """high_rtfx through the pipeline's decoder with the packed gate, against the same
-    decoder with the unpacked gate and against both CTC-greedy ceilings (and, where the
-    preset verifies its gate, the packed gate without that verification)."""
+    """high_rtfx through the pipeline's decoder with the packed gate (adaptive where
+    ``ssd.adaptive_pack_gate``, as the pipeline runs it), against the same decoder with the
+    unpacked gate, with every batch packed, and against both CTC-greedy ceilings (and,
+    where the preset verifies its gate, every batch packed without that verification)."""
     on, off = (recorded[f"SSD high_rtfx, pipeline, {k} gate"] for k in ("packed", "unpacked"))
-    unverified = recorded.get(UNVERIFIED_PACKED_ROW)
-    return {**({"high_rtfx_unverified_packed_gate_rtfx": unverified["rtfx"],
+    unverified, every = recorded.get(UNVERIFIED_PACKED_ROW), recorded.get(EVERY_BATCH_PACKED_ROW)
+    return {**({"high_rtfx_every_batch_packed_rtfx": every["rtfx"], "high_rtfx_every_batch_packed_wer": every["wer"],
+                "high_rtfx_packed_batches": on.get("packed_batches"),
+                "high_rtfx_plain_batches": on.get("plain_batches")} if every else {}),
+            **({"high_rtfx_unverified_packed_gate_rtfx": unverified["rtfx"],
                 "high_rtfx_unverified_packed_gate_wer": unverified["wer"],
                 "high_rtfx_unverified_packed_gate_pct_ctc_gated": unverified["pct_C"]} if unverified else {}),
             "high_rtfx_packed_gate_rtfx": on["rtfx"], "high_rtfx_packed_gate_wer": on["wer"],

@@ -116,6 +116,9 @@ class SSDConfig:
     lookahead_rule: str = "greedy"    # greedy: keep argmax guesses (plain AR's text) | tau_slm: eq. 5 again
     pack_gate: bool | None = None     # gate on packed-window drafts (null: the preset's, else false)
     gate_verify_tau: float | None = None  # gated drafts verified at this tau too (null: the preset's, else off)
+    # With pack_gate: pack a batch only while the running gate pass rate is above that
+    # batch's break-even (pipeline.pack_gate_policy); false packs every batch.
+    adaptive_pack_gate: bool = True
     presets: dict = field(default_factory=lambda: {
         "high_accuracy": {"tau_ctc": 0.9, "tau_slm": 0.1},
         "high_rtfx": {"tau_ctc": 1.4, "tau_slm": 0.1},

@@ -25,8 +25,9 @@ import torch
 from pipeline.audio import SAMPLE_RATE
 from pipeline.batching import pack_by_budget
 from pipeline.decoding.ar_greedy import DecodeSeed, greedy_decode
-from pipeline.decoding.ssd import SelfSpeculativeDecoder, SSDRow
+from pipeline.decoding.ssd import CTC_GATE, SelfSpeculativeDecoder, SSDRow
 from pipeline.decoding.ssd_packed_verify import verify_packed_drafts
+from pipeline.pack_gate_policy import PackGatePolicy
 from pipeline.records import PENDING_FIELDS, recording_stage
 
 ENCODER_FRAMES = 1500  # Whisper encodes a fixed 30-s window per segment
@@ -149,11 +150,14 @@ class SSDFirstPassDecoder:
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None, lookahead: int = 0,
                  lookahead_rule: str = "greedy", pack_gate: bool = False,
-                 gate_verify_tau: float | None = None):
-        if pack_gate and not hasattr(adapter, "encode_packed"):
+                 gate_verify_tau: float | None = None, pack_policy: PackGatePolicy | None = None):
+        if pack_gate and not (hasattr(adapter, "encode_packed") and hasattr(adapter, "plan_packing")):
             raise ValueError(f"ssd.pack_gate: {type(adapter).__name__} cannot pack encoder windows")
         self.adapter = adapter
         self.pack_gate = pack_gate
+        # With a policy, a batch is packed only while packing pays (pipeline.pack_gate_policy);
+        # without one, every batch with two short clips or more is.
+        self.pack_policy = pack_policy if pack_gate else None
         self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens, reuse_kv=reuse_kv,
                                           verify_max_entropy=verify_max_entropy, lookahead=lookahead,
                                           lookahead_rule=lookahead_rule, gate_verify_tau=gate_verify_tau)
@@ -190,10 +194,26 @@ class SSDFirstPassDecoder:
         return rows, enc.states, list(range(len(rows))), t_enc
 
     def _gate_first_pass(self, audios: list[np.ndarray]):
-        """The packed gate for clips of at most PACK_GATE_MAX_S, the plain first pass for
-        the others; the same (rows, states, needs, encoder seconds) as either."""
+        """The packed gate for clips of at most PACK_GATE_MAX_S (where the policy says it
+        pays), the plain first pass for the others; the same (rows, states, needs, encoder
+        seconds) as either. The short clips' gate decisions feed the policy either way."""
         short = [i for i, a in enumerate(audios) if len(a) <= self.PACK_GATE_MAX_S * SAMPLE_RATE]
+        result = self._route_first_pass(audios, short)
+        if self.pack_policy is not None and short:
+            rows = result[0]
+            self.pack_policy.observe(sum(rows[i].stage == CTC_GATE for i in short), len(short))
+        return result
+
+    def _packs(self, audios: list[np.ndarray], short: list[int]) -> bool:
         if not self.pack_gate or len(short) < 2:
+            return False
+        if self.pack_policy is None:
+            return True
+        plan = self.adapter.plan_packing([len(audios[i]) for i in short])
+        return self.pack_policy.should_pack(len(short), 1 + max(p.window for p in plan))
+
+    def _route_first_pass(self, audios: list[np.ndarray], short: list[int]):
+        if not self._packs(audios, short):
             return self._first_pass(audios)
         if len(short) == len(audios):
             return self._packed_first_pass(audios)

@@ -130,6 +130,19 @@ def test_pack_gate_config_comes_from_the_preset_and_is_validated():
         load_config("ssd", ["ssd.presets.fast={tau_ctc: 1.0, tau_slm: 0.1, pack: true}"])
 
 
+def test_the_actor_builds_the_adaptive_policy_only_where_the_gate_packs(adapter):
+    from actors.transcriber import build_segment_decoder
+
+    def policy(*overrides):
+        return build_segment_decoder(load_config("ssd", list(overrides)), adapter).pack_policy
+
+    assert policy("ssd.preset=high_rtfx") is not None
+    assert policy("ssd.preset=high_rtfx", "ssd.adaptive_pack_gate=false") is None
+    assert policy("ssd.preset=high_accuracy") is None
+    with pytest.raises(ConfigError, match="ssd.adaptive_pack_gate"):
+        load_config("ssd", ["ssd.adaptive_pack_gate=often"])
+
+
 def test_pack_gate_needs_an_adapter_that_packs():
     from pipeline.transcribe import SSDFirstPassDecoder
 
@@ -138,3 +151,50 @@ def test_pack_gate_needs_an_adapter_that_packs():
 
     with pytest.raises(ValueError, match="ssd.pack_gate"):
         SSDFirstPassDecoder(NoPacking(), 1.0, 0.1, pack_gate=True)
+
+
+def _count_packed_encodes(adapter, monkeypatch) -> list[int]:
+    """Clips per ``encode_packed`` call, recorded into the returned list."""
+    calls = []
+    packed = adapter.encode_packed
+
+    def counted(*a, **k):
+        calls.append(len(a[0]))
+        return packed(*a, **k)
+
+    monkeypatch.setattr(adapter, "encode_packed", counted)
+    return calls
+
+
+def test_the_adaptive_packed_gate_stops_packing_when_nothing_passes(adapter, audios, monkeypatch):
+    from pipeline.pack_gate_policy import PackGatePolicy
+
+    calls = _count_packed_encodes(adapter, monkeypatch)
+    windows = 1 + max(p.window for p in adapter.plan_packing([len(a) for a in audios]))
+    # tau_ctc = 0 rejects every draft at the gate, and tau_slm = 0 then accepts the complete
+    # ones in verification (llm_verify, which needs the clip's solo encode, so it is no pass
+    # of the gate): after the optimistic first batch the estimate is 2 / (n + 3), below the
+    # break-even W / n of these clips.
+    assert 2 / (len(audios) + 3) < windows / len(audios)
+    dec = _decoder(adapter, 0.0, 0.0)
+    dec.pack_policy = PackGatePolicy(half_life=1e9)
+    first = _finish(dec, dec.decode(audios))
+    assert "llm_verify" in [r.stage for r in first] and "ctc_gate" not in [r.stage for r in first]
+    second = _finish(dec, dec.decode(audios))
+    assert calls == [len(audios)]
+    assert (dec.pack_policy.packed_batches, dec.pack_policy.plain_batches) == (1, 1)
+    assert dec.pack_policy.seen == pytest.approx(2 * len(audios)) and dec.pack_policy.passed == 0
+    # With nothing gated, packed and plain first passes decode every row alike.
+    assert [(r.stage, r.text) for r in second] == [(r.stage, r.text) for r in first]
+
+
+def test_the_adaptive_packed_gate_keeps_packing_while_drafts_pass(adapter, audios, monkeypatch):
+    from pipeline.pack_gate_policy import PackGatePolicy
+
+    calls = _count_packed_encodes(adapter, monkeypatch)
+    dec = _decoder(adapter, float("inf"), 0.1)
+    dec.pack_policy = PackGatePolicy(half_life=1e9)
+    for _ in range(3):
+        assert [r.stage for r in dec.decode(audios)] == ["ctc_gate"] * len(audios)
+    assert calls == [len(audios)] * 3
+    assert dec.pack_policy.passed == pytest.approx(3 * len(audios))

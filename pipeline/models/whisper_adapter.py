@@ -18,6 +18,7 @@ import torch
 SAMPLE_RATE = 16000
 SAMPLES_PER_STATE = 320  # hop 160 x conv stride 2
 WINDOW_SAMPLES = 30 * SAMPLE_RATE
+PACK_GAP_S = 0.3  # silence between packed clips
 
 
 @dataclass
@@ -117,18 +118,24 @@ class WhisperAdapter:
                              dtype=torch.long, device=self.device)
         return EncoderBatch(states=states, valid_frames=valid)
 
+    @staticmethod
+    def plan_packing(lengths: list[int], gap_s: float = PACK_GAP_S):
+        """Where ``encode_packed`` puts clips of these sample counts (pipeline.packing)."""
+        from pipeline.packing import plan_windows
+
+        return plan_windows(lengths, WINDOW_SAMPLES, int(gap_s * SAMPLE_RATE), SAMPLES_PER_STATE)
+
     @torch.inference_mode()
-    def encode_packed(self, audios: list[np.ndarray], gap_s: float = 0.3,
+    def encode_packed(self, audios: list[np.ndarray], gap_s: float = PACK_GAP_S,
                       keep_windows: bool = False) -> EncoderBatch:
         """Encoder states per clip, with short clips packed several to a 30-s window
         (pipeline.packing): each window is encoded once and every clip's states are cut
         out of it; rows are right-padded to the longest clip. For decoders that read only
         the encoder states (the CTC head); ``keep_windows`` also returns the placements
         and the window states (the SSD packed gate)."""
-        from pipeline.packing import pack_signals, plan_windows
+        from pipeline.packing import pack_signals
 
-        placements = plan_windows([len(a) for a in audios], WINDOW_SAMPLES, int(gap_s * SAMPLE_RATE),
-                                  SAMPLES_PER_STATE)
+        placements = self.plan_packing([len(a) for a in audios], gap_s)
         windows = self.run_encoder(self.features(pack_signals(audios, placements, WINDOW_SAMPLES)))
         total = windows.shape[1]
         first = [p.start // SAMPLES_PER_STATE for p in placements]
