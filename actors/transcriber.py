@@ -11,7 +11,6 @@ from __future__ import annotations
 import pyarrow as pa
 
 from pipeline.config import config_from_dict, resolve_device, torch_dtype
-from pipeline.pack_gate_policy import PackGatePolicy
 from pipeline.records import INTERMEDIATE_SCHEMA, OUTPUT_SCHEMA, prepared_rows, table
 from pipeline.transcribe import (ARSegmentDecoder, CTCGreedySegmentDecoder, SSDFirstPassDecoder,
                                  transcribe_prepared)
@@ -51,7 +50,7 @@ def build_segment_decoder(cfg, adapter=None):
                                    lookahead=cfg.ssd.lookahead, lookahead_rule=cfg.ssd.lookahead_rule,
                                    pack_gate=cfg.ssd.packs_gate(),
                                    gate_verify_tau=cfg.ssd.gate_verify_threshold(),
-                                   pack_policy=PackGatePolicy() if cfg.ssd.adaptive_pack_gate else None)
+                                   adaptive_pack_gate=cfg.ssd.adaptive_pack_gate)
     if kind == "ctc_beam":
         from pipeline.beam_stage import CTCLogProbsDecoder
 

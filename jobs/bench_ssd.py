@@ -95,7 +95,6 @@ def run(args) -> dict:
     from pipeline.decoding.ar_greedy import greedy_decode
     from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
     from pipeline.metrics import corpus_wer
-    from pipeline.pack_gate_policy import PackGatePolicy
     from pipeline.transcribe import PENDING, CTCGreedySegmentDecoder, SSDFirstPassDecoder, decode_segments
 
     import torch
@@ -203,12 +202,12 @@ def run(args) -> dict:
         # The pipeline's SSD decoder end to end, its own encoder pass(es) included: the
         # packed gate changes what the encoder does, so it cannot share the pass above.
         tc, ts, _ = thresholds[preset]
-        policy = PackGatePolicy() if pack_gate and adaptive else None
         decoder = SSDFirstPassDecoder(adapter, tc, ts, cfg.decoder.max_new_tokens, reuse_kv=cfg.ssd.reuse_kv,
-                                      pack_gate=pack_gate, gate_verify_tau=gate_verify_tau, pack_policy=policy)
+                                      pack_gate=pack_gate, gate_verify_tau=gate_verify_tau,
+                                      adaptive_pack_gate=adaptive)
         decoder.keep_seeds = True
-        if policy is not None:
-            pack_decisions[label] = policy
+        if decoder.pack_policy is not None:
+            pack_decisions[label] = decoder.pack_policy
 
         def go():
             res = decode_segments(decoder, [a for _, a in flat], cfg.batching.max_tokens)
@@ -233,15 +232,17 @@ def run(args) -> dict:
                 configs.append((f"SSD {name}, lookahead {args.lookahead} {rule}", tc, ts,
                                 lambda tc=tc, ts=ts, rule=rule, gv=gv:
                                 run_ssd(tc, ts, lookahead=args.lookahead, lookahead_rule=rule, gate_verify_tau=gv)))
-    for pack_gate in (False, True) if hasattr(adapter, "encode_packed") else ():
-        label = f"SSD high_rtfx, pipeline, {'packed' if pack_gate else 'unpacked'} gate"
-        configs.append((label, hr_tc, hr_ts, lambda p=pack_gate, lb=label: run_pipeline_ssd(lb, "high_rtfx", p, hr_gv)))
-    if hasattr(adapter, "encode_packed") and cfg.ssd.adaptive_pack_gate:
-        configs.append((EVERY_BATCH_PACKED_ROW, hr_tc, hr_ts,
-                        lambda: run_pipeline_ssd(EVERY_BATCH_PACKED_ROW, "high_rtfx", True, hr_gv, adaptive=False)))
-    if hasattr(adapter, "encode_packed") and hr_gv is not None:
-        configs.append((UNVERIFIED_PACKED_ROW, hr_tc, hr_ts,
-                        lambda: run_pipeline_ssd(UNVERIFIED_PACKED_ROW, "high_rtfx", True, adaptive=False)))
+    if hasattr(adapter, "encode_packed"):
+        for pack_gate in (False, True):
+            label = f"SSD high_rtfx, pipeline, {'packed' if pack_gate else 'unpacked'} gate"
+            configs.append((label, hr_tc, hr_ts,
+                            lambda p=pack_gate, lb=label: run_pipeline_ssd(lb, "high_rtfx", p, hr_gv)))
+        if cfg.ssd.adaptive_pack_gate:
+            configs.append((EVERY_BATCH_PACKED_ROW, hr_tc, hr_ts,
+                            lambda: run_pipeline_ssd(EVERY_BATCH_PACKED_ROW, "high_rtfx", True, hr_gv, adaptive=False)))
+        if hr_gv is not None:
+            configs.append((UNVERIFIED_PACKED_ROW, hr_tc, hr_ts,
+                            lambda: run_pipeline_ssd(UNVERIFIED_PACKED_ROW, "high_rtfx", True, adaptive=False)))
     configs.append(("SSD high_accuracy, no KV reuse", ha_tc, ha_ts, lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False)))
     configs.append(("SSD high_accuracy, full-draft head", ha_tc, ha_ts,
                     lambda: run_ssd(ha_tc, ha_ts, verify_chunk=None)))

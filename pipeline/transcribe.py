@@ -150,14 +150,14 @@ class SSDFirstPassDecoder:
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None, lookahead: int = 0,
                  lookahead_rule: str = "greedy", pack_gate: bool = False,
-                 gate_verify_tau: float | None = None, pack_policy: PackGatePolicy | None = None):
+                 gate_verify_tau: float | None = None, adaptive_pack_gate: bool = False):
         if pack_gate and not (hasattr(adapter, "encode_packed") and hasattr(adapter, "plan_packing")):
             raise ValueError(f"ssd.pack_gate: {type(adapter).__name__} cannot pack encoder windows")
         self.adapter = adapter
         self.pack_gate = pack_gate
-        # With a policy, a batch is packed only while packing pays (pipeline.pack_gate_policy);
-        # without one, every batch with two short clips or more is.
-        self.pack_policy = pack_policy if pack_gate else None
+        # Adaptive: a batch is packed only while packing pays (pipeline.pack_gate_policy);
+        # otherwise every batch with two short clips or more is.
+        self.pack_policy = PackGatePolicy() if pack_gate and adaptive_pack_gate else None
         self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens, reuse_kv=reuse_kv,
                                           verify_max_entropy=verify_max_entropy, lookahead=lookahead,
                                           lookahead_rule=lookahead_rule, gate_verify_tau=gate_verify_tau)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError, load_config
-from pipeline.packing import plan_windows
+from pipeline.models.whisper_adapter import WhisperAdapter
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def audios(sample_audio, sample_manifest):
     clips = [sample_audio[m["id"]] for m in sample_manifest]
     # Some clips share a window and at least one is alone in its own: both paths run.
     per_window = {}
-    for p in plan_windows([len(a) for a in clips], 30 * 16000, int(0.3 * 16000), 320):
+    for p in WhisperAdapter.plan_packing([len(a) for a in clips]):
         per_window[p.window] = per_window.get(p.window, 0) + 1
     assert max(per_window.values()) > 1 and min(per_window.values()) == 1, per_window
     return clips
