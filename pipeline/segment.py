@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SAMPLE_RATE = 16000
+from pipeline.audio import SAMPLE_RATE
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,13 @@
 #   bash scripts/build_kenlm.sh            # prints the bin directory when done
 #
 # Cached and idempotent: the binaries go to $SHARDSCRIBE_KENLM_DIR, else
-# $XDG_CACHE_HOME/shardscribe/kenlm, else ~/.cache/shardscribe/kenlm; a second run
+# $SHARDSCRIBE_CACHE/kenlm, else $XDG_CACHE_HOME/shardscribe/kenlm, else ~/.cache/shardscribe/kenlm; a second run
 # finds them and does nothing. pipeline/lm/build.py looks in the same place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}
-KENLM_DIR=${SHARDSCRIBE_KENLM_DIR:-$CACHE_ROOT/shardscribe/kenlm}
+CACHE_ROOT=${SHARDSCRIBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/shardscribe}
+KENLM_DIR=${SHARDSCRIBE_KENLM_DIR:-$CACHE_ROOT/kenlm}
 BIN_DIR=$KENLM_DIR/bin
 if [ -x "$BIN_DIR/lmplz" ] && [ -x "$BIN_DIR/build_binary" ]; then
   echo "$BIN_DIR"

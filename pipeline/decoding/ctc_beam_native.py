@@ -30,6 +30,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from pipeline.cache import cache_dir
+
 import torch
 
 log = logging.getLogger(__name__)
@@ -39,15 +41,6 @@ SOURCE = Path(__file__).with_name("ctc_beam_native.c")
 CFLAGS = ("-O3", "-g", "-shared", "-fPIC", "-std=gnu99")
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
-
-
-def cache_dir() -> Path:
-    """``$SHARDSCRIBE_CACHE``, else ``$XDG_CACHE_HOME/shardscribe``, else ~/.cache/shardscribe."""
-    root = os.environ.get("SHARDSCRIBE_CACHE")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "shardscribe"
 
 
 def _compiler() -> str | None:

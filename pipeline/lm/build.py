@@ -74,8 +74,9 @@ def load_tokenizer(spec: str) -> TextTokenizer:
 def kenlm_bin_dir() -> Path:
     if os.environ.get("SHARDSCRIBE_KENLM_DIR"):
         return Path(os.environ["SHARDSCRIBE_KENLM_DIR"]) / "bin"
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "shardscribe" / "kenlm" / "bin"
+    from pipeline.cache import cache_dir
+
+    return cache_dir() / "kenlm" / "bin"
 
 
 def find_lmplz(build: bool = True) -> Path:

@@ -35,7 +35,6 @@ import torch
 
 from pipeline.models.whisper_adapter import CTCDraftBatch, EncoderBatch
 
-SAMPLE_RATE = 16000
 HOP_SAMPLES = 160  # GraniteSpeechFeatureExtractor's mel hop; two mel frames per encoder frame
 DEFAULT_INSTRUCTION = "can you transcribe the speech into a written format?"
 # The granite chat format, used only when the tokenizer carries no chat template.

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from pipeline.audio import SAMPLE_RATE
 
-SAMPLE_RATE = 16000
 SAMPLES_PER_STATE = 320  # hop 160 x conv stride 2
 WINDOW_SAMPLES = 30 * SAMPLE_RATE
 PACK_GAP_S = 0.3  # silence between packed clips

@@ -29,9 +29,9 @@ def embedded_ct2_dir() -> Path:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("SHARDSCRIBE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "shardscribe")
-    return Path(base)
+    from pipeline.cache import cache_dir
+
+    return cache_dir()
 
 
 def _attention(sd: dict, prefix: str, ct2: dict, src: str, cross: bool) -> None:

@@ -8,8 +8,8 @@ synthetic: a direct path plus exponentially decaying noise with a random RT60 (t
 from __future__ import annotations
 
 import numpy as np
+from pipeline.audio import SAMPLE_RATE
 
-SAMPLE_RATE = 16000
 
 
 def change_speed(audio: np.ndarray, factor: float) -> np.ndarray:

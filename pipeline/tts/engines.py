@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+from pipeline.audio import SAMPLE_RATE
 
-SAMPLE_RATE = 16000
 
 # espeak-ng English dialects and voice variants (files under espeak-ng-data/voices/!v).
 ESPEAK_DIALECTS = ["en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan",
