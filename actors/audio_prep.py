@@ -13,12 +13,12 @@ from pipeline.segment import VadSegmenter
 
 
 class AudioPrep:
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, kind=None):
         import torch
 
         # One thread: this stage runs beside the model workers and VAD is tiny.
         torch.set_num_threads(1)
-        cfg = config_from_dict(config)
+        cfg = config_from_dict(config, kind)
         self.quality = cfg.audio.resample_quality
         self.segmenter = VadSegmenter(cfg.audio.max_segment_s, cfg.audio.vad_threshold, cfg.audio.vad_pad_s)
 

@@ -23,8 +23,8 @@ def run(args) -> dict:
 
     from pipeline.decoding.ar_greedy import greedy_decode
     from pipeline.metrics import corpus_wer
-    from pipeline.models.whisper_adapter import load_whisper_adapter
-    from pipeline.models.whisper_loader import embedded_ct2_dir
+    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from pipeline.models.whisper.loader import embedded_ct2_dir
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -153,7 +153,7 @@ def manifest_log_probs(manifest: str, head: str, device: str | None, limit: int,
     import torch
 
     from pipeline.audio import decode_audio
-    from pipeline.models.whisper_adapter import load_whisper_adapter
+    from pipeline.models.whisper.adapter import load_whisper_adapter
     from pipeline.sources import read_bytes, read_source
 
     rows = [r for r in read_source(manifest) if r.get("reference")][:limit]

@@ -90,12 +90,15 @@ def _timed(fn, device):
 
 
 def run(args) -> dict:
-    from actors.transcriber import load_adapter
     from pipeline.config import load_config
     from pipeline.decoding.ar_greedy import greedy_decode
     from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
     from pipeline.metrics import corpus_wer
-    from pipeline.transcribe import PENDING, CTCGreedySegmentDecoder, SSDFirstPassDecoder, decode_segments
+    from pipeline.decoders.base import PENDING
+    from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
+    from pipeline.decoders.ssd import SSDFallback, SSDFirstPassDecoder
+    from pipeline.models import load_model
+    from pipeline.segment_runner import decode_segments
 
     import torch
 
@@ -109,7 +112,7 @@ def run(args) -> dict:
         recordings, refs = concat_long_form(recordings, refs, args.long_form)
     flat = [(r, a) for r, segs in enumerate(recordings) for a in segs]
     audio_s = sum(len(a) for _, a in flat) / 16000
-    adapter = load_adapter(cfg)
+    adapter = load_model(cfg.model)
     device = adapter.device
     batches = [list(range(i, min(i + args.batch, len(flat)))) for i in range(0, len(flat), args.batch)]
 
@@ -205,7 +208,7 @@ def run(args) -> dict:
         decoder = SSDFirstPassDecoder(adapter, tc, ts, cfg.decoder.max_new_tokens, reuse_kv=cfg.ssd.reuse_kv,
                                       pack_gate=pack_gate, gate_verify_tau=gate_verify_tau,
                                       adaptive_pack_gate=adaptive)
-        decoder.keep_seeds = True
+        fallback = SSDFallback(decoder.ssd, decoder.share_seeds())
         if decoder.pack_policy is not None:
             pack_decisions[label] = decoder.pack_policy
 
@@ -213,7 +216,7 @@ def run(args) -> dict:
             res = decode_segments(decoder, [a for _, a in flat], cfg.batching.max_tokens)
             pending = [r for r in res if r.stage == PENDING]
             for i in range(0, len(pending), args.batch):
-                decoder.finish(pending[i:i + args.batch])
+                fallback.finish(pending[i:i + args.batch])
             return res
 
         res, t = _timed(go, device)

@@ -45,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if todo:
         if args.runner == "local":
-            from pipeline.local_runner import run_local
+            from actors.local_runner import run_local
 
             run_local(todo, cfg, args.output)
         else:
-            from pipeline.plan import run_ray
+            from actors.plan import run_ray
 
             run_ray(todo, cfg, args.output)
     wall = time.perf_counter() - start

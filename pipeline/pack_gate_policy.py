@@ -2,7 +2,7 @@
 forgotten Beta-Bernoulli estimate of the gate's pass rate (beyond seed 000; the gate is
 its eq. 3).
 
-The packed gate (pipeline.transcribe.SSDFirstPassDecoder) encodes n short clips in W
+The packed gate (pipeline.decoders.ssd.SSDFirstPassDecoder) encodes n short clips in W
 shared 30-s windows for the CTC draft and the gate, then encodes again alone every clip
 of a shared window that the gate (and gate verification) rejects, because Whisper's
 decoder reads a clip's whole window. In encoder passes, with a share p of the clips

@@ -40,24 +40,16 @@ OUTPUT_SCHEMA = pa.schema([
     ("t_fallback_s", pa.float64()),
 ])
 
-# Between a model pool and a second pool: segments still waiting (SSD AR fallback, CTC
-# beam search), each with a flat float32 array (encoder states or CTC log-probs) and its
-# shape, travelling through the object store (the paper's CPU offload). ``pending_handle``
-# names state the first pool kept in its own process (SSD: the verification KV cache); a
-# second stage in the same process picks it up, one in another process ignores it.
+# Between a model pool and a second pool: the segments still waiting, each with its
+# decoder's pending state packed by that state's own class (pipeline.decoders.base
+# PendingState: safetensors bytes) and travelling through the object store (the CPU
+# offload of "Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts"). The
+# prepare stage's error and the row's key phrases ride along for the second stage.
 PENDING_FIELDS = [
-    ("pending_index", pa.list_(pa.int32())), ("pending_prefix", pa.list_(pa.list_(pa.int32()))),
-    # SSD: the whole re-tokenised draft, for the fallback's speculative rounds (ssd.lookahead).
-    ("pending_draft", pa.list_(pa.list_(pa.int32()))),
-    ("pending_states", pa.list_(pa.list_(pa.float32()))),
-    ("pending_shape", pa.list_(pa.list_(pa.int32()))),
-    ("pending_handle", pa.list_(pa.string())),
-    # SSD: the verification pass's self-attention K/V cropped to prompt + verified prefix
-    # ([layers, 2, heads, tokens, head_dim], empty when not shipped) and the greedy token
-    # after the prefix, so a fallback pool in another process skips its prefill.
-    ("pending_kv", pa.list_(pa.list_(pa.float32()))),
-    ("pending_kv_shape", pa.list_(pa.list_(pa.int32()))),
-    ("pending_next", pa.list_(pa.int32())),
+    ("pending_index", pa.list_(pa.int32())),
+    ("pending_state", pa.list_(pa.binary())),
+    ("prepare_error", pa.string()),
+    ("key_phrases", pa.list_(pa.string())),
 ]
 INTERMEDIATE_SCHEMA = pa.schema(list(OUTPUT_SCHEMA) + PENDING_FIELDS)
 
@@ -66,6 +58,29 @@ ERROR_STAGE = "error"
 
 def table(rows: list[dict], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema=schema)
+
+
+def segment_dict(start: float, end: float, res) -> dict:
+    """One ``segments`` entry of an output row from a decoder's SegmentResult."""
+    return {"start": start, "end": end, "text": res.text, "stage": res.stage,
+            "tokens": res.tokens, "max_entropy": res.max_entropy, "min_prob": res.min_prob,
+            "prefix_len": res.prefix_len, "drafted": res.drafted, "generated": res.generated,
+            "error": res.error}
+
+
+def finalize_row(row: dict) -> dict:
+    """Fill text, stage and error of an output row from its segments."""
+    segments = row["segments"]
+    error = row.get("prepare_error") or next((sg["error"] for sg in segments if sg.get("error")), None)
+    row["error"] = error
+    row["text"] = None if error else " ".join(sg["text"] for sg in segments if sg["text"])
+    row["stage"] = recording_stage([sg["stage"] for sg in segments], error)
+    return row
+
+
+def clear_pending(row: dict) -> None:
+    for key in ("pending_index", "pending_state"):
+        row[key] = []
 
 
 def recording_stage(segment_stages: list[str], error: str | None) -> str:

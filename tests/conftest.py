@@ -33,7 +33,7 @@ def model_cache(tmp_path_factory) -> Path:
 def whisper_adapter(model_cache):
     import torch
 
-    from pipeline.models.whisper_adapter import load_whisper_adapter
+    from pipeline.models.whisper.adapter import load_whisper_adapter
 
     torch.manual_seed(0)
     return load_whisper_adapter("embedded", device="cpu", cache_dir=model_cache)

@@ -10,7 +10,7 @@ import torch
 
 from conftest import ROOT
 
-from pipeline.models.ctc_head import embedded_head_dir, load_embedded_ctc_head
+from pipeline.models.whisper.ctc_head import embedded_head_dir, load_embedded_ctc_head
 from pipeline.text import charset
 
 HEAD_DIR = ROOT / "pipeline" / "assets" / "ctc_head"
@@ -33,7 +33,7 @@ def test_head_loads_offline_and_is_small(monkeypatch):
 
 @pytest.fixture(scope="module")
 def head_adapter(model_cache):
-    from pipeline.models.whisper_adapter import load_whisper_adapter
+    from pipeline.models.whisper.adapter import load_whisper_adapter
 
     torch.set_num_threads(1)
     return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")

@@ -9,7 +9,7 @@ import soundfile as sf
 
 from conftest import espeak
 
-from pipeline.models.ctc_features import cache_features, load_cached
+from pipeline.models.whisper.ctc_features import cache_features, load_cached
 
 TEXTS = ["Open valve 7.", "The pump is running.", "Check the filter before Monday."]
 

@@ -95,7 +95,7 @@ def test_ray_job_end_to_end_with_broken_files(mixed_input, tmp_path, sample_mani
 
 def test_three_minute_recording_keeps_all_its_words(tmp_path, model_cache):
     from pipeline.config import load_config
-    from pipeline.local_runner import run_local
+    from actors.local_runner import run_local
     from pipeline.metrics import corpus_wer, normalize
 
     sentences = [

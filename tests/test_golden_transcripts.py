@@ -51,7 +51,7 @@ def build_lm(out_dir: Path) -> Path:
 
 def transcribe(config: str, overrides: list[str], rows: list[dict], dst: Path, cache: Path) -> dict[str, str]:
     from pipeline.config import load_config
-    from pipeline.local_runner import run_local
+    from actors.local_runner import run_local
 
     cfg = load_config(config, overrides + [f"model.cache_dir={cache}"])
     run_local(rows, cfg, str(dst), progress=False)

@@ -16,7 +16,7 @@ import torch
 from pipeline.decoding.ar_greedy import greedy_decode
 from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
 from pipeline.decoding.ssd_verify import verify_drafts
-from pipeline.models.granite_adapter import GraniteSpeechAdapter, pad_states, split_states
+from pipeline.models.granite_speech.adapter import GraniteSpeechAdapter, pad_states, split_states
 
 SPECIALS = ["<|end_of_text|>", "<|audio|>", "<|start_of_role|>", "<|end_of_role|>", "<unk>"]
 CHARS = list("abcdefghijklmnopqrstuvwxyz .,'?\n")
@@ -227,7 +227,7 @@ def test_encode_counts_audio_embeddings_like_the_feature_extractor(setup):
 
 
 def test_loads_a_saved_checkpoint(setup, tmp_path):
-    from pipeline.models.granite_adapter import load_granite_adapter
+    from pipeline.models.granite_speech.adapter import load_granite_adapter
 
     setup["model"].save_pretrained(tmp_path)
     setup["tok"].save_pretrained(tmp_path)

@@ -54,7 +54,7 @@ def test_packed_signals_hold_each_clip_at_its_place_scaled_to_the_window_level()
 
 @pytest.fixture(scope="module")
 def head_adapter(model_cache):
-    from pipeline.models.whisper_adapter import load_whisper_adapter
+    from pipeline.models.whisper.adapter import load_whisper_adapter
 
     torch.set_num_threads(1)
     return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
@@ -110,10 +110,11 @@ def test_encoder_micro_batches_give_the_whole_batch_states(head_adapter, sample_
 
 
 def test_encoder_micro_batch_defaults_to_two_on_cpu_and_is_validated(model_cache):
-    from actors.transcriber import CPU_ENCODER_MICRO_BATCH, load_adapter
+    from pipeline.models import load_model
+    from pipeline.models.whisper import CPU_ENCODER_MICRO_BATCH
 
     assert load_config("ctc_greedy").model.encoder_micro_batch is None
-    adapter = load_adapter(load_config("ctc_greedy", ["model.device=cpu", f"model.cache_dir={model_cache}"]))
+    adapter = load_model(load_config("ctc_greedy", ["model.device=cpu", f"model.cache_dir={model_cache}"]).model)
     assert adapter.encoder_micro_batch == CPU_ENCODER_MICRO_BATCH == 2
     with pytest.raises(ConfigError, match=r"model\.encoder_micro_batch"):
         load_config("ctc_greedy", ["model.encoder_micro_batch=-1"])

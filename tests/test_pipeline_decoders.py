@@ -16,7 +16,7 @@ from conftest import ROOT
 
 @pytest.fixture(scope="module")
 def ssd_adapter(model_cache):
-    from pipeline.models.whisper_adapter import load_whisper_adapter
+    from pipeline.models.whisper.adapter import load_whisper_adapter
 
     return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
 
@@ -96,7 +96,7 @@ def test_ssd_two_pool_ray_plan_takes_all_three_stages(ssd_adapter, varied_manife
 
 def test_ctc_greedy_and_beam_configs_run_in_process(ssd_adapter, samples_dir, tmp_path, model_cache):
     from pipeline.config import load_config
-    from pipeline.local_runner import run_local
+    from actors.local_runner import run_local
     from pipeline.sources import read_source
 
     rows = read_source(str(samples_dir / "samples.jsonl"))
@@ -121,9 +121,10 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     (ssd.lookahead) over the drafts that travel in the rows, and behind a packed gate that
     gates nothing (ssd.pack_gate with tau_ctc 0)."""
     from actors.audio_prep import AudioPrep
-    from actors.ssd_fallback import SSDFallback
+    from actors.finisher import Finisher
     from actors.transcriber import Transcriber
     from pipeline.config import load_config
+    from pipeline.decoders.ssd import SSDPending
     from pipeline.records import INPUT_SCHEMA, table
     from pipeline.sources import read_source
 
@@ -136,27 +137,28 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
                                   f"ssd.lookahead={4 if mode == 'shipped_lookahead' else 0}",
                                   f"ssd.pack_gate={str(mode == 'shipped_pack_gate').lower()}"])
         prep, first = AudioPrep(cfg.to_dict()), Transcriber(cfg.to_dict())
-        second = SSDFallback(cfg.to_dict(), first_stage=first if mode == "in_process" else None)
+        second = Finisher(cfg.to_dict(), first_stage=first.decoder if mode == "in_process" else None)
         mid = first(prep(table(rows, INPUT_SCHEMA)))
-        handles = [h for hs in mid.column("pending_handle").to_pylist() for h in hs]
-        shapes = [sh for shs in mid.column("pending_kv_shape").to_pylist() for sh in shs]
-        nexts = [t for ts in mid.column("pending_next").to_pylist() for t in ts]
+        pending = [SSDPending.from_bytes(b) for bs in mid.column("pending_state").to_pylist() for b in bs]
+        handles = [p.handle for p in pending]
+        shapes = [list(p.kv.shape) if p.kv is not None else [] for p in pending]
+        nexts = [p.next_token for p in pending if p.next_token is not None]
         # The drafts travel with the pending rows (the fallback pool's speculative rounds read them).
-        assert all(d for ds in mid.column("pending_draft").to_pylist() for d in ds)
+        assert all(p.draft for p in pending)
         result = second(mid).to_pylist()
         out[mode] = [[(s["stage"], s["text"], s["prefix_len"], s["generated"]) for s in r["segments"]]
                      for r in result]
-        assert len(handles) == len(shapes) == len(nexts) > 0
+        assert len(handles) == len(shapes) > 0
         if mode == "in_process":
-            assert all(handles) and not any(shapes) and first.decoder._count == len(handles)
-            assert not first.decoder._seeds  # every kept seed was consumed
-            assert second.decoder.seeded == len(handles)
+            assert all(handles) and not any(shapes) and len(set(handles)) == len(handles)
+            assert not first.decoder.seeds.take(handles[0])  # every kept seed was consumed
+            assert second.stage.seeded == len(handles)
         elif mode.startswith("shipped"):
             # [decoder layers, K|V, heads, prompt + prefix, head dim], small next to the states
             assert not any(handles) and all(len(sh) == 5 and sh[:3] == [4, 2, 6] for sh in shapes)
-            assert all(t >= 0 for t in nexts) and second.decoder.seeded == len(shapes)
+            assert len(nexts) == len(shapes) and all(t >= 0 for t in nexts) and second.stage.seeded == len(shapes)
         else:
-            assert not any(handles) and not any(shapes) and second.decoder.seeded == 0
+            assert not any(handles) and not any(shapes) and second.stage.seeded == 0
     stages = {seg[0] for r in out["off"] for seg in r}
     assert "ar_fallback" in stages, stages
     assert out["in_process"] == out["off"] and out["shipped"] == out["off"]

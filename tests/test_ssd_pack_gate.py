@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError, load_config
-from pipeline.models.whisper_adapter import WhisperAdapter
+from pipeline.models.whisper.adapter import WhisperAdapter
 
 
 @pytest.fixture(scope="module")
 def adapter(model_cache):
-    from pipeline.models.whisper_adapter import load_whisper_adapter
+    from pipeline.models.whisper.adapter import load_whisper_adapter
 
     torch.set_num_threads(1)
     return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
@@ -31,22 +31,22 @@ def audios(sample_audio, sample_manifest):
 
 
 def _decoder(adapter, tau_ctc, tau_slm, pack_gate=True):
-    from pipeline.transcribe import SSDFirstPassDecoder
+    from pipeline.decoders.ssd import SSDFirstPassDecoder
 
-    dec = SSDFirstPassDecoder(adapter, tau_ctc, tau_slm, pack_gate=pack_gate)
-    dec.keep_seeds = True
-    return dec
+    return SSDFirstPassDecoder(adapter, tau_ctc, tau_slm, pack_gate=pack_gate)
 
 
 def _finish(dec, results):
+    from pipeline.decoders.ssd import SSDFallback
+
     pending = [r for r in results if r.stage == "pending"]
     if pending:
-        dec.finish(pending)
+        SSDFallback(dec.ssd, dec.share_seeds()).finish(pending)
     return results
 
 
 def test_infinite_tau_ctc_gives_the_packed_ctc_greedy_text(adapter, audios):
-    from pipeline.transcribe import CTCGreedySegmentDecoder
+    from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
 
     packed = CTCGreedySegmentDecoder(adapter, pack=True).decode(audios)
     got = _decoder(adapter, float("inf"), 0.1).decode(audios)
@@ -59,7 +59,7 @@ def test_infinite_tau_ctc_gives_the_packed_ctc_greedy_text(adapter, audios):
 
 
 def test_zero_tau_ctc_and_unit_tau_slm_give_full_ar(adapter, audios):
-    from pipeline.transcribe import ARSegmentDecoder
+    from pipeline.decoders.ar import ARSegmentDecoder
 
     ar = ARSegmentDecoder(adapter).decode(audios)
     dec = _decoder(adapter, 0.0, 1.0)
@@ -93,11 +93,13 @@ def test_rows_the_packed_gate_rejects_are_decoded_as_unpacked_ssd_decodes_them(a
 
 
 def test_clips_longer_than_a_third_of_the_window_skip_the_packed_gate(adapter, audios):
-    from pipeline.transcribe import ARSegmentDecoder, CTCGreedySegmentDecoder, SSDFirstPassDecoder
+    from pipeline.decoders.ar import ARSegmentDecoder
+    from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
+    from pipeline.decoders.ssd import SSDFirstPassDecoder
 
     gap = np.zeros(8000, np.float32)
     long_clip = np.concatenate([audios[0], gap, audios[1], gap, audios[2]])
-    assert len(long_clip) > SSDFirstPassDecoder.PACK_GATE_MAX_S * 16000
+    assert len(long_clip) > adapter.window_samples // SSDFirstPassDecoder.PACK_GATE_WINDOW_DIVISOR
     mixed = [audios[3], long_clip, audios[4], audios[5]]
     short = [0, 2, 3]
     got = _decoder(adapter, float("inf"), 0.1).decode(mixed)
@@ -111,13 +113,13 @@ def test_clips_longer_than_a_third_of_the_window_skip_the_packed_gate(adapter, a
 
 
 def test_pending_rows_carry_their_solo_window_states(adapter, audios):
-    dec = _decoder(adapter, 0.0, 1.0)
-    dec.keep_seeds = False   # a fallback pool in another process: states travel as arrays
+    dec = _decoder(adapter, 0.0, 1.0)   # no shared seeds: a fallback pool in another process
     got = dec.decode(audios)
     solo = adapter.encode(audios).states.numpy()
     for res, states in zip(got, solo):
-        assert res.stage == "pending" and res.states.shape == states.shape
-        torch.testing.assert_close(torch.from_numpy(res.states), torch.from_numpy(states), atol=1e-4, rtol=1e-4)
+        assert res.stage == "pending" and res.pending.states.shape == states.shape
+        torch.testing.assert_close(torch.from_numpy(res.pending.states), torch.from_numpy(states),
+                                   atol=1e-4, rtol=1e-4)
 
 
 def test_pack_gate_config_comes_from_the_preset_and_is_validated():
@@ -130,11 +132,11 @@ def test_pack_gate_config_comes_from_the_preset_and_is_validated():
         load_config("ssd", ["ssd.presets.fast={tau_ctc: 1.0, tau_slm: 0.1, pack: true}"])
 
 
-def test_the_actor_builds_the_adaptive_policy_only_where_the_gate_packs(adapter):
-    from actors.transcriber import build_segment_decoder
+def test_the_registry_builds_the_adaptive_policy_only_where_the_gate_packs(adapter):
+    from pipeline.decoders import decoder_kind
 
     def policy(*overrides):
-        return build_segment_decoder(load_config("ssd", list(overrides)), adapter).pack_policy
+        return decoder_kind("ssd").build_first_stage(adapter, load_config("ssd", list(overrides))).pack_policy
 
     assert policy("ssd.preset=high_rtfx") is not None
     assert policy("ssd.preset=high_rtfx", "ssd.adaptive_pack_gate=false") is None
@@ -144,10 +146,10 @@ def test_the_actor_builds_the_adaptive_policy_only_where_the_gate_packs(adapter)
 
 
 def test_pack_gate_needs_an_adapter_that_packs():
-    from pipeline.transcribe import SSDFirstPassDecoder
+    from pipeline.decoders.ssd import SSDFirstPassDecoder
 
     class NoPacking:
-        pass
+        capabilities = frozenset({"ctc", "attention_decoder"})
 
     with pytest.raises(ValueError, match="ssd.pack_gate"):
         SSDFirstPassDecoder(NoPacking(), 1.0, 0.1, pack_gate=True)

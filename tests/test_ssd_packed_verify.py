@@ -14,7 +14,7 @@ from pipeline.decoding.ssd_packed_verify import joined_transcript, verify_packed
 
 @pytest.fixture(scope="module")
 def adapter(model_cache):
-    from pipeline.models.whisper_adapter import load_whisper_adapter
+    from pipeline.models.whisper.adapter import load_whisper_adapter
 
     torch.set_num_threads(1)
     return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
@@ -112,14 +112,14 @@ def test_joined_transcript_leaves_out_the_clips_that_do_not_fit():
 
 
 def _decode(adapter, audios, tau_ctc, gate_verify_tau, pack_gate=True):
-    from pipeline.transcribe import SSDFirstPassDecoder
+    from pipeline.decoders.ssd import SSDFallback, SSDFirstPassDecoder
 
     dec = SSDFirstPassDecoder(adapter, tau_ctc, 0.1, pack_gate=pack_gate, gate_verify_tau=gate_verify_tau)
-    dec.keep_seeds = True
+    fallback = SSDFallback(dec.ssd, dec.share_seeds())
     res = dec.decode(audios)
     pending = [r for r in res if r.stage == "pending"]
     if pending:
-        dec.finish(pending)
+        fallback.finish(pending)
     return res
 
 
@@ -134,7 +134,7 @@ def test_unit_tau_rejects_every_draft_so_rows_decode_as_with_a_closed_gate(adapt
 
 
 def test_the_packed_pipeline_accepts_exactly_the_drafts_packed_verification_accepts(adapter, packed):
-    from pipeline.transcribe import CTCGreedySegmentDecoder
+    from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
 
     audios, enc, windows, _ = packed
     tau = 1e-5

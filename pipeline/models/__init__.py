@@ -1,0 +1,73 @@
+"""Model families: one subpackage each, one registry entry each.
+
+A family entry names the module that loads it (imported only when a model is loaded, so
+validating a config stays cheap), the capabilities it can offer for a given model config,
+and its window rule (the longest segment it reads). ``load_model(model_config)`` is the
+one factory the actors, runners and benchmarks call.
+
+Adding a family: write ``pipeline/models/<name>/`` with a ``load(model_config, device, dtype)`` returning
+an adapter (see ``pipeline.models.base``) and register a ``ModelFamily`` for it below, or
+from your own package with ``register_family``.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from pipeline.models.base import ATTENTION_DECODER, CTC, PACKABLE
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    module: str                     # defines load(model_config, device, dtype) -> adapter
+    # model config -> capabilities a model of this family will have (known before loading)
+    capabilities: Callable[[object], frozenset]
+    max_segment_s: float            # the longest segment the encoder reads
+    max_segment_cost: int           # batch-budget cost of the longest segment (padded frames)
+    # model config -> the config key a missing capability needs, for the error message
+    hint: Callable[[str], str] = lambda capability: ""
+
+    def load(self, model_config, device: str, dtype):
+        return importlib.import_module(self.module).load(model_config, device=device, dtype=dtype)
+
+
+FAMILIES: dict[str, ModelFamily] = {}
+
+
+def register_family(family: ModelFamily) -> ModelFamily:
+    FAMILIES[family.name] = family
+    return family
+
+
+def model_family(name: str) -> ModelFamily:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise KeyError(f"no model family {name!r} (known: {', '.join(sorted(FAMILIES))})") from None
+
+
+def load_model(model_config):
+    """The adapter for ``model_config`` (a pipeline.config.ModelConfig), on its device."""
+    import torch
+
+    from pipeline.device import resolve_device, torch_dtype
+
+    if model_config.num_threads:
+        torch.set_num_threads(model_config.num_threads)
+    return model_family(model_config.family).load(model_config, device=resolve_device(model_config.device),
+                                                  dtype=torch_dtype(model_config.dtype))
+
+
+register_family(ModelFamily(
+    "whisper", "pipeline.models.whisper",
+    capabilities=lambda m: frozenset({ATTENTION_DECODER, PACKABLE} | ({CTC} if m.ctc_head else set())),
+    max_segment_s=30.0, max_segment_cost=1500,
+    hint=lambda cap: "set model.ctc_head (embedded, or a head directory)" if cap == CTC else ""))
+register_family(ModelFamily(
+    "granite_speech", "pipeline.models.granite_speech",
+    capabilities=lambda m: frozenset({ATTENTION_DECODER} | ({CTC} if m.ctc_vocab else set())),
+    max_segment_s=60.0, max_segment_cost=3000,
+    hint=lambda cap: ("set model.ctc_vocab (a JSON list naming the encoder's CTC outputs, blank first)"
+                      if cap == CTC else "")))

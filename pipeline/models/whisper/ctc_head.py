@@ -26,7 +26,7 @@ CONFIG_FILE = "config.json"
 
 
 def embedded_head_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "assets" / "ctc_head"
+    return Path(__file__).resolve().parents[2] / "assets" / "ctc_head"
 
 
 @dataclass

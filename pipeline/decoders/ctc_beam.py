@@ -1,10 +1,13 @@
-"""CTC beam-search stages (seed 002 Algorithm 1 with seed 003 FLToP): the model pool emits
-CTC log-probs over valid frames as CPU arrays; a separate pool runs the batched beam
-search with the n-gram LM (NGPU-LM from build-lm) and per-utterance phrase boosting.
+"""Decoder kind ``ctc_beam``: "FlexCTC: GPU-powered CTC Beam Decoding" (Algorithm 1, eq. 1)
+with "FLToP CTC: Frame-Level Token Pruning via Relative Threshold", as two stages. The
+model pool emits CTC log-probs over valid frames as CPU arrays (``BeamPending``); a
+separate pool runs the batched beam search (pipeline.decoding.ctc_beam) with the n-gram
+LM (NGPU-LM, from build-lm) and per-recording phrase boosting.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +15,14 @@ import torch
 
 from pipeline.decoding.ctc_beam import CTCBeamSearch
 from pipeline.text import charset
-from pipeline.transcribe import ENCODER_FRAMES, PENDING, SegmentResult, encode_then, packed_frames
+from pipeline.decoders.base import PENDING, PendingState, SegmentResult, encode_then
 
 BEAM = "beam"
+
+
+@dataclass
+class BeamPending(PendingState):
+    log_probs: np.ndarray             # [T_valid, C] float32
 
 
 class CTCLogProbsDecoder:
@@ -28,12 +36,13 @@ class CTCLogProbsDecoder:
         self.pack = pack
 
     def segment_cost(self, audio: np.ndarray) -> int:
-        return packed_frames(audio) if self.pack else ENCODER_FRAMES
+        return self.adapter.segment_cost(len(audio), packed=self.pack)
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
         draft, t_enc, t_dec = encode_then(self.adapter, audios, self.adapter.ctc_draft, packed=self.pack)
         lp = draft.log_probs.cpu().numpy()
-        return [SegmentResult("", PENDING, 0, t_enc, t_dec, max_entropy=float(h), states=lp[i, :int(L)].copy())
+        return [SegmentResult("", PENDING, 0, t_enc, t_dec, max_entropy=float(h),
+                              pending=BeamPending(lp[i, :int(L)].copy()))
                 for i, (h, L) in enumerate(zip(draft.max_entropy.tolist(), draft.lengths.tolist()))]
 
 
@@ -55,6 +64,7 @@ class CTCBeamFinisher:
     """Second pool: batched beam search over pending log-probs (pads, lengths, boosting)."""
 
     name = "ctc_beam"
+    pending_type = BeamPending
 
     def __init__(self, beam_cfg, device="cpu"):
         from pipeline.lm.boosting import read_phrase_file
@@ -73,7 +83,7 @@ class CTCBeamFinisher:
             use_cuda_graphs=beam_cfg.use_cuda_graphs, native=beam_cfg.native)
 
     def cost(self, result: SegmentResult) -> int:
-        return int(result.states.shape[0]) * self.cfg.size
+        return int(result.pending.log_probs.shape[0]) * self.cfg.size
 
     def _boost(self, results):
         from pipeline.lm.boosting import BoostingTree, batch_phrase_lists, case_variants
@@ -91,14 +101,26 @@ class CTCBeamFinisher:
 
     def finish(self, results: list[SegmentResult]) -> float:
         t0 = time.perf_counter()
-        lengths = torch.tensor([r.states.shape[0] for r in results])
-        T, C = int(lengths.max()), results[0].states.shape[1]
+        arrays = [r.pending.log_probs for r in results]
+        lengths = torch.tensor([a.shape[0] for a in arrays])
+        T, C = int(lengths.max()), arrays[0].shape[1]
         lp = torch.full((len(results), T, C), float("-inf"))
         lp[:, :, charset.BLANK] = 0.0
-        for i, r in enumerate(results):
-            lp[i, :r.states.shape[0]] = torch.tensor(r.states)  # arrow buffers are read-only
+        for i, a in enumerate(arrays):
+            lp[i, :a.shape[0]] = torch.tensor(a)  # arrow buffers are read-only
         out = self.search(lp.to(self.device), lengths.to(self.device), boost=self._boost(results))
         for r, toks in zip(results, out.tokens):
             r.text, r.stage, r.tokens = charset.decode(toks).strip(), BEAM, len(toks)
-            r.states = None
+            r.pending = None
         return time.perf_counter() - t0
+
+
+def build_log_probs(adapter, cfg) -> CTCLogProbsDecoder:
+    return CTCLogProbsDecoder(adapter, pack=cfg.decoder.pack_windows)
+
+
+def build_search(cfg, first_stage=None) -> CTCBeamFinisher:
+    """The beam pool needs no model, only the LM tensors, so it never shares one."""
+    from pipeline.device import resolve_device
+
+    return CTCBeamFinisher(cfg.beam, device=resolve_device(cfg.model.device))

@@ -10,36 +10,19 @@ ceil(samples / 320) states belong to the audio.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from pipeline.audio import SAMPLE_RATE
+from pipeline.models.base import ATTENTION_DECODER, CTC, PACKABLE, CTCDraftBatch, EncoderBatch
 
 SAMPLES_PER_STATE = 320  # hop 160 x conv stride 2
 WINDOW_SAMPLES = 30 * SAMPLE_RATE
+WINDOW_FRAMES = 1500  # encoder states per 30-s window
 PACK_GAP_S = 0.3  # silence between packed clips
-
-
-@dataclass
-class EncoderBatch:
-    states: torch.Tensor        # [B, T, D]
-    valid_frames: torch.Tensor  # [B] int64, states that cover real audio
-    # Packed encodes only (``encode_packed(keep_windows=True)``): each clip's placement and
-    # the states of the whole windows [W, 1500, D]. A clip alone in its window has exactly
-    # the states a solo encode gives it, so a decoder that must read a whole window can use
-    # them without encoding the clip again.
-    placements: list | None = None
-    window_states: torch.Tensor | None = None
-
-
-@dataclass
-class CTCDraftBatch:
-    log_probs: torch.Tensor     # [B, T, C] over valid frames (padding beyond lengths)
-    lengths: torch.Tensor       # [B]
-    texts: list[str]            # greedy CTC text per row
-    entropy: torch.Tensor       # [B, T] nats, 0 on padded frames
-    max_entropy: torch.Tensor   # [B] over valid frames only
+# A packed clip's share of the batch budget: its states plus a gap's worth.
+PACKED_EXTRA_FRAMES = 16
 
 
 class WhisperAdapter:
@@ -83,6 +66,15 @@ class WhisperAdapter:
         begin = gen.begin_suppress_tokens or cfg.begin_suppress_tokens or []
         self.begin_suppress_ids = torch.tensor(list(begin), dtype=torch.long, device=self.device)
         self.max_positions = int(cfg.max_target_positions)
+        self.capabilities = frozenset({ATTENTION_DECODER, PACKABLE} | ({CTC} if self.ctc_head is not None else set()))
+        self.window_samples = WINDOW_SAMPLES
+
+    def segment_cost(self, num_samples: int, packed: bool = False) -> int:
+        """Padded encoder frames a segment takes in a batch: a whole 30-s window, or with
+        packing its own states plus a gap's worth (several clips share a window)."""
+        if packed:
+            return min(WINDOW_FRAMES, num_samples // SAMPLES_PER_STATE + PACKED_EXTRA_FRAMES)
+        return WINDOW_FRAMES
 
     def batch_prompts(self, encoder_states: torch.Tensor) -> list[list[int]]:
         """Per-row decoder prompts (the decoders' interface); Whisper's is the same for all."""
@@ -95,7 +87,7 @@ class WhisperAdapter:
         return feats.to(self.device, self.dtype)
 
     @staticmethod
-    def valid_frames(num_samples: int, total_frames: int = 1500) -> int:
+    def valid_frames(num_samples: int, total_frames: int = WINDOW_FRAMES) -> int:
         return min(total_frames, max(1, math.ceil(num_samples / SAMPLES_PER_STATE)))
 
     def run_encoder(self, features: torch.Tensor) -> torch.Tensor:
@@ -187,12 +179,12 @@ def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
                          dtype: torch.dtype = torch.float32, cache_dir=None,
                          ctc_head: str | None = None, encoder_micro_batch: int = 0) -> WhisperAdapter:
     """Whisper (+ an optional character CTC head: "embedded" or a head directory)."""
-    from pipeline.models.whisper_loader import load_whisper
+    from pipeline.models.whisper.loader import load_whisper
 
     model, processor = load_whisper(source, device=device, dtype=dtype, cache_dir=cache_dir)
     head = decode = None
     if ctc_head:
-        from pipeline.models.ctc_head import load_ctc_head
+        from pipeline.models.whisper.ctc_head import load_ctc_head
         from pipeline.text import charset
 
         head, decode = load_ctc_head(ctc_head, device=device), charset.decode

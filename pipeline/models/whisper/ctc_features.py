@@ -159,7 +159,7 @@ def cache_features(manifest: str | Path, cache_dir: str | Path, device: str = "c
         if path.exists():
             continue
         if model is None:
-            from pipeline.models.whisper_loader import load_whisper
+            from pipeline.models.whisper.loader import load_whisper
 
             model, processor = load_whisper(device=device)
         ar = with_ar if with_ar is not None else any(r.get("split", "train") != "train" for r in shard)

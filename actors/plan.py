@@ -1,4 +1,5 @@
-"""The Ray Data plan: read -> decode/segment (CPU actors) -> Whisper actor pool -> Parquet.
+"""The Ray Data plan: read -> decode/segment (CPU actors) -> model actor pool [-> second
+pool of a two-stage decoder kind] -> Parquet.
 
 One linear chain (a fork re-runs the model once per branch). Errors are caught per row
 inside the stages, never through `max_errored_blocks`, which drops blocks silently.
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-from pipeline.config import resolve_device
+from pipeline.device import resolve_device
+from pipeline.decoders import decoder_kind
 from pipeline.records import INPUT_SCHEMA, table
 
 
@@ -29,12 +31,14 @@ def init_ray(cfg) -> None:
         ray.init(num_cpus=num_cpus, **kwargs)
 
 
-def build_dataset(rows: list[dict], cfg):
+def build_dataset(rows: list[dict], cfg, kind=None):
+    """The plan for ``rows``; ``kind`` (default: the registry's entry for decoder.kind)
+    travels to every actor, so a kind registered only in the driver works in workers."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
     from actors.audio_prep import AudioPrep
-    from actors.second_stage import SECOND_STAGE
+    from actors.finisher import Finisher
     from actors.transcriber import Transcriber
 
     ctx = DataContext.get_current()
@@ -45,28 +49,29 @@ def build_dataset(rows: list[dict], cfg):
     ds = ray.data.from_arrow(table(rows, INPUT_SCHEMA))
     ds = ds.repartition(max(1, -(-len(rows) // per_block)))
     config = cfg.to_dict()
-    ds = ds.map_batches(AudioPrep, fn_constructor_kwargs={"config": config},
+    kind = kind or decoder_kind(cfg.decoder.kind)
+    args = {"config": config, "kind": kind}
+    ds = ds.map_batches(AudioPrep, fn_constructor_kwargs=args,
                         batch_size=per_block, batch_format="pyarrow",
                         compute=ActorPoolStrategy(size=cfg.ray.audio_actors),
                         num_cpus=cfg.ray.audio_actor_cpus)
     gpu = resolve_device(cfg.model.device).startswith("cuda")
-    second = SECOND_STAGE.get(cfg.decoder.kind)
     # Both pools of a two-stage plan share one GPU; a whole GPU each would need two.
-    extra = {"num_gpus": 0.5 if second else 1.0} if gpu else {}
-    ds = ds.map_batches(Transcriber, fn_constructor_kwargs={"config": config},
+    extra = {"num_gpus": 0.5 if kind.two_stage else 1.0} if gpu else {}
+    ds = ds.map_batches(Transcriber, fn_constructor_kwargs=args,
                         batch_size=per_block, batch_format="pyarrow",
                         compute=ActorPoolStrategy(size=cfg.ray.decode_actors),
                         num_cpus=cfg.ray.decode_actor_cpus, **extra)
-    # Second pool: SSD AR fallback (only rows that failed verification are decoded; their
-    # encoder states arrive through the object store as CPU arrays) or CTC beam search.
-    if second is not None:
-        ds = ds.map_batches(second, fn_constructor_kwargs={"config": config},
+    # Second pool: only the pending segments are decoded there (SSD's AR fallback, CTC
+    # beam search); their state arrives through the object store as CPU arrays.
+    if kind.two_stage:
+        ds = ds.map_batches(Finisher, fn_constructor_kwargs=args,
                             batch_size=per_block, batch_format="pyarrow",
                             compute=ActorPoolStrategy(size=cfg.ray.fallback_actors),
                             num_cpus=cfg.ray.fallback_actor_cpus, **extra)
     return ds
 
 
-def run_ray(rows: list[dict], cfg, dst: str) -> None:
+def run_ray(rows: list[dict], cfg, dst: str, kind=None) -> None:
     init_ray(cfg)
-    build_dataset(rows, cfg).write_parquet(dst)
+    build_dataset(rows, cfg, kind).write_parquet(dst)

@@ -16,20 +16,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from actors.audio_prep import AudioPrep
-from actors.second_stage import SECOND_STAGE
+from actors.finisher import Finisher
 from actors.transcriber import Transcriber
+from pipeline.decoders import decoder_kind
 from pipeline.records import INPUT_SCHEMA, OUTPUT_SCHEMA, table
 
 log = logging.getLogger(__name__)
 
 
-def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int = 1024, progress: bool = True) -> int:
+def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int = 1024, progress: bool = True,
+              kind=None) -> int:
     """Transcribe manifest ``rows`` into Parquet parts under ``dst``; returns rows written."""
-    prep = AudioPrep(cfg.to_dict())
-    model = Transcriber(cfg.to_dict())
+    kind = kind or decoder_kind(cfg.decoder.kind)
+    prep = AudioPrep(cfg.to_dict(), kind)
+    model = Transcriber(cfg.to_dict(), kind)
     # A second stage shares the first stage's model in-process (no second copy).
-    stage = SECOND_STAGE.get(cfg.decoder.kind)
-    second = stage(cfg.to_dict(), first_stage=model) if stage else None
+    second = Finisher(cfg.to_dict(), kind, first_stage=model.decoder) if kind.two_stage else None
     fs, path = fsspec.core.url_to_fs(dst)
     fs.makedirs(path, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.models.whisper_adapter import CTCDraftBatch, EncoderBatch
+from pipeline.models.base import ATTENTION_DECODER, CTC, CTCDraftBatch, EncoderBatch
 
 HOP_SAMPLES = 160  # GraniteSpeechFeatureExtractor's mel hop; two mel frames per encoder frame
 DEFAULT_INSTRUCTION = "can you transcribe the speech into a written format?"
@@ -82,7 +82,7 @@ def _language_parts(model):
 
 
 class GraniteSpeechAdapter:
-    def __init__(self, model, tokenizer, ctc_vocab: Sequence[str], ctc_blank: int = 0,
+    def __init__(self, model, tokenizer, ctc_vocab: Sequence[str] | None, ctc_blank: int = 0,
                  device: str | torch.device = "cpu", instruction: str = DEFAULT_INSTRUCTION,
                  system_prompt: str | None = None, feature_extractor=None):
         self.model = model.requires_grad_(False).eval()
@@ -94,10 +94,10 @@ class GraniteSpeechAdapter:
         cfg = model.config
         text_cfg = cfg.text_config
         self.logits_scaling = float(getattr(text_cfg, "logits_scaling", 1.0) or 1.0)
-        if len(ctc_vocab) != self.encoder.out.out_features:
+        if ctc_vocab is not None and len(ctc_vocab) != self.encoder.out.out_features:
             raise ValueError(f"ctc_vocab has {len(ctc_vocab)} entries, the CTC head "
                              f"{self.encoder.out.out_features} outputs")
-        self.ctc_vocab = list(ctc_vocab)
+        self.ctc_vocab = list(ctc_vocab) if ctc_vocab is not None else None
         self.ctc_blank = ctc_blank
         self.window = int(cfg.window_size)
         self.queries_per_window = int(cfg.window_size) // int(cfg.downsample_rate)
@@ -124,6 +124,11 @@ class GraniteSpeechAdapter:
         self.suppress_mask = suppress.to(self.device)
         self.begin_suppress_ids = torch.zeros(0, dtype=torch.long, device=self.device)
         self.max_positions = int(text_cfg.max_position_embeddings)
+        self.capabilities = frozenset({ATTENTION_DECODER} | ({CTC} if self.ctc_vocab else set()))
+
+    def segment_cost(self, num_samples: int, packed: bool = False) -> int:
+        """Encoder frames of a segment (two 10-ms mel frames each): its batch budget."""
+        return (num_samples // HOP_SAMPLES + 1) // 2
 
     # --- prompt -------------------------------------------------------------------------
     def _prompt_parts(self, instruction: str, system_prompt: str | None) -> tuple[list[int], list[int]]:
@@ -183,6 +188,8 @@ class GraniteSpeechAdapter:
         """Greedy CTC draft (eq. 2) and frame entropies over valid frames (eq. 3's inputs)."""
         from pipeline.decoding.ctc_greedy import ctc_greedy
 
+        if self.ctc_vocab is None:
+            raise ValueError("no CTC vocabulary: configure model.ctc_vocab")
         T = int(enc.frames.max())
         log_probs = self.encoder.out(enc.hidden[:, :T]).float().log_softmax(-1)
         g = ctc_greedy(log_probs, enc.frames, blank=self.ctc_blank)
@@ -220,11 +227,12 @@ class GraniteSpeechAdapter:
         return self.tokenizer.encode(text.strip(), add_special_tokens=False)
 
 
-def load_granite_adapter(source: str, ctc_vocab: Sequence[str], ctc_blank: int = 0, device: str = "cpu",
+def load_granite_adapter(source: str, ctc_vocab: Sequence[str] | None, ctc_blank: int = 0, device: str = "cpu",
                          dtype: torch.dtype = torch.float32, **prompt) -> GraniteSpeechAdapter:
     """A granite-speech checkpoint (HF id or local directory, safetensors weights).
-    ``ctc_vocab`` names the CTC head's outputs (the checkpoint does not); the feature
-    extractor is loaded where torchaudio is installed, else only ``encode_features`` works."""
+    ``ctc_vocab`` names the CTC head's outputs (the checkpoint does not; None: no CTC
+    draft). Features come from transformers' extractor where torchaudio is installed, else
+    from the same computation in plain torch (features.GraniteFeatures)."""
     from transformers import AutoTokenizer, GraniteSpeechForConditionalGeneration
 
     model = GraniteSpeechForConditionalGeneration.from_pretrained(source, dtype=dtype, use_safetensors=True)
@@ -234,6 +242,8 @@ def load_granite_adapter(source: str, ctc_vocab: Sequence[str], ctc_blank: int =
 
         extractor = GraniteSpeechFeatureExtractor.from_pretrained(source)
     except (ImportError, OSError):  # torchaudio missing, or no preprocessor config
-        extractor = None
+        from pipeline.models.granite_speech.features import GraniteFeatures
+
+        extractor = GraniteFeatures.from_checkpoint(source)
     return GraniteSpeechAdapter(model.to(device), tokenizer, ctc_vocab, ctc_blank=ctc_blank, device=device,
                                 feature_extractor=extractor, **prompt)

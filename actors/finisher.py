@@ -1,0 +1,26 @@
+"""Second-pool actor of a two-stage decoder kind: finishes the segments the model pool
+left pending (SSD's AR fallback, CTC beam search), re-batched by token budget across the
+rows of a batch; every other row and segment passes through untouched.
+
+In-process (``first_stage`` given) the kind's second stage may share the first stage's
+model and in-process state; in its own Ray pool it builds what it needs from the config.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+from pipeline.config import config_from_dict
+from pipeline.decoders import decoder_kind
+from pipeline.records import OUTPUT_SCHEMA, table
+from pipeline.segment_runner import complete_pending
+
+
+class Finisher:
+    def __init__(self, config: dict, kind=None, first_stage=None):
+        self.cfg = config_from_dict(config, kind)
+        self.kind = kind or decoder_kind(self.cfg.decoder.kind)
+        self.stage = self.kind.build_second_stage(self.cfg, first_stage)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        rows = complete_pending(batch.to_pylist(), self.stage, self.cfg.batching.max_tokens)
+        return table(rows, OUTPUT_SCHEMA)

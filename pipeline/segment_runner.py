@@ -1,0 +1,104 @@
+"""Turn prepared recordings into output rows with a decoder kind's stages.
+
+Segments of all recordings in a batch are pooled, sorted by cost and packed under the
+padded-token budget (pipeline.batching; "sort by length, batch by a token budget" of
+"Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts", §3), decoded, then
+put back per recording. A failure while decoding one sub-batch retries its segments one
+at a time, so only the segment that really fails marks its recording with an `error`.
+
+A first stage may leave segments pending with its own state; ``complete_pending`` hands
+them to the kind's second stage, re-batched across rows by that stage's cost. Neither
+function knows any decoder's fields (pipeline.decoders.base).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.batching import pack_by_budget
+from pipeline.decoders.base import PENDING, SegmentResult
+from pipeline.records import clear_pending, finalize_row, segment_dict
+
+
+def decode_segments(decoder, audios: list[np.ndarray], max_tokens: int) -> list[SegmentResult]:
+    results: list[SegmentResult | None] = [None] * len(audios)
+    for batch in pack_by_budget([decoder.segment_cost(a) for a in audios], max_tokens):
+        try:
+            outs = decoder.decode([audios[i] for i in batch])
+        except Exception:
+            outs = [_decode_one(decoder, audios[i]) for i in batch]
+        for i, res in zip(batch, outs):
+            results[i] = res
+    return results
+
+
+def _decode_one(decoder, audio: np.ndarray) -> SegmentResult:
+    try:
+        return decoder.decode([audio])[0]
+    except Exception as exc:
+        return SegmentResult("", "error", error=f"{type(exc).__name__} while decoding: {exc}")
+
+
+def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict]:
+    """Output rows, one per input row; pending segments keep their state in the
+    ``pending_*`` fields (records.INTERMEDIATE_SCHEMA)."""
+    flat: list[tuple[int, int]] = []
+    audios: list[np.ndarray] = []
+    for r, row in enumerate(rows):
+        if row.get("error"):
+            continue
+        for s, audio in enumerate(row["seg_audio"]):
+            flat.append((r, s))
+            audios.append(np.asarray(audio, dtype=np.float32))
+    results = decode_segments(decoder, audios, max_tokens) if audios else []
+    per_row: dict[int, list[tuple[int, SegmentResult]]] = {}
+    for (r, s), res in zip(flat, results):
+        per_row.setdefault(r, []).append((s, res))
+    out = []
+    for r, row in enumerate(rows):
+        segs = sorted(per_row.get(r, []), key=lambda x: x[0])
+        pending = [(s, res) for s, res in segs if res.stage == PENDING]
+        out_row = {
+            "id": row["id"], "audio": row["audio"], "duration_s": row.get("duration_s"),
+            "reference": row.get("reference"), "key_phrases": row.get("key_phrases"),
+            "prepare_error": row.get("error"),
+            "segments": [segment_dict(row["seg_start"][s], row["seg_end"][s], res) for s, res in segs],
+            "decoder": decoder.name, "t_prepare_s": row.get("t_prepare_s"),
+            "t_encode_s": sum(res.t_encode_s for _, res in segs),
+            "t_decode_s": sum(res.t_decode_s for _, res in segs), "t_fallback_s": 0.0,
+            "pending_index": [s for s, _ in pending],
+            "pending_state": [res.pending.to_bytes() for _, res in pending],
+        }
+        out.append(finalize_row(out_row))
+    return out
+
+
+def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
+    """Finish every pending segment of ``rows`` with ``finisher`` (a second stage),
+    re-batched across rows under the token budget; other segments and rows pass through
+    untouched."""
+    work: list[tuple[int, int, SegmentResult]] = []
+    for r, row in enumerate(rows):
+        for s, state in zip(row.get("pending_index") or [], row.get("pending_state") or []):
+            seg = row["segments"][s]
+            res = SegmentResult("", PENDING, max_entropy=seg["max_entropy"], min_prob=seg["min_prob"],
+                                drafted=seg["drafted"], pending=finisher.pending_type.from_bytes(state),
+                                key_phrases=row.get("key_phrases"))
+            work.append((r, s, res))
+    for batch in pack_by_budget([finisher.cost(w[2]) for w in work], max_tokens):
+        items = [work[i][2] for i in batch]
+        try:
+            seconds = finisher.finish(items)
+        except Exception as exc:
+            seconds = 0.0
+            for item in items:
+                item.stage, item.error = "error", f"{type(exc).__name__} in {finisher.name}: {exc}"
+        for i in batch:
+            r, s, res = work[i]
+            seg = rows[r]["segments"][s]
+            seg.update(text=res.text, stage=res.stage, tokens=res.tokens, prefix_len=res.prefix_len,
+                       generated=res.generated, error=res.error)
+            rows[r]["t_fallback_s"] = (rows[r].get("t_fallback_s") or 0.0) + seconds / len(batch)
+    for row in rows:
+        clear_pending(row)
+        finalize_row(row)
+    return rows
