@@ -78,7 +78,7 @@ class BeamConfig:
     depth_scaling: float = 2.0
     boost_case_variants: bool = True  # also boost each phrase with its first letter's case flipped
     use_cuda_graphs: bool = True
-    native: bool = True               # CPU: the frame loop in one native call (ctc_beam_native)
+    native: bool = True               # CPU: the frame loop in one native call (ctc_beam.loop_native)
 
     def validate(self, key: str) -> None:
         _at_least(f"{key}.size", self.size, 1)

@@ -22,7 +22,7 @@ done
 # System packages: libsndfile for soundfile; Debian's TTS engines for the synthetic
 # corpus (make-tts-corpus); sox for audio checks; boost/eigen/cmake to compile KenLM's
 # lmplz and build_binary (build-lm); gcc/g++ for KenLM and for the beam search's native
-# CPU frame loop (pipeline/decoding/ctc_beam_native.c, compiled on first use).
+# CPU frame loop (pipeline/decoding/ctc_beam/loop_native.c, compiled on first use).
 APT_PACKAGES=(gcc g++ libc6-dev libsndfile1 espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox cmake
   libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev
   libeigen3-dev zlib1g-dev libbz2-dev liblzma-dev)

@@ -1,4 +1,4 @@
-"""FLToP frame compression (pipeline.decoding.ctc_beam, ``compress_frames``): a run of
+"""FLToP frame compression (pipeline.decoding.ctc_beam.frames, ``compress_frames``): a run of
 frames whose pruned token list is one and the same token is searched as one step. The
 reference is the same search frame by frame (``compress_frames=False``): identical
 transcripts, emission frames (timestamps), n-best lists, alignments and live-beam counts,
@@ -11,8 +11,6 @@ import torch
 
 from beam_reference import fusion_kwargs, peaky_log_probs
 from pipeline.decoding.ctc_beam import CTCBeamSearch
-
-boosting = pytest.importorskip("pipeline.lm.boosting")
 torch.set_num_threads(1)
 
 
@@ -43,7 +41,7 @@ def test_compressed_equals_frame_by_frame(merge, fusion, seed):
     kw.update(fusion_kwargs(fusion, v1, seed))
     folded = CTCBeamSearch(**kw)
     plain = CTCBeamSearch(compress_frames=False, **kw)
-    frames = folded._frames(lp, lengths)
+    frames = folded.prepare(lp, lengths).frames
     assert frames.steps <= t - 8  # the test data really has runs to fold
     _compare(folded(lp, lengths), plain(lp, lengths))
 
@@ -57,7 +55,7 @@ def test_frame_map_and_step_scores():
     p[4, 0], p[4, 2] = 0.6, 0.4
     lp = (p / p.sum(-1, keepdim=True)).log()[None]
     search = CTCBeamSearch(3, flop_top_n=2, flop_ratio=0.1)
-    frames = search._frames(lp, torch.tensor([6]))
+    frames = search.prepare(lp, torch.tensor([6])).frames
     assert frames.steps == 4
     assert frames.frame_map[0].tolist() == [0, 0, 1, 1, 2, 3]
     assert frames.weights[:4, 0].tolist() == [2.0, 2.0, 1.0, 1.0]

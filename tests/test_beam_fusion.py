@@ -7,8 +7,7 @@ import torch
 
 from beam_reference import BigramTable, brute_force
 from pipeline.decoding.ctc_beam import CTCBeamSearch
-
-boosting = pytest.importorskip("pipeline.lm.boosting")
+from pipeline.lm import boosting
 torch.set_num_threads(1)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from beam_reference import BigramTable
 from pipeline.decoding.ctc_beam import CTCBeamSearch
-from pipeline.decoding.ctc_beam_graphs import GraphedFrameLoop
+from pipeline.decoding.ctc_beam.loop_graphs import GraphedFrameLoop
 
 
 def _inputs(device):
@@ -17,14 +17,11 @@ def _inputs(device):
 
 
 def _run_static(search, lp, lengths, capture):
-    fusion = search._fusion(None)
-    frames = search._frames(lp, lengths)
-    search._set_vocab(lp.shape[-1], lp.device)
-    lookups = search._lookups_for(fusion, lp.shape[-1] - 1, lp.device)
-    loop = GraphedFrameLoop(search, frames, fusion, lookups, capture=capture)
+    inputs = search.prepare(lp, lengths)
+    loop = GraphedFrameLoop(search.step, inputs.frames, inputs.fusion, inputs.lookups, inputs.beams,
+                            search.track_beams, capture=capture)
     assert loop.ok
-    beams = search._init_beams(lp.shape[0], lp.device, fusion, lookups)
-    return search._finish(*loop.run(frames, beams, lookups), fusion, lookups, frames, lengths)
+    return search.finish(inputs, *loop.run(inputs.frames, inputs.beams, inputs.lookups))
 
 
 @pytest.mark.parametrize("flop", [None, 3])

@@ -1,4 +1,4 @@
-"""The native CPU frame loop (pipeline.decoding.ctc_beam_native) against the torch frame
+"""The native CPU frame loop (pipeline.decoding.ctc_beam.loop_native) against the torch frame
 step it replaces: identical transcripts, emission frames, n-best lists, scores (bit for
 bit: same float summation order), alignments of live hypotheses and live-beam counts
 (on inputs without exact score ties),
@@ -12,11 +12,9 @@ import pytest
 import torch
 
 from beam_reference import BigramTable, fusion_kwargs, peaky_log_probs
-from pipeline.decoding import ctc_beam_native
 from pipeline.decoding.ctc_beam import CTCBeamSearch
+from pipeline.decoding.ctc_beam import loop_native
 from pipeline.decoding.fusion_table import DenseFusionTable
-
-boosting = pytest.importorskip("pipeline.lm.boosting")
 torch.set_num_threads(1)
 
 
@@ -35,13 +33,17 @@ def _same(a, b):
 def _both(kw, lp, lengths):
     native = CTCBeamSearch(native=True, **kw)
     eager = CTCBeamSearch(native=False, **kw)
-    return native(lp, lengths), eager(lp, lengths)
+    out = native(lp, lengths), eager(lp, lengths)
+    # a silent fallback to the torch step would make every comparison trivially equal
+    assert native.last_loop == "native"
+    assert eager.last_loop == "eager"
+    return out
 
 
 def test_library_builds_here():
     # setup.sh installs a C compiler; without one the search silently uses the torch step,
     # which would hide a broken native build from every other test in this file
-    assert ctc_beam_native.available()
+    assert loop_native.available()
 
 
 @pytest.mark.parametrize("fusion", ["none", "beta", "lm", "lm+boost"])
@@ -103,25 +105,25 @@ def test_unsupported_configurations_fall_back_to_the_torch_step():
     lp = peaky_log_probs(2, 20, 5, 0)
     generic = BigramTable.random(4, 0)  # no state count: no dense table
     search = CTCBeamSearch(4, lm=generic, alpha_lm=0.5)
-    fusion = search._fusion(None)
-    frames = search._frames(lp, torch.tensor([20, 20]))
-    search._set_vocab(5, lp.device)
-    lookups = search._lookups_for(fusion, 4, lp.device)
-    assert ctc_beam_native.run_loop(search, frames, search._init_beams(2, lp.device, fusion, lookups), lookups) is None
+    inputs = search.prepare(lp, torch.tensor([20, 20]))
+    assert loop_native.run_loop(search.step, inputs.frames, inputs.beams, inputs.lookups, False) is None
     lse = CTCBeamSearch(4, merge="logsumexp")
-    frames = lse._frames(lp, torch.tensor([20, 20]))
-    lse._set_vocab(5, lp.device)
-    assert ctc_beam_native.run_loop(lse, frames, lse._init_beams(2, lp.device, [], []), []) is None
-    # and the results still equal the torch step
-    _same(CTCBeamSearch(4, lm=generic, alpha_lm=0.5)(lp), CTCBeamSearch(4, lm=generic, alpha_lm=0.5, native=False)(lp))
+    inputs = lse.prepare(lp, torch.tensor([20, 20]))
+    assert loop_native.run_loop(lse.step, inputs.frames, inputs.beams, inputs.lookups, False) is None
+    # and the results still equal the torch step, which is what ran
+    fallback = CTCBeamSearch(4, lm=generic, alpha_lm=0.5)
+    _same(fallback(lp), CTCBeamSearch(4, lm=generic, alpha_lm=0.5, native=False)(lp))
+    assert fallback.last_loop == "eager"
+    lse(lp)
+    assert lse.last_loop == "eager"
 
 
 def test_build_is_cached_and_reports_compiler_errors(tmp_path, monkeypatch):
-    first = ctc_beam_native.build(tmp_path)
-    assert first.exists() and ctc_beam_native.build(tmp_path) == first
+    first = loop_native.build(tmp_path)
+    assert first.exists() and loop_native.build(tmp_path) == first
     monkeypatch.setenv("CC", "false")
     with pytest.raises(RuntimeError, match="failed"):
-        ctc_beam_native.build(tmp_path / "other")
+        loop_native.build(tmp_path / "other")
 
 
 def test_native_loop_on_real_log_probs_with_a_kenlm_built_lm(tmp_path):

@@ -1,4 +1,5 @@
-"""FLToP: frame-level token pruning with a relative threshold (seed 003, Algorithm 1).
+"""Frame-level token pruning of "FLToP CTC: Frame-Level Token Pruning via Relative Threshold
+for Efficient and Memory-Saving Decoding on Diverse Platforms" (Algorithm 1).
 
 Per frame, keep the top-N tokens of the acoustic distribution (lines 5 and 8), then only
 those whose probability is at least R times the frame's best (lines 10-12). Pruning looks
@@ -33,7 +34,7 @@ def prune_frame(frame_log_probs: torch.Tensor, top_n: int, ratio: float | None):
 
 def surviving_tokens(log_probs: torch.Tensor, lengths: torch.Tensor, top_n: int,
                      ratio: float | None) -> torch.Tensor:
-    """Average number of tokens kept per valid frame (seed 003 §4.3's statistic), [B]."""
+    """Average number of tokens kept per valid frame (the FLToP paper's §4.3 statistic), [B]."""
     b, t, _ = log_probs.shape
     values, _ = prune_frame(log_probs.reshape(b * t, -1), top_n, ratio)
     kept = torch.isfinite(values).sum(-1).reshape(b, t).float()

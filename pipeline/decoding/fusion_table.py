@@ -1,4 +1,5 @@
-"""Dense lookup tables for shallow-fusion models with few states (seed 002 §III-B fusion).
+"""Dense lookup tables for shallow-fusion models with few states (the NGPU-LM / GPU-PB fusion
+of "FlexCTC: GPU-powered CTC Beam Decoding with advanced Contextual Abilities", §III-B).
 
 A back-off n-gram LM or boosting tree answers ``advance(states)`` by walking back-off
 chains: several dependent gathers per frame. When ``states x vocabulary`` is small (a

@@ -1,16 +1,17 @@
-/* FlexCTC frame loop (seed 002, Algorithm 1) as one native call for the CPU.
+/* The frame loop of Algorithm 1 of "FlexCTC: GPU-powered CTC Beam Decoding with advanced
+ * Contextual Abilities" as one native call for the CPU.
  *
- * The same search as CTCBeamSearch.step / _step_full in ctc_beam.py, over every frame
+ * The same search as FrameStep.__call__ / FrameStep.full in step.py, over every frame
  * and every utterance of a batch in one call: on a CPU the torch frame step is ~50 small
  * ops, and their dispatch (not the arithmetic) is nearly all of its time. Semantics,
  * float summation order and the stored trie (choices = parent * W + column) are those of
- * the torch step; see ctc_beam.py's module docstring. Only exactness-preserving shortcuts
+ * the torch step; see step.py's module docstring. Only exactness-preserving shortcuts
  * are taken:
  *   - dead hypotheses (score -inf) and -inf frame columns produce only -inf candidates,
  *     which can never survive, so they are not enumerated;
  *   - a column c whose best possible candidate, max_j s_j + x_c + (largest bonus any
  *     fusion table holds), is below (an actual candidate's score) - theta - slack is
- *     pruned for every hypothesis, so it is not enumerated either (seed 002's theta
+ *     pruned for every hypothesis, so it is not enumerated either (FlexCTC's theta
  *     pruning applied before the expansion instead of after it).
  *   - blank and repeat candidates use the tables' identity column (score 0, same row),
  *     so they are scored and advanced without reading the tables.
@@ -19,7 +20,8 @@
  * Dead slots are filled the way the torch step leaves them: score -inf, never a parent.
  *
  * Max merge only (the Viterbi recombination); logsumexp stays on the torch path.
- * Built on first use by ctc_beam_native.py with the system C compiler, loaded by ctypes.
+ * Built on first use by loop_native.py (through native_build.py) with the system C
+ * compiler, loaded by ctypes.
  */
 #include <math.h>
 #include <stdint.h>
@@ -95,7 +97,7 @@ static inline const entry_t *entry(const pair_t *p, int64_t l, int64_t j, int64_
 }
 
 /* eq. 1 for one candidate, summed in the torch step's order. The identity column V
- * (blank, repeat) scores 0 and keeps the row in every table (_DenseLookup builds it so),
+ * (blank, repeat) scores 0 and keeps the row in every table (fusion.py's DenseLookup builds it so),
  * so its lookups, a cache miss each, are skipped: x + 0.0f == x. */
 static inline float candidate_score(const pair_t *p, float sj, float xc, int64_t j, int64_t lmcol) {
     float cs = sj + xc;
@@ -291,7 +293,8 @@ int ctc_beam_loop(
     return 0;
 }
 
-/* Back-pointers of the stored trie (seed 004 §2.1) from the final slots.
+/* Back-pointers of the stored trie ("Pushing the Limits of Beam Search Decoding for
+ * Transducer-based ASR models", §2.1) from the final slots.
  * labels[s, b, k] = tokens[s, b, choices % W] (or the column), parents = choices / W.
  * out: [B, n, S] frame labels of each selected hypothesis. */
 void ctc_backtrack(int64_t S, int64_t B, int64_t K, int64_t W, int64_t n,
@@ -312,11 +315,11 @@ void ctc_backtrack(int64_t S, int64_t B, int64_t K, int64_t W, int64_t n,
     }
 }
 
-/* FLToP (seed 003, Algorithm 1) for every frame of a batch, straight from the model's
+/* FLToP ("FLToP CTC: Frame-Level Token Pruning via Relative Threshold", Algorithm 1) for every frame of a batch, straight from the model's
  * [B, T, V+1] log-probs into the search's frame-major [T, B, N] layout: the top-N tokens
  * of each frame, best first, those below R x the frame's best at -inf. Blank becomes
  * token 0 (the search's internal ids). Frames at t >= length are frozen: blank at log-prob
- * 0, the rest -inf. Same result as ctc_beam.py's _frames + flop.prune_frame (token ids of
+ * 0, the rest -inf. Same result as frames.py's prepare_frames + flop.prune_frame (token ids of
  * -inf slots aside, which the search never reads). */
 void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
                     const float *log_probs, const int64_t *lengths, int has_ratio, float log_ratio,
@@ -347,7 +350,7 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
     }
 }
 
-/* Frame compression of FLToP frames, max merge (ctc_beam.py's _compress): a frame that
+/* Frame compression of FLToP frames, max merge (frames.py's compress_runs): a frame that
  * keeps one token, the same one the frame before kept alone, joins that frame's step,
  * whose column-0 score is the sum of its frames' (in time order). Steps are left-aligned
  * per utterance; steps past an utterance's count are frozen (blank 0, others -inf, theta
@@ -402,8 +405,8 @@ int64_t ctc_flop_compress(int64_t T, int64_t B, int64_t N, int64_t V1,
     return steps;
 }
 
-/* Frame alignments and emitted tokens of the selected hypotheses (ctc_beam.py's
- * _finish): steps back to frames through frame_map (padding -> blank), internal ids back
+/* Frame alignments and emitted tokens of the selected hypotheses (state.py's
+ * trie_alignments): steps back to frames through frame_map (padding -> blank), internal ids back
  * to the model's (blank moved from column 0 to `blank`), then a token is emitted at each
  * frame whose label is not blank and differs from the frame before. Hypotheses with
  * finite[b * n + i] == 0 emit nothing. Writes out_align [B, n, T], out_counts [B * n]

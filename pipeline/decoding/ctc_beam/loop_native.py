@@ -1,87 +1,63 @@
-"""Native CPU frame loop for the FlexCTC search (seed 002, Algorithm 1; trie of seed 004 §2.1).
+"""The frame loop of Algorithm 1 of "FlexCTC: GPU-powered CTC Beam Decoding with advanced
+Contextual Abilities" as one native call on a CPU, with the trie of "Pushing the Limits of
+Beam Search Decoding for Transducer-based ASR models" (§2.1) and the token pruning of
+"FLToP CTC: Frame-Level Token Pruning via Relative Threshold for Efficient and
+Memory-Saving Decoding on Diverse Platforms" (Algorithm 1): the ctypes bindings of
+``loop_native.c``.
 
-On a CPU the torch frame step of :class:`pipeline.decoding.ctc_beam.CTCBeamSearch` is
-about fifty small tensor ops per frame, and at beam 8 x batch 32 their dispatch, not the
-arithmetic, is nearly all of its time (measured: ~4 us per op, 0.2-0.3 ms per frame).
-``ctc_beam_native.c`` runs the same step for every frame and utterance in one call: the
-same candidates, float summation order, recombination keys and trie, plus two shortcuts
-that cannot change a result (dead hypotheses and theta-pruned columns are not
-enumerated). It is what CUDA graphs are on the GPU: the step without per-op overhead.
+On a CPU the torch frame step is about fifty small tensor ops per frame, and at small
+beams and batches their dispatch, not the arithmetic, is most of its time. The C loop runs
+the same step for every frame and utterance in one call: the same candidates, float
+summation order, recombination keys and trie, plus two shortcuts that cannot change a
+result (dead hypotheses and theta-pruned columns are not enumerated). It is what CUDA
+graphs are on the GPU: the step without per-op overhead. The same library also prunes and
+compresses FLToP frames and reads the trie back.
 
-The C file ships with the package and is compiled on first use with the system C
-compiler (``cc``, or ``$CC``) into a per-user cache keyed by the source's hash, then
-loaded with ctypes; no Python C-API, no shell. Where no compiler is available the search
-runs the torch step (``available()`` is False, the reason is logged once).
+The library is built on first use by :mod:`pipeline.decoding.native_build`. Where no
+compiler is available the search runs the torch step (``available()`` is False, the
+reason is logged once).
 
-Supported: max merge, fusion models folded into dense tables (every character LM and
-boosting tree the pipeline builds) or none, on CPU tensors. Anything else returns None
-and the caller uses the torch loop.
+Supported: max merge, fusion lookups over dense tables (every character LM and boosting
+tree the pipeline builds) or the insertion bonus alone, on CPU tensors. Anything else
+returns None and the caller uses the torch loop.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import math
-import os
-import shutil
-import subprocess
-import tempfile
+import weakref
 from pathlib import Path
-
-from pipeline.cache import cache_dir
 
 import torch
 
+from pipeline.decoding import native_build
+from pipeline.decoding.ctc_beam.fusion import BetaOnly, DenseLookup
+from pipeline.decoding.ctc_beam.state import Beams, Frames
+from pipeline.decoding.ctc_beam.step import FrameStep
+
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("ctc_beam_native.c")
+SOURCE = Path(__file__).with_name("loop_native.c")
 # No -ffast-math: the loop relies on IEEE -inf and on the torch step's summation order.
 CFLAGS = ("-O3", "-g", "-shared", "-fPIC", "-std=gnu99")
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+# lookup -> its tables packed for the C loop, built once per lookup
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def build(out_dir: Path | None = None) -> Path:
     """Compile the C source (if not cached) and return the shared library's path.
     Raises RuntimeError with the compiler's message when that fails."""
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    out_dir = Path(out_dir) if out_dir is not None else cache_dir()
-    lib = out_dir / f"ctc_beam_native-{digest}.so"
-    if lib.exists():
-        return lib
-    cc = _compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler found (set $CC, or install gcc)")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # build beside the target, then rename: concurrent workers never load half a file
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        proc = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"],
-                              capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:2000]}")
-        os.replace(tmp, lib)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
+    return native_build.build(SOURCE, CFLAGS, out_dir)
 
 
 @functools.lru_cache(maxsize=1)
 def _library():
     try:
-        lib = ctypes.CDLL(str(build()))
+        lib = native_build.load(SOURCE, CFLAGS)
     except (OSError, RuntimeError) as exc:
         log.warning("native CTC beam loop unavailable (%s); using the torch frame step", exc)
         return None
@@ -113,46 +89,44 @@ def _ready(t: torch.Tensor, dtype) -> torch.Tensor:
     return t
 
 
-def packed_table(lookup) -> tuple[torch.Tensor, float] | None:
+def packed_table(lookup: DenseLookup) -> tuple[torch.Tensor, float] | None:
     """The lookup's score and next-state tables interleaved as int32 pairs (the C
     ``entry_t``: float bits, row offset) and the largest score (the bonus bound the loop
     prunes with), built once per lookup; None when the offsets do not fit int32."""
-    packed = getattr(lookup, "_native_packed", None)
+    packed = _PACKED.get(lookup)
     if packed is None:
         if lookup.next.numel() and int(lookup.next.max()) >= 2 ** 31:
             return None
         table = torch.stack([lookup.scores.float().contiguous().view(torch.int32),
                              lookup.next.to(torch.int32)], dim=-1).contiguous()
-        packed = lookup._native_packed = (table, float(lookup.scores.max()))
+        packed = _PACKED[lookup] = (table, float(lookup.scores.max()))
     return packed
 
 
-def run_loop(search, frames, beams, lookups):
-    """The frame loop of ``search`` (a CTCBeamSearch) over ``frames`` from ``beams``:
-    ``(beams, choices [S, B, K], alive)`` as ``CTCBeamSearch.eager_loop`` returns them, or
-    None when this configuration needs the torch loop."""
-    from pipeline.decoding.ctc_beam import _BetaOnly, _Beams, _DenseLookup
-
+def run_loop(step: FrameStep, frames: Frames, beams: Beams, lookups: list, track_beams: bool):
+    """The frame loop of ``step`` over ``frames`` from ``beams``: ``(beams, choices
+    [S, B, K], alive)`` as :func:`pipeline.decoding.ctc_beam.loop_eager.eager_loop` returns
+    them, or None when this configuration needs the torch loop."""
     lib = _library()
     values = frames.values
-    if lib is None or search.merge != "max" or values.device.type != "cpu":
+    if lib is None or step.merge != "max" or values.device.type != "cpu":
         return None
     _, b, w = values.shape
-    k = search.beam_size
-    v1 = search._vocab + 1
+    k = beams.scores.shape[1]
+    v1 = step.vocab + 1
     tables, bmax, beta_only = [], [], None
     for lookup in lookups:
-        if isinstance(lookup, _DenseLookup) and lookup.width == v1:
+        if isinstance(lookup, DenseLookup) and lookup.width == v1:
             packed = packed_table(lookup)
             if packed is None:
                 return None
             tables.append(packed[0])
             bmax.append(packed[1])
-        elif isinstance(lookup, _BetaOnly):
+        elif isinstance(lookup, BetaOnly):
             beta_only = float(lookup.beta)
         else:
             return None
-    m = min(k * search.preselect, k * w)
+    m = min(k * step.preselect, k * w)
     steps = frames.steps
     tokens = None if frames.tokens is None else _ready(frames.tokens, torch.int64)
     lm_tokens = _ready(frames.lm_tokens.reshape(-1) if tokens is None else frames.lm_tokens, torch.int64)
@@ -161,7 +135,7 @@ def run_loop(search, frames, beams, lookups):
     # stack copies, so the loop may write the states in place
     states = torch.stack(beams.fusion) if beams.fusion else torch.zeros((0, b, k), dtype=torch.int64)
     choices = torch.empty((steps, b, k), dtype=torch.int64)
-    alive = torch.zeros(b) if search.track_beams else None
+    alive = torch.zeros(b) if track_beams else None
     n = len(tables)
     tab_arr = (ctypes.c_void_p * max(n, 1))(*[t.data_ptr() for t in tables])
     bmax_arr = (ctypes.c_float * max(n, 1))(*bmax)
@@ -176,14 +150,14 @@ def run_loop(search, frames, beams, lookups):
     if rc != 0:
         return None
     fusion = [states[i] for i in range(n)] if beams.fusion else []
-    return _Beams(scores, last, key, fusion), choices, alive
+    return Beams(scores, last, key, fusion), choices, alive
 
 
 def alignments(choices, tokens, slots, width: int, frame_map, num_frames: int, blank: int, finite):
-    """Back-track the trie (seed 004 §2.1) from ``slots`` [B, n] and read the emitted
-    tokens: ``(align [B, n, T] in model ids, counts, tokens, frames)`` with the last three
-    as flat lists in (utterance, n-best) order, as ``CTCBeamSearch._finish`` builds them;
-    None where the native library is unavailable."""
+    """Back-track the trie from ``slots`` [B, n] and read the emitted tokens: ``(align
+    [B, n, T] in model ids, counts, tokens, frames)`` with the last three as flat lists in
+    (utterance, n-best) order, as :func:`pipeline.decoding.ctc_beam.state.trie_alignments`
+    returns them; None where the native library is unavailable."""
     lib = _library()
     if lib is None or choices.device.type != "cpu":
         return None
@@ -230,9 +204,9 @@ def flop_prune(log_probs: torch.Tensor, lengths: torch.Tensor, blank: int, top_n
 
 
 def flop_compress(values: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, theta: float, v1: int):
-    """``CTCBeamSearch._compress`` for max merge, natively: ``(values, tokens, lm_tokens,
-    thresholds, weights, steps, frame_map)`` in ``_Frames`` order, or None where the
-    native library is unavailable."""
+    """:func:`pipeline.decoding.ctc_beam.frames.compress_runs` for max merge, natively:
+    ``(values, tokens, lm_tokens, thresholds, weights, steps, frame_map)`` in
+    :class:`Frames` order, or None where the native library is unavailable."""
     lib = _library()
     if lib is None or values.device.type != "cpu":
         return None
