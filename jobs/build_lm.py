@@ -1,4 +1,6 @@
-"""Build a token-level n-gram LM (KenLM lmplz) and its NGPU-LM tensors for shallow fusion.
+"""Build a token-level n-gram LM (KenLM lmplz) and its NGPU-LM tensors for shallow fusion
+(NGPU-LM as "FlexCTC: GPU-powered CTC Beam Decoding with advanced Contextual Abilities"
+describes it, §II-D; the LM is built as in its §IV-A).
 
     shardscribe build-lm --text FILE [FILE ...] --order N --tokenizer chars|PATH|MODEL --output DIR
     shardscribe build-lm --arpa LM.arpa --tokenizer chars|PATH|MODEL --output DIR

@@ -1,5 +1,6 @@
-"""Length-sorted, padded-token-budget batching (seed 000 §3: sort by length, batch by a
-token budget so padding waste stays small and memory stays bounded).
+"""Length-sorted, padded-token-budget batching, as in "Self-Speculative Decoding for
+LLM-based ASR with CTC Encoder Drafts" (§3.2: sort by length, batch by a token budget, 50K
+there, so padding waste stays small and memory stays bounded).
 """
 from __future__ import annotations
 

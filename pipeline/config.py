@@ -113,9 +113,10 @@ class SSDConfig:
     # With pack_gate: pack a batch only while the running gate pass rate is above that
     # batch's break-even (pipeline.pack_gate_policy); false packs every batch.
     adaptive_pack_gate: bool = True
+    # Named threshold sets (docs/ssd.md has how each was chosen and what it measured).
     presets: dict = field(default_factory=lambda: {
-        "high_accuracy": {"tau_ctc": 0.9, "tau_slm": 0.1},
-        "high_rtfx": {"tau_ctc": 1.4, "tau_slm": 0.1},
+        "high_accuracy": {"tau_ctc": 0.6, "tau_slm": 0.1},
+        "high_rtfx": {"tau_ctc": 2.0, "tau_slm": 0.1, "pack_gate": True, "gate_verify_tau": 3.0e-5},
     })
 
     # A preset's gate_verify_tau may be null (off), so that an override can switch a shipped

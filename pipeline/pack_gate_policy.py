@@ -1,6 +1,6 @@
 """When SSD's packed gate pays, batch by batch: a break-even rule on an exponentially
-forgotten Beta-Bernoulli estimate of the gate's pass rate (beyond seed 000; the gate is
-its eq. 3).
+forgotten Beta-Bernoulli estimate of the gate's pass rate (beyond "Self-Speculative
+Decoding for LLM-based ASR with CTC Encoder Drafts"; the gate is its eq. 3).
 
 The packed gate (pipeline.decoders.ssd.SSDFirstPassDecoder) encodes n short clips in W
 shared 30-s windows for the CTC draft and the gate, then encodes again alone every clip

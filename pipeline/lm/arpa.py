@@ -1,11 +1,12 @@
 """ARPA back-off n-gram files: parsing, and the token <-> word convention of build-lm.
 
-An ARPA file lists n-grams with a log10 probability and, for n-grams that are contexts
-of longer ones, a log10 back-off weight (Katz back-off as KenLM's ``lmplz`` writes it;
-seed 002 §II-D uses such a file for NGPU-LM). Token-level LMs here write LM token ``i``
-as the single character ``chr(i + 100)`` (seed 002 §IV: the n-gram LM is trained on the
-ASR model's own token ids), so a sentence of ids is one line of space-separated
-characters that KenLM treats as words.
+An ARPA file lists n-grams with a log10 probability and, for n-grams that are contexts of
+longer ones, a log10 back-off weight (Katz back-off as KenLM's ``lmplz`` writes it;
+"FlexCTC: GPU-powered CTC Beam Decoding with advanced Contextual Abilities", §II-D, builds
+NGPU-LM from such a file). Token-level LMs here write LM token ``i`` as the single
+character ``chr(i + 100)`` (FlexCTC §IV-A: the n-gram LM is trained on the ASR model's own
+token ids), so a sentence of ids is one line of space-separated characters that KenLM
+treats as words.
 
 Splitting is on ASCII space/tab only: ``str.split()`` would also split on U+0085 or
 U+00A0, which are legal token characters (ids 33 and 60).

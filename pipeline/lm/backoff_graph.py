@@ -1,6 +1,8 @@
-"""Back-off graph tensors and the batched full-vocabulary ``advance`` (NGPU-LM, seed 002 §II-D).
+"""Back-off graph tensors and the batched full-vocabulary ``advance`` of NGPU-LM, as
+"FlexCTC: GPU-powered CTC Beam Decoding with advanced Contextual Abilities" describes it
+(§II-D).
 
-Both the n-gram LM and the phrase-boosting tree (GPU-PB, seed 002 §III-B) are
+Both the n-gram LM and the phrase-boosting tree (GPU-PB, FlexCTC §III-B) are
 weighted automata of one shape:
 
 * states ``0..S-1``; every state either is a *root* or has a back-off arc

@@ -1,8 +1,9 @@
 """GPU-PB: a phrase-boosting tree with Aho-Corasick fail links, in NGPU-LM's tensor format.
 
-Seed 002 §III-B: key phrases are tokenised into a prefix tree whose bonus is spread along
-the prefix depth instead of being paid only at the phrase end, and the tree is stored like
-an n-gram LM so decoders call the same ``advance``. Here:
+"FlexCTC: GPU-powered CTC Beam Decoding with advanced Contextual Abilities", §III-B (the
+phrase-boosting score P_PB of its eq. 1): key phrases are tokenised into a prefix tree
+whose bonus is spread along the prefix depth instead of being paid only at the phrase end,
+and the tree is stored like an n-gram LM so decoders call the same ``advance``. Here:
 
 * token bonus at depth ``d`` (1-based) of a phrase with context score ``c``:
   ``c`` for ``d = 1``, ``c * depth_scaling + ln(d)`` deeper (the log-depth bonus);

@@ -1,10 +1,11 @@
 """Build token-level n-gram LMs with KenLM's lmplz, and compile them to NGPU-LM tensors.
 
-Seed 002 §IV trains the fusion LM on the ASR model's own token ids (6-gram subword LMs
-built with KenLM, the same ARPA for NGPU-LM and the CPU decoders). Each text line is
-tokenised with the decoder's tokenizer, written as ``chr(id + 100)`` characters
-(``arpa.tokens_line``) and fed to ``lmplz -S <mem> --discount_fallback``; the ARPA is then
-compiled to safetensors beside it (``lm.ngpu.safetensors``) so decoders load it quickly.
+"FlexCTC: GPU-powered CTC Beam Decoding with advanced Contextual Abilities", §IV-A, trains
+the fusion LM on the ASR model's own token ids (6-gram subword LMs built with KenLM, the
+same ARPA for NGPU-LM and the CPU decoders). Each text line is tokenised with the
+decoder's tokenizer, written as ``chr(id + 100)`` characters (``arpa.tokens_line``) and
+fed to ``lmplz -S <mem> --discount_fallback``; the ARPA is then compiled to safetensors
+beside it (``lm.ngpu.safetensors``) so decoders load it quickly.
 
 Tokenizers: ``"chars"`` is the CTC head's character set (``pipeline.text.charset``: CTC id
 ``c`` in 1..95 is LM token ``c - 1``; the blank has no LM token); anything else is a

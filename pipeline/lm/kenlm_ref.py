@@ -1,11 +1,12 @@
 """KenLM behind the NGPU-LM API: the reference for exactness tests and the speed baseline.
 
-Same calls as ``NGramLM`` (seed 002 §II-D names KenLM as the CPU toolkit NGPU-LM
-replaces), answered by the ``kenlm`` Python module one (state, token) pair at a time,
-which is how a CPU library is called from a decoder. KenLM states are interned to int64
-ids so that callers see the same tensor API; scores are converted from log10 to natural
-log. Tokens are ARPA words ``chr(id + 100)`` and are passed to KenLM one by one (never
-through ``str.split``, which would split U+0085/U+00A0 tokens).
+Same calls as ``NGramLM`` ("FlexCTC: GPU-powered CTC Beam Decoding with advanced
+Contextual Abilities", §II-D, names KenLM as the CPU toolkit NGPU-LM replaces), answered
+by the ``kenlm`` Python module one (state, token) pair at a time, which is how a CPU
+library is called from a decoder. KenLM states are interned to int64 ids so that callers
+see the same tensor API; scores are converted from log10 to natural log. Tokens are ARPA
+words ``chr(id + 100)`` and are passed to KenLM one by one (never through ``str.split``,
+which would split U+0085/U+00A0 tokens).
 """
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
 """NGPU-LM: a token-level n-gram LM as tensors, queried for the whole vocabulary at once.
 
-Seed 002 §II-D / §III-B (NGPU-LM, Bataev et al.): the ARPA back-off model is compiled
-into arcs sorted by (state, label), per-state back-off target/weight and a resolved
-end-of-sentence weight (see ``backoff_graph``). States are the n-gram contexts KenLM
-keeps: an n-gram is a state when it is the prefix of a longer n-gram (or carries a
+"FlexCTC: GPU-powered CTC Beam Decoding with advanced Contextual Abilities", §II-D /
+§III-B (NGPU-LM, Bataev et al.; the LM score P_LM of its eq. 1): the ARPA back-off model
+is compiled into arcs sorted by (state, label), per-state back-off target/weight and a
+resolved end-of-sentence weight (see ``backoff_graph``). States are the n-gram contexts
+KenLM keeps: an n-gram is a state when it is the prefix of a longer n-gram (or carries a
 back-off weight); after reading a token the state is the longest suffix of the history
 that is a state. The start state (empty context) holds every vocabulary token: tokens
-missing from the ARPA get the ``<unk>`` probability and lead back to the start state,
-as in KenLM. All weights are natural logs (ARPA log10 x ln 10).
+missing from the ARPA get the ``<unk>`` probability and lead back to the start state, as
+in KenLM. All weights are natural logs (ARPA log10 x ln 10).
 
 API (states are int64 tensors; V = LM vocabulary = the decoder's non-blank tokens):
 ``init_states(B, bos)``, ``advance(states[N]) -> (scores[N, V], next_states[N, V])``,

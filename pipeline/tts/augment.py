@@ -1,9 +1,10 @@
 """Cheap waveform augmentation for synthetic speech: speed, loudness, noise, room echo.
 
 Not a paper algorithm: it widens the acoustic spread of TTS audio so the CTC draft head
-(seed 000) does not learn one engine's exact waveform. The room impulse response is
-synthetic: a direct path plus exponentially decaying noise with a random RT60 (the
-"stochastic tail" model of late reverberation), which costs one FFT convolution.
+(the draft model of "Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts")
+does not learn one engine's exact waveform. The room impulse response is synthetic: a
+direct path plus exponentially decaying noise with a random RT60 (the "stochastic tail"
+model of late reverberation), which costs one FFT convolution.
 """
 from __future__ import annotations
 

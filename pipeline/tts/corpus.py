@@ -1,11 +1,12 @@
 """Render a synthetic speech corpus with held-out voices and held-out texts.
 
 Not a paper algorithm: the training and evaluation data of the CTC draft head that
-self-speculative decoding (seed 000) gates on. Output is a JSONL manifest in the project's
-input format (``id``, ``audio`` relative to the manifest, ``text``) plus ``voice``,
-``split`` (train / heldout_voice / heldout_text), ``domain`` and the augmentation applied;
-one manifest per split is written beside it so each feeds ``shardscribe transcribe``.
-Splits are decided by stable hashes, so a text or voice is held out in every run and size.
+self-speculative decoding ("Self-Speculative Decoding for LLM-based ASR with CTC Encoder
+Drafts", eq. 3) gates on. Output is a JSONL manifest in the project's input format
+(``id``, ``audio`` relative to the manifest, ``text``) plus ``voice``, ``split`` (train /
+heldout_voice / heldout_text), ``domain`` and the augmentation applied; one manifest per
+split is written beside it so each feeds ``shardscribe transcribe``. Splits are decided by
+stable hashes, so a text or voice is held out in every run and size.
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Structured domain sentences: maintenance reports, commands and measurements.
 
-Not a paper algorithm: text for the CTC draft head (seed 000) and later the token-map
-drafter (seed 001). Each sentence comes in two forms:
+Not a paper algorithm: text for the CTC draft head of "Self-Speculative Decoding for
+LLM-based ASR with CTC Encoder Drafts" and later the token-map drafter of "Model-free
+Speculative Decoding for Transformer-based ASR with Token Map Drafting". Each sentence
+comes in two forms:
 - ``text``: the transcript as Whisper tiny.en writes it (cased, punctuated, digits for
   numbers, "%" for percent, other units spelt out), checked by rendering with espeak-ng,
   flite and festival and decoding with Whisper: "three point five millimeters" comes back as

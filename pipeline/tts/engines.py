@@ -1,9 +1,10 @@
 """Text-to-speech engines Debian ships (espeak-ng, flite, festival), behind one call.
 
 Not a paper algorithm: this renders the synthetic training speech for the CTC draft head
-that self-speculative decoding (seed 000) gates on. Every engine runs as a subprocess with
-list arguments (never a shell); text goes through stdin or a temporary file, so no
-transcript is ever parsed as an option. Output is mono float32 at 16 kHz.
+that self-speculative decoding ("Self-Speculative Decoding for LLM-based ASR with CTC
+Encoder Drafts", eq. 3) gates on. Every engine runs as a subprocess with list arguments
+(never a shell); text goes through stdin or a temporary file, so no transcript is ever
+parsed as an option. Output is mono float32 at 16 kHz.
 """
 from __future__ import annotations
 

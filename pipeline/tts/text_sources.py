@@ -1,7 +1,8 @@
 """Real English prose from sources that ship offline with a clean licence.
 
-Not a paper algorithm: training text for the CTC draft head (seed 000's CTC encoder drafts).
-Sources, both under the Python Software Foundation licence:
+Not a paper algorithm: training text for the CTC draft head (the CTC encoder drafts of
+"Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts"). Sources, both
+under the Python Software Foundation licence:
 - ``pydoc_data.topics``: the Python language reference prose that ``help()`` prints;
 - docstrings of the Python standard library modules, read with ``ast`` (nothing imported).
 Sentences are kept only when a TTS engine can read them as written and Whisper would write
