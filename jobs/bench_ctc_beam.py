@@ -362,7 +362,7 @@ def run(args) -> dict:
     # what the search boosts: the phrase lists, plus case variants (F is still scored on the lists)
     boosted = {k: p if args.no_case_variants else case_variants(p) for k, p in phrases.items()}
     trees = {k: BoostingTree.from_phrases([p], vocab_size=lm.vocab_size,
-                                          tokenize=lambda s: [c - 1 for c in charset.encode(s)]).to(device)
+                                          tokenize=charset.lm_token_ids).to(device)
              for k, p in boosted.items()}
     cpu_lp = log_probs
     log_probs, lengths = log_probs.to(device), lengths.to(device)
