@@ -7,7 +7,7 @@ the share of our time spent in the encoder's fixed 30-s window.
 """
 from __future__ import annotations
 
-from jobs.bench_data import join_by_recording, load_recordings
+from jobs.bench_data import flat_segments, join_by_recording, load_recordings
 from pipeline.timing import timed
 
 
@@ -28,8 +28,7 @@ def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     recordings, refs = load_recordings(args.manifest, 24 if args.quick else 0)
-    flat = [(r, s) for r, segs in enumerate(recordings) for s in segs]
-    audio_s = sum(len(a) for _, a in flat) / 16000
+    flat, audio_s = flat_segments(recordings)
     adapter = load_whisper_adapter("embedded", device="cpu")
     runtime = ctranslate2.models.Whisper(str(embedded_ct2_dir()), device="cpu", compute_type="float32",
                                          intra_threads=args.threads or 0)

@@ -96,7 +96,9 @@ def save_log_probs(path: str, log_probs, lengths, texts) -> None:
 
 
 def read_lm_text(path: str) -> list[str]:
-    lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    from pipeline.lm.build import read_lines
+
+    lines = read_lines([path])
     if path.endswith(".jsonl"):
         return [json.loads(ln)["text"] for ln in lines if json.loads(ln).get("text")]
     return lines

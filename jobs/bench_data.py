@@ -41,6 +41,14 @@ def load_recordings(manifest: str | None, limit: int = 0, cfg=None):
     return recordings, refs
 
 
+def flat_segments(recordings: list[list]) -> tuple[list[tuple[int, object]], float]:
+    """Every segment as (recording index, 16-kHz audio), in order, and their total seconds."""
+    from pipeline.audio import SAMPLE_RATE
+
+    flat = [(r, a) for r, segs in enumerate(recordings) for a in segs]
+    return flat, sum(len(a) for _, a in flat) / SAMPLE_RATE
+
+
 def join_by_recording(flat_index: list[tuple[int, object]], seg_texts: list[str], n_recordings: int) -> list[str]:
     """Segment texts (in ``flat_index`` order of (recording, segment)) joined per recording."""
     out: list[list[str]] = [[] for _ in range(n_recordings)]
@@ -56,8 +64,10 @@ def concat_long_form(recordings: list[list], refs: list[str], target_s: float, g
     decoder's share of the work is what it is on near-30-s segments."""
     import numpy as np
 
-    gap = np.zeros(int(gap_s * 16000), dtype=np.float32)
-    limit = int(target_s * 16000)
+    from pipeline.audio import SAMPLE_RATE
+
+    gap = np.zeros(int(gap_s * SAMPLE_RATE), dtype=np.float32)
+    limit = int(target_s * SAMPLE_RATE)
     out_audio, out_refs, cur, cur_refs = [], [], [], []
     for segs, ref in zip(recordings, refs):
         for seg in segs:

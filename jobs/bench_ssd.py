@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.bench_data import concat_long_form, join_by_recording, load_recordings
+from jobs.bench_data import concat_long_form, flat_segments, join_by_recording, load_recordings
 from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 from pipeline.timing import timed
 
@@ -95,8 +95,7 @@ def run(args) -> dict:
     recordings, refs = load_recordings(args.manifest, limit, cfg)
     if args.long_form:
         recordings, refs = concat_long_form(recordings, refs, args.long_form)
-    flat = [(r, a) for r, segs in enumerate(recordings) for a in segs]
-    audio_s = sum(len(a) for _, a in flat) / 16000
+    flat, audio_s = flat_segments(recordings)
     adapter = load_adapter(cfg)
     device = adapter.device
     batches = [list(range(i, min(i + args.batch, len(flat)))) for i in range(0, len(flat), args.batch)]
