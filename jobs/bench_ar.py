@@ -7,9 +7,8 @@ the share of our time spent in the encoder's fixed 30-s window.
 """
 from __future__ import annotations
 
-import time
-
-from jobs.bench_data import join_by_recording, load_recordings
+from jobs.bench_data import flat_segments, join_by_recording, load_recordings
+from pipeline.timing import timed
 
 
 def add_arguments(parser) -> None:
@@ -29,8 +28,7 @@ def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     recordings, refs = load_recordings(args.manifest, 24 if args.quick else 0)
-    flat = [(r, s) for r, segs in enumerate(recordings) for s in segs]
-    audio_s = sum(len(a) for _, a in flat) / 16000
+    flat, audio_s = flat_segments(recordings)
     adapter = load_whisper_adapter("embedded", device="cpu")
     runtime = ctranslate2.models.Whisper(str(embedded_ct2_dir()), device="cpu", compute_type="float32",
                                          intra_threads=args.threads or 0)
@@ -40,24 +38,26 @@ def run(args) -> dict:
     runtime.generate(ctranslate2.StorageView.from_array(adapter.features(warm).numpy()),
                      [adapter.prompt_ids], beam_size=1)
 
-    ours, enc_time = [], 0.0
-    t0 = time.perf_counter()
-    for i in range(0, len(flat), args.batch):
-        batch = [a for _, a in flat[i:i + args.batch]]
-        te = time.perf_counter()
-        states = adapter.encode(batch).states
-        enc_time += time.perf_counter() - te
-        ours += [adapter.text(t) for t in greedy_decode(adapter, states)]
-    ours_s = time.perf_counter() - t0
+    batches = [[a for _, a in flat[i:i + args.batch]] for i in range(0, len(flat), args.batch)]
 
-    ct2_texts = []
-    t0 = time.perf_counter()
-    for i in range(0, len(flat), args.batch):
-        batch = [a for _, a in flat[i:i + args.batch]]
-        feats = ctranslate2.StorageView.from_array(adapter.features(batch).numpy())
-        res = runtime.generate(feats, [adapter.prompt_ids] * len(batch), beam_size=1)
-        ct2_texts += [adapter.text(r.sequences_ids[0]) for r in res]
-    ct2_s = time.perf_counter() - t0
+    def run_ours():
+        texts, enc_time = [], 0.0
+        for batch in batches:
+            enc, secs = timed(adapter.encode, batch, device=adapter.device)
+            enc_time += secs
+            texts += [adapter.text(t) for t in greedy_decode(adapter, enc.states)]
+        return texts, enc_time
+
+    def run_ct2():
+        texts = []
+        for batch in batches:
+            feats = ctranslate2.StorageView.from_array(adapter.features(batch).numpy())
+            res = runtime.generate(feats, [adapter.prompt_ids] * len(batch), beam_size=1)
+            texts += [adapter.text(r.sequences_ids[0]) for r in res]
+        return texts
+
+    (ours, enc_time), ours_s = timed(run_ours, device=adapter.device)
+    ct2_texts, ct2_s = timed(run_ct2)
 
     ours_rec = join_by_recording(flat, ours, len(recordings))
     ct2_rec = join_by_recording(flat, ct2_texts, len(recordings))

@@ -1,8 +1,8 @@
-"""`shardscribe bench ctc-beam`: FlexCTC (seed 002) vs pyctcdecode vs flashlight-text on
+"""`shardscribe bench ctc-beam`: FlexCTC ("FlexCTC: GPU-powered CTC Beam Decoding") vs pyctcdecode vs flashlight-text on
 IDENTICAL log-probs and the same LM text, side by side in one process.
 
 Rows: WER and ms/utterance for greedy; ours at beams 4/8/16/64 x batch 1/8/32 with and
-without LM, 0/100/1000 key phrases, FLToP (seed 003) off/on with the average number of
+without LM, 0/100/1000 key phrases, FLToP ("FLToP CTC: Frame-Level Token Pruning via Relative Threshold") off/on with the average number of
 surviving hypotheses; flashlight-text's LexiconFreeDecoder on the same token-level ARPA;
 pyctcdecode with a word-level KenLM built from the same text (it cannot use a token LM).
 
@@ -28,11 +28,13 @@ flashlight and FLToP's come from the four beam-8 LM decoders timed in turn, seve
 from __future__ import annotations
 
 import json
-import re
 import tempfile
-import time
-from collections import Counter
 from pathlib import Path
+
+from jobs.bench_data import (best_of, domain_phrases, interleaved_ms_per_utt, key_phrases, pad_log_probs,
+                             simulate_log_probs, simulate_token_log_probs, split_text)
+from pipeline.metrics import corpus_wer_lowercase, phrase_fscore
+from pipeline.timing import timed
 
 SUMMARY_BEAM = 8
 SUMMARY_BATCH = 32
@@ -61,97 +63,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--flop-top-n", type=int, default=8)
     parser.add_argument("--flop-ratio", type=float, default=5e-4)
     parser.add_argument("--reps", type=int, default=None, help="timing repetitions, min taken (default 3, quick 2)")
-    parser.add_argument("--prune-threshold", type=float, default=12.0, help="theta (seed 002 uses 12)")
+    parser.add_argument("--prune-threshold", type=float, default=12.0, help="theta (the FlexCTC paper uses 12)")
     parser.add_argument("--plot", help="PNG path (default: beside --out, else ctc_beam.png)")
     parser.add_argument("--seed", type=int, default=0)
 
 
 # ----------------------------------------------------------------------- inputs
-def split_text(seed: int):
-    """Held-out and LM-training sentences (every 10th sentence is held out)."""
-    from pipeline.lm.sample_text import pydoc_sentences
-
-    sentences = [s for s in pydoc_sentences(min_chars=20, max_chars=110)]
-    held = [s for i, s in enumerate(sentences) if i % 10 == seed % 10]
-    train = [s for i, s in enumerate(sentences) if i % 10 != seed % 10]
-    return held, train
-
-
-def simulate_log_probs(texts: list[str], seed: int):
-    """Noisy CTC posteriors [N, T, 96] for ``texts`` (see the module docstring)."""
-    import numpy as np
-    import torch
-
-    from pipeline.text import charset
-
-    rng = np.random.default_rng(seed)
-    v1 = charset.NUM_CLASSES
-    letters = [charset.encode(c)[0] for c in "abcdefghijklmnopqrstuvwxyz"]
-    rows = []
-    for text in texts:
-        labels, prev = [], 0
-        for c in charset.encode(text):
-            # a blank must separate a doubled character, as in any real CTC alignment
-            labels += [0] * int(rng.integers(1 if c == prev else 0, 3)) + [c] * int(rng.integers(1, 3))
-            prev = c
-        labels += [0] * int(rng.integers(1, 3))
-        t = len(labels)
-        logits = rng.normal(0.0, 1.0, size=(t, v1))
-        for i, y in enumerate(labels):
-            logits[i, y] += rng.normal(8.0, 2.0) if y != 0 else rng.normal(9.0, 1.5)
-            if y != 0 and rng.random() < 0.25:
-                ch = charset.CHARS[y - 1]
-                roll = rng.random()
-                if ch.isalpha() and roll < 0.2:
-                    rival = charset.encode(ch.swapcase())[0]
-                elif ch.isalpha() and roll < 0.6:
-                    rival = letters[(letters.index(charset.encode(ch.lower())[0]) + int(rng.choice([-1, 1]))) % 26]
-                else:
-                    rival = int(rng.choice(letters))
-                logits[i, rival] = logits[i, y] + rng.normal(-0.5, 1.5)
-        rows.append(torch.log_softmax(torch.tensor(logits, dtype=torch.float32), -1))
-    lengths = torch.tensor([r.shape[0] for r in rows])
-    out = torch.full((len(rows), int(lengths.max()), v1), float("-inf"))
-    out[:, :, 0] = 0.0
-    for i, r in enumerate(rows):
-        out[i, : r.shape[0]] = r
-    return out, lengths
-
-
-def simulate_token_log_probs(n: int, vocab: int, seed: int, tokens_per_utt: int = 50):
-    """Like ``simulate_log_probs`` over a BPE-sized vocabulary with random token strings
-    (no text, no LM): for FLToP's large-vocabulary regime (seed 002 uses 1024 BPE)."""
-    import numpy as np
-    import torch
-
-    rng = np.random.default_rng(seed)
-    rows, truths = [], []
-    for _ in range(n):
-        truth = rng.integers(1, vocab + 1, size=tokens_per_utt).tolist()
-        labels, prev = [], 0
-        for c in truth:
-            labels += [0] * int(rng.integers(1 if c == prev else 0, 3)) + [c] * int(rng.integers(1, 3))
-            prev = c
-        logits = rng.normal(0.0, 1.0, size=(len(labels), vocab + 1))
-        for i, y in enumerate(labels):
-            logits[i, y] += rng.normal(9.0, 1.5) if y else rng.normal(10.0, 1.0)
-            if y and rng.random() < 0.25:
-                logits[i, int(rng.integers(1, vocab + 1))] = logits[i, y] + rng.normal(-0.5, 1.5)
-        rows.append(torch.log_softmax(torch.tensor(logits, dtype=torch.float32), -1))
-        truths.append(truth)
-    lengths = torch.tensor([r.shape[0] for r in rows])
-    out = torch.full((n, int(lengths.max()), vocab + 1), float("-inf"))
-    out[:, :, 0] = 0.0
-    for i, r in enumerate(rows):
-        out[i, : r.shape[0]] = r
-    return out, lengths, truths
-
-
 def manifest_log_probs(manifest: str, head: str, device: str | None, limit: int, batch: int = 8):
     """Real encoder outputs: the embedded Whisper encoder + CTC head over the first ``limit``
     rows (with references) of a manifest."""
-    import torch
-
     from pipeline.audio import decode_audio
     from pipeline.models.whisper.adapter import load_whisper_adapter
     from pipeline.sources import read_bytes, read_source
@@ -165,12 +85,7 @@ def manifest_log_probs(manifest: str, head: str, device: str | None, limit: int,
         draft = adapter.ctc_draft(enc)
         chunks += [draft.log_probs[j, : int(draft.lengths[j])].float().cpu() for j in range(len(part))]
         refs += [r["reference"] for r in part]
-    lengths = torch.tensor([c.shape[0] for c in chunks])
-    out = torch.full((len(chunks), int(lengths.max()), chunks[0].shape[1]), float("-inf"))
-    out[:, :, 0] = 0.0
-    for i, c in enumerate(chunks):
-        out[i, : c.shape[0]] = c
-    return out, lengths, refs
+    return (*pad_log_probs(chunks), refs)
 
 
 def save_log_probs(path: str, log_probs, lengths, texts) -> None:
@@ -181,7 +96,9 @@ def save_log_probs(path: str, log_probs, lengths, texts) -> None:
 
 
 def read_lm_text(path: str) -> list[str]:
-    lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    from pipeline.lm.build import read_lines
+
+    lines = read_lines([path])
     if path.endswith(".jsonl"):
         return [json.loads(ln)["text"] for ln in lines if json.loads(ln).get("text")]
     return lines
@@ -197,72 +114,6 @@ def load_log_probs(path: str):
     return tensors["log_probs"].float(), tensors["lengths"].long(), json.loads(meta.get("texts", "[]"))
 
 
-def key_phrases(held: list[str], train: list[str], count: int) -> list[str]:
-    """Words of the held-out text that the LM text has at most once (the domain terms a
-    user would boost), then rare training words as distractors, ``count`` in all."""
-    word = re.compile(r"[A-Za-z][A-Za-z_]{4,}")
-    train_counts = Counter(w for s in train for w in word.findall(s))
-    held_words = [w for w, _ in Counter(w for s in held for w in word.findall(s)).most_common()]
-    phrases = [w for w in held_words if train_counts[w] <= 1]
-    for w, n in sorted(train_counts.items(), key=lambda x: (x[1], x[0])):
-        if len(phrases) >= count:
-            break
-        if w not in phrases:
-            phrases.append(w)
-    return phrases[:count]
-
-
-def word_error_rate(refs: list[str], hyps: list[str]) -> float:
-    """Corpus WER on lower-cased, whitespace-split text. Not Whisper's normaliser: it
-    deletes parenthesised text, which the Python reference is full of."""
-    import jiwer
-
-    norm = lambda s: " ".join(s.lower().split())  # noqa: E731
-    pairs = [(norm(r), norm(h)) for r, h in zip(refs, hyps) if norm(r)]
-    return jiwer.wer([r for r, _ in pairs], [h for _, h in pairs])
-
-
-def domain_phrases(count: int = 100) -> list[str]:
-    """Key phrases of the maintenance domain (pipeline.tts.domain_text): equipment, places,
-    people, days, actions, faults, measured quantities and units."""
-    from pipeline.tts import domain_text as d
-
-    out = d.EQUIPMENT + d.PLACES + d.PEOPLE + d.DAYS + d.ACTIONS + d.FAULTS
-    out += sorted({m[0] for m in d.MEASURES} | {m[1] for m in d.MEASURES if m[1] != "%"})
-    return list(dict.fromkeys(out))[:count]
-
-
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9_%]+", text.lower())
-
-
-def phrase_fscore(refs: list[str], hyps: list[str], phrases: list[str]) -> float:
-    """F-score (0-100) of boosted phrase occurrences, per utterance: a phrase counts where
-    its lower-cased word sequence occurs (multi-word phrases included)."""
-    targets = [tuple(_words(p)) for p in phrases]
-    targets = [p for p in dict.fromkeys(targets) if p]
-
-    def count(text):
-        w = _words(text)
-        c = Counter()
-        for p in targets:
-            n = sum(1 for i in range(len(w) - len(p) + 1) if tuple(w[i:i + len(p)]) == p)
-            if n:
-                c[p] = n
-        return c
-
-    tp = n_ref = n_hyp = 0
-    for r, h in zip(refs, hyps):
-        rc, hc = count(r), count(h)
-        tp += sum(min(n, hc[w]) for w, n in rc.items())
-        n_ref += sum(rc.values())
-        n_hyp += sum(hc.values())
-    if tp == 0:
-        return 0.0
-    p, r = tp / n_hyp, tp / n_ref
-    return 100.0 * 2 * p * r / (p + r)
-
-
 # ------------------------------------------------------------------- decoders
 def build_lms(train: list[str], workdir: Path):
     """Token-level char 6-gram (ours + flashlight) and word 4-gram (pyctcdecode), same text."""
@@ -275,21 +126,6 @@ def build_lms(train: list[str], workdir: Path):
     words.write_text("\n".join(" ".join(s.split()) for s in train) + "\n")
     run_lmplz(words, workdir / "words.arpa", order=4)
     return info["arpa"], info["tensors"], str(workdir / "words.arpa")
-
-
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
-
-
-def best_of(reps: int, fn):
-    """Output and the fastest of ``reps`` timed runs (other jobs share this machine)."""
-    best = None
-    for _ in range(reps):
-        out, secs = timed(fn)
-        best = secs if best is None else min(best, secs)
-    return out, best
 
 
 def decode_ours(search, log_probs, lengths, batch: int, boost=None):
@@ -362,18 +198,15 @@ def run(args) -> dict:
     # what the search boosts: the phrase lists, plus case variants (F is still scored on the lists)
     boosted = {k: p if args.no_case_variants else case_variants(p) for k, p in phrases.items()}
     trees = {k: BoostingTree.from_phrases([p], vocab_size=lm.vocab_size,
-                                          tokenize=lambda s: [c - 1 for c in charset.encode(s)]).to(device)
+                                          tokenize=charset.lm_token_ids).to(device)
              for k, p in boosted.items()}
     cpu_lp = log_probs
     log_probs, lengths = log_probs.to(device), lengths.to(device)
     rows: list[dict] = []
 
-    def wer(hyps):
-        return word_error_rate(refs, hyps)
-
     def add(decoder, beam, batch, lm_on, n_phr, flop, hyps, seconds, count, beams=None, tokens_kept=None):
         row = {"decoder": decoder, "beam": beam, "batch": batch, "lm": lm_on, "phrases": n_phr,
-               "flop": flop, "wer": word_error_rate(refs[:count], hyps),
+               "flop": flop, "wer": corpus_wer_lowercase(refs[:count], hyps),
                "ms_per_utt": 1000.0 * seconds / count, "utts": count}
         # F-score of the 100-phrase list for every row, boosted or not
         row["phrase_f"] = phrase_fscore(refs[:count], hyps, phrases[100])
@@ -402,10 +235,7 @@ def run(args) -> dict:
             kw.update(flop_top_n=args.flop_top_n, flop_ratio=args.flop_ratio)
         search = CTCBeamSearch(**kw)
         decode_ours(search, log_probs[:batch], lengths[:batch], batch)  # warm-up (+ dense tables)
-        best = None
-        for _ in range(reps):
-            (toks, beams), secs = timed(lambda: decode_ours(search, log_probs, lengths, batch))
-            best = secs if best is None else min(best, secs)
+        (toks, beams), best = best_of(reps, lambda: decode_ours(search, log_probs, lengths, batch))
         kept = float(surviving_tokens(log_probs, lengths, args.flop_top_n, args.flop_ratio).mean()) if flop else None
         name = "ours" if native or device != "cpu" else "ours (torch step)"
         return add(name, beam, batch, lm_on, n_phr, flop, [text_of(t) for t in toks], best, n, beams, kept)
@@ -502,18 +332,6 @@ def run(args) -> dict:
                                               and torch_step[True]["wer"] == flop_on["wer"])
     _plot(rows, args)
     return {"rows": rows, "summary": summary}
-
-
-def interleaved_ms_per_utt(contenders: dict, rounds: int) -> dict:
-    """Fastest ms/utterance of each ``name: (utterances, fn)``, the contenders run in turn
-    for ``rounds`` rounds after one warm-up round."""
-    best = {}
-    for r in range(rounds + 1):
-        for name, (_, fn) in contenders.items():
-            _, secs = timed(fn)
-            if r:
-                best[name] = min(best.get(name, secs), secs)
-    return {name: 1000.0 * best[name] / contenders[name][0] for name in contenders}
 
 
 def _find(rows, **kw):

@@ -19,8 +19,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
+
+from pipeline.timing import timed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,15 +59,13 @@ def _states(lm, ref, n: int, steps: int, seed: int):
     return ours, theirs
 
 
-def _time(fn, repeats: int, sync=None) -> tuple[float, object]:
+def _time(fn, repeats: int, device: str = "cpu") -> tuple[float, object]:
+    """Median seconds of ``repeats`` runs after one warm-up run, and the last output."""
     out = fn()  # warm-up
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        if sync:
-            sync()
-        times.append(time.perf_counter() - start)
+        out, secs = timed(fn, device=device)
+        times.append(secs)
     return statistics.median(times), out
 
 
@@ -74,12 +73,14 @@ def _raw_kenlm_loop(ref, states) -> float:
     import kenlm
 
     model, words = ref.model, ref.words
-    start = time.perf_counter()
-    for sid in states.tolist():
-        state = ref._states[sid]
-        for word in words:
-            model.BaseScore(state, word, kenlm.State())
-    return time.perf_counter() - start
+
+    def loop():
+        for sid in states.tolist():
+            state = ref._states[sid]
+            for word in words:
+                model.BaseScore(state, word, kenlm.State())
+
+    return timed(loop, device="cpu")[1]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -111,17 +112,14 @@ def run(args: argparse.Namespace) -> dict:
             devices = ["cpu"] + ([device] if device != "cpu" else [])
             for n in sizes:
                 ours_states, ref_states = _states(lm, ref, n, steps=8, seed=n)
-                start = time.perf_counter()
-                ref_scores, _ = ref.advance(ref_states)
-                kenlm_s = time.perf_counter() - start
+                (ref_scores, _), kenlm_s = timed(ref.advance, ref_states, device="cpu")
                 raw_s = _raw_kenlm_loop(ref, ref_states)
                 for dev in devices:
                     dev_lm = lm if dev == "cpu" else lm.to(dev)
                     dev_states = ours_states.to(dev)
-                    sync = torch.cuda.synchronize if dev.startswith("cuda") else None
-                    ours_s, (scores, _) = _time(lambda: dev_lm.advance(dev_states), repeats, sync)
+                    ours_s, (scores, _) = _time(lambda: dev_lm.advance(dev_states), repeats, dev)
                     padded_s, (padded, _) = _time(
-                        lambda: dev_lm.graph.advance(dev_states, sync_free=True), repeats, sync)
+                        lambda: dev_lm.graph.advance(dev_states, sync_free=True), repeats, dev)
                     diff = max((scores.float().cpu() - ref_scores).abs().max().item(),
                                (padded.float().cpu() - ref_scores).abs().max().item())
                     worst = max(worst, diff)

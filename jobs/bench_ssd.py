@@ -1,4 +1,4 @@
-"""SSD benchmark (seed 000 Table 1 / Fig. 3 in shape): full AR, greedy CTC, the two
+"""SSD benchmark ("Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts", Table 1 / Fig. 3 in shape): full AR, greedy CTC, the two
 presets and a tau_CTC sweep, side by side on one held-out set, in one process.
 
 Every configuration starts from the same encoder output: the encoder pass (Whisper's
@@ -8,7 +8,7 @@ same work each configuration would do alone, measured without running the encode
 times on a 2-core machine. Rows: WER, RTFx, %C (gated), %L (verified), %F (fallback),
 mean j (accepted prefix length of verified/fallback rows).
 
-Stage breakdown (seed 000 Fig. 2 in shape): every row also carries its seconds per stage
+Stage breakdown (the SSD paper's Fig. 2 in shape): every row also carries its seconds per stage
 -- encoder (shared), CTC head, verify (gate + re-tokenise + the teacher-forced pass),
 fallback prefill (the first decoder step after prompt + prefix; near zero when it starts
 from the verification KV cache) and fallback decode (the remaining steps); full AR splits
@@ -43,11 +43,11 @@ unpacked gate on the shared encoder pass; "paper gate" is the paper's method.)
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from jobs.bench_data import concat_long_form, join_by_recording, load_recordings
+from jobs.bench_data import concat_long_form, flat_segments, join_by_recording, load_recordings
 from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
+from pipeline.timing import timed
 
 PAPER_GATE_ROW = "SSD high_rtfx, paper gate"
 UNVERIFIED_PACKED_ROW = "SSD high_rtfx, pipeline, packed gate, gate unverified"
@@ -77,18 +77,6 @@ def add_arguments(parser) -> None:
                         help="join consecutive recordings into segments of up to SECONDS (e.g. 28)")
 
 
-def _timed(fn, device):
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - t0
-
-
 def run(args) -> dict:
     from pipeline.config import load_config
     from pipeline.decoding.ar_greedy import greedy_decode
@@ -110,8 +98,7 @@ def run(args) -> dict:
     recordings, refs = load_recordings(args.manifest, limit, cfg)
     if args.long_form:
         recordings, refs = concat_long_form(recordings, refs, args.long_form)
-    flat = [(r, a) for r, segs in enumerate(recordings) for a in segs]
-    audio_s = sum(len(a) for _, a in flat) / 16000
+    flat, audio_s = flat_segments(recordings)
     adapter = load_model(cfg.model)
     device = adapter.device
     batches = [list(range(i, min(i + args.batch, len(flat)))) for i in range(0, len(flat), args.batch)]
@@ -123,12 +110,12 @@ def run(args) -> dict:
 
     encoded, t_enc = [], 0.0
     for b in batches:
-        enc, t = _timed(lambda: adapter.encode([flat[i][1] for i in b]), device)
+        enc, t = timed(lambda: adapter.encode([flat[i][1] for i in b]), device=device)
         encoded.append(enc)
         t_enc += t
     drafts, t_ctc = [], 0.0
     for enc in encoded:
-        d, t = _timed(lambda: adapter.ctc_draft(enc), device)
+        d, t = timed(lambda: adapter.ctc_draft(enc), device=device)
         drafts.append(d)
         t_ctc += t
 
@@ -157,8 +144,8 @@ def run(args) -> dict:
     def run_ar():
         texts, total, timer = [], 0.0, {}
         for enc in encoded:
-            toks, t = _timed(lambda: greedy_decode(adapter, enc.states, max_new_tokens=cfg.decoder.max_new_tokens,
-                                                   timer=timer), device)
+            toks, t = timed(lambda: greedy_decode(adapter, enc.states, max_new_tokens=cfg.decoder.max_new_tokens,
+                                                  timer=timer), device=device)
             texts += [adapter.text(x) for x in toks]
             total += t
         return texts, total, {"ar_prefill": timer.get("prefill", 0.0), "ar_decode": timer.get("decode", 0.0)}, None
@@ -168,11 +155,11 @@ def run(args) -> dict:
                                      verify_max_entropy=ceiling, **kw)
         out, t_verify, t_fallback, timer = [], 0.0, 0.0, {}
         for enc, d in zip(encoded, drafts):
-            res, t = _timed(lambda: ssd.first_pass(enc.states, d.texts, d.max_entropy), device)
+            res, t = timed(lambda: ssd.first_pass(enc.states, d.texts, d.max_entropy), device=device)
             t_verify += t
             pending = [i for i, r in enumerate(res) if r.stage is None]
             if pending:
-                _, t = _timed(lambda: ssd.fallback(enc.states[pending], [res[i] for i in pending], timer), device)
+                _, t = timed(lambda: ssd.fallback(enc.states[pending], [res[i] for i in pending], timer), device=device)
                 t_fallback += t
             out += res
         stages = {"ctc_head": t_ctc, "verify": t_verify, "fallback_prefill": timer.get("prefill", 0.0),
@@ -190,7 +177,7 @@ def run(args) -> dict:
         # conf/ctc_greedy.yaml's path: short clips share encoder windows, batched by the
         # pipeline's frame budget; the encoder is part of this row's own time.
         decoder = CTCGreedySegmentDecoder(adapter, pack=True)
-        res, t = _timed(lambda: decode_segments(decoder, [a for _, a in flat], cfg.batching.max_tokens), device)
+        res, t = timed(lambda: decode_segments(decoder, [a for _, a in flat], cfg.batching.max_tokens), device=device)
         return [r.text for r in res], t
 
     # Each preset's (tau_ctc, tau_slm, gate_verify_tau), read once for every row below.
@@ -219,7 +206,7 @@ def run(args) -> dict:
                 fallback.finish(pending[i:i + args.batch])
             return res
 
-        res, t = _timed(go, device)
+        res, t = timed(go, device=device)
         return [r.text for r in res], t, {}, [(r.stage, r.prefix_len or 0) for r in res]
 
     # (label, tau_ctc, tau_slm, run); with --repeat N every configuration runs N times,

@@ -63,7 +63,8 @@ class DecoderConfig:
 
 @dataclass
 class BeamConfig:
-    """FlexCTC beam search (seed 002 eq. 1) with FLToP (seed 003) and shallow fusion."""
+    """FlexCTC beam search (FlexCTC: GPU-powered CTC Beam Decoding, eq. 1) with FLToP frame-level
+    token pruning and shallow fusion."""
     size: int = 8
     beta: float = 0.0                 # insertion bonus per new token
     prune_threshold: float | None = None   # theta, relative to the best hypothesis
@@ -364,8 +365,11 @@ def parse_override(item: str) -> tuple[list[str], object]:
 
 
 def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> JobConfig:
-    """Load a YAML config (following ``extends:``), apply ``key=value`` overrides, validate."""
-    data = _read_yaml(resolve_config_path(name_or_path))
+    """Load a YAML config (following ``extends:``) over the dataclass defaults, apply
+    ``key=value`` overrides, validate. The defaults live only in the dataclasses; starting
+    from them lets an override reach into a mapping the YAML does not restate
+    (``--set ssd.presets.high_rtfx.gate_verify_tau=null``)."""
+    data = _merge(JobConfig().to_dict(), _read_yaml(resolve_config_path(name_or_path)))
     for item in overrides or []:
         path, value = parse_override(item)
         node = data

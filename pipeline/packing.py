@@ -4,10 +4,11 @@ Whisper's encoder costs the same for a 3-s clip as for 30 s, so a decoder that r
 the encoder states (greedy CTC, CTC beam search) can place several short clips, with
 short silences between them, in one window, encode the window once and cut each clip's
 states back out. The embedded CTC head was trained on exactly such packed windows
-(pipeline.models.whisper.ctc_features.encode_packed_shard), so its outputs on a packed clip are
-in distribution. Autoregressive decoders cannot use this: Whisper's decoder would read
-the whole window. SSD's packed gate (pipeline.decoders.ssd.SSDFirstPassDecoder) uses it for
-the draft and the gate only, and encodes the clips the gate rejects again alone.
+(pipeline.models.whisper.ctc_features.encode_packed_shard: these same functions, with
+random gaps), so its outputs on a packed clip are in distribution. Autoregressive decoders
+cannot use this: Whisper's decoder would read the whole window. SSD's packed gate
+(pipeline.decoders.ssd.SSDFirstPassDecoder) uses it for the draft and the gate only, and
+encodes the clips the gate rejects again alone.
 
 This module is the pure part: which clip goes where (first fit in input order, clip
 starts on the encoder's state grid so a clip's states line up as they do alone) and the
@@ -15,6 +16,7 @@ packed signals.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,16 +29,20 @@ class Placement:
     length: int    # samples
 
 
-def plan_windows(lengths: list[int], window: int, gap: int, grid: int) -> list[Placement]:
+def plan_windows(lengths: list[int], window: int, gap: int | Sequence[int], grid: int) -> list[Placement]:
     """One placement per clip, in input order. A clip goes into the current window when it
     fits after a ``gap`` (rounded up to the grid) and otherwise opens a new one; clips
-    start on multiples of ``grid``. Raises on a clip longer than the window."""
+    start on multiples of ``grid``. ``gap``: samples, the same for every clip (inference)
+    or one per clip (the CTC head's training windows draw them at random). Raises on a clip
+    longer than the window."""
+    gaps = [gap] * len(lengths) if np.ndim(gap) == 0 else list(gap)
+    if len(gaps) != len(lengths):
+        raise ValueError(f"{len(gaps)} gaps for {len(lengths)} clips")
     placements, current, used = [], -1, window
-    gap = -(-gap // grid) * grid
-    for n in lengths:
+    for n, g in zip(lengths, gaps):
         if n > window:
             raise ValueError(f"clip of {n} samples exceeds the {window}-sample window")
-        start = -(-used // grid) * grid + gap
+        start = -(-used // grid) * grid + -(-g // grid) * grid
         if current < 0 or start + n > window:
             current, start = current + 1, 0
         placements.append(Placement(current, start, n))

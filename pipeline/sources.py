@@ -40,7 +40,10 @@ def _join(base: str, path: str, protocol: str) -> str:
     return joined if protocol in ("file", "local") else f"{protocol}://{joined}"
 
 
-def read_jsonl_manifest(uri: str) -> list[dict]:
+def read_jsonl_manifest(uri: str, keep_item: bool = False) -> list[dict]:
+    """One row per non-empty line. ``keep_item``: each row also carries the line's own dict
+    as ``item``, for readers that need keys beyond the data contract (a training corpus's
+    ``split``, ``voice``, ...)."""
     fs, path = fsspec.core.url_to_fs(uri)
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
     base = posixpath.dirname(path)
@@ -58,6 +61,8 @@ def read_jsonl_manifest(uri: str) -> list[dict]:
                 raise SourceError(f"{uri}:{lineno}: needs an 'audio' (or 'audio_filepath') path")
             rows.append(_row(item.get("id", audio), _join(base, audio, protocol),
                              reference=item.get("text"), key_phrases=item.get("key_phrases")))
+            if keep_item:
+                rows[-1]["item"] = item
     return rows
 
 

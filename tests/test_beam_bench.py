@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from jobs.bench_ctc_beam import key_phrases, phrase_fscore, simulate_log_probs, word_error_rate
+from jobs.bench_data import key_phrases, simulate_log_probs
 from pipeline.decoding.ctc_beam import CTCBeamSearch
+from pipeline.metrics import corpus_wer_lowercase, phrase_fscore
 from pipeline.text import charset
 
 
@@ -21,7 +22,7 @@ def test_simulated_posteriors_are_normalised_and_decodable():
     again, _ = simulate_log_probs(texts, seed=1)
     assert torch.equal(lp, again)
     res = CTCBeamSearch(8)(lp, lengths)
-    assert word_error_rate(texts, [charset.decode(t) for t in res.tokens]) < 1.0
+    assert corpus_wer_lowercase(texts, [charset.decode(t) for t in res.tokens]) < 1.0
 
 
 def test_phrase_fscore_counts_per_utterance_matches():
@@ -45,7 +46,7 @@ def test_key_phrases_prefer_held_out_rare_words():
 def test_phrase_fscore_counts_multi_word_phrases():
     import pytest
 
-    from jobs.bench_ctc_beam import domain_phrases, phrase_fscore
+    from jobs.bench_data import domain_phrases
 
     phrases = domain_phrases()
     assert len(phrases) == 100 and "heat exchanger" in phrases

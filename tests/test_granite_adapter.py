@@ -1,4 +1,4 @@
-"""granite-speech behind the SSD decoders (seed 000), on a tiny random model built here.
+"""granite-speech behind the SSD decoders, on a tiny random model built here.
 
 The same SSD code that serves Whisper (pipeline.decoding.ssd / ssd_verify / ar_greedy)
 must serve granite-speech. The references are independent of our adapter and decoders:
@@ -231,8 +231,11 @@ def test_loads_a_saved_checkpoint(setup, tmp_path):
 
     setup["model"].save_pretrained(tmp_path)
     setup["tok"].save_pretrained(tmp_path)
+    from pipeline.models.granite_speech.features import GraniteFeatures
+
     loaded = load_granite_adapter(str(tmp_path), CTC_VOCAB)
-    assert loaded.feature_extractor is None  # torchaudio is not installed here
+    # torchaudio does not import with the CPU torch build: the plain-torch features stand in.
+    assert isinstance(loaded.feature_extractor, GraniteFeatures)
     assert greedy_decode(loaded, setup["states"], max_new_tokens=MAX_NEW) == setup["full"]
 
 

@@ -180,7 +180,7 @@ def test_sync_free_path_equals_flat_path(which, request):
 
 
 def test_pruned_lm_matches_kenlm(tmp_path, lmplz):
-    # Pruned ARPAs (seed 002 prunes its SPGI LM) leave contexts whose n-grams are partly
+    # Pruned ARPAs (the FlexCTC paper prunes its SPGI LM) leave contexts whose n-grams are partly
     # gone, so back-off chains skip levels: the case the state rules must get right.
     text = tmp_path / "text.txt"
     text.write_text("\n".join(pydoc_sentences()[:1500]) + "\n")

@@ -167,3 +167,21 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     # The packed gate with tau_ctc 0 gates nothing: every clip is encoded again alone and
     # its states travel to the fallback pool, so the rows are the unpacked ones.
     assert out["shipped_pack_gate"] == out["off"]
+
+
+def test_per_row_key_phrases_reach_the_beam_pool(samples_dir, tmp_path, model_cache):
+    """A row's own key phrases cross from the model pool to the beam pool with its pending
+    segments (they used to be dropped there): the same clip, boosted in one row only, is
+    spelt as the phrase in that row alone."""
+    from actors.local_runner import run_local
+    from pipeline.config import load_config
+
+    clip = str(samples_dir / "fox_flite_slt.flac")
+    phrase = "quick brown fox jumps over the lazy dog"
+    rows = [{"id": "plain", "audio": clip}, {"id": "boosted", "audio": clip, "key_phrases": [phrase]}]
+    cfg = load_config("ctc_beam", [f"model.cache_dir={model_cache}", "decoder.pack_windows=false",
+                                   "beam.alpha_boost=1.0"])
+    run_local(rows, cfg, str(tmp_path), progress=False)
+    out = {r["id"]: r["text"] for r in pq.read_table(sorted(str(p) for p in tmp_path.glob("*.parquet"))).to_pylist()}
+    assert phrase in out["boosted"]
+    assert phrase not in out["plain"]

@@ -1,4 +1,4 @@
-"""Self-speculative decoding invariants (seed 000), exact, on real audio and the real model."""
+"""Self-speculative decoding invariants, exact, on real audio and the real model."""
 from __future__ import annotations
 
 import math

@@ -16,6 +16,7 @@ import torch
 from pipeline.decoding.ctc_beam import CTCBeamSearch
 from pipeline.text import charset
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult, encode_then
+from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
 
 BEAM = "beam"
 
@@ -25,18 +26,12 @@ class BeamPending(PendingState):
     log_probs: np.ndarray             # [T_valid, C] float32
 
 
-class CTCLogProbsDecoder:
-    """First pool of the beam plan: encoder + CTC head; every segment leaves pending with
-    its log-probs [T_valid, C] (the greedy draft's entropy is kept as evidence)."""
+class CTCLogProbsDecoder(CTCGreedySegmentDecoder):
+    """First pool of the beam plan: the ctc_greedy encoder pass, but every segment leaves
+    pending with its log-probs [T_valid, C] (the greedy draft's entropy is kept as
+    evidence)."""
 
     name = "ctc_beam"
-
-    def __init__(self, adapter, pack: bool = False):
-        self.adapter = adapter
-        self.pack = pack
-
-    def segment_cost(self, audio: np.ndarray) -> int:
-        return self.adapter.segment_cost(len(audio), packed=self.pack)
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
         draft, t_enc, t_dec = encode_then(self.adapter, audios, self.adapter.ctc_draft, packed=self.pack)
@@ -44,11 +39,6 @@ class CTCLogProbsDecoder:
         return [SegmentResult("", PENDING, 0, t_enc, t_dec, max_entropy=float(h),
                               pending=BeamPending(lp[i, :int(L)].copy()))
                 for i, (h, L) in enumerate(zip(draft.max_entropy.tolist(), draft.lengths.tolist()))]
-
-
-def lm_token_ids(text: str) -> list[int]:
-    """Key phrase -> LM token ids (CTC character id - 1; blank has no LM token)."""
-    return [i - 1 for i in charset.encode(text)]
 
 
 def load_lm(path: str, device):
@@ -94,7 +84,7 @@ class CTCBeamFinisher:
         lists, rows = batch_phrase_lists(self.shared_phrases, per_row)
         if self.cfg.boost_case_variants:
             lists = [case_variants(phrases) for phrases in lists]
-        tree = BoostingTree.from_phrases(lists, len(charset.CHARS), tokenize=lm_token_ids,
+        tree = BoostingTree.from_phrases(lists, len(charset.CHARS), tokenize=charset.lm_token_ids,
                                          context_score=self.cfg.context_score,
                                          depth_scaling=self.cfg.depth_scaling)
         return tree.to(self.device).with_lists(rows)

@@ -1,7 +1,7 @@
-"""Batched greedy CTC decoding (best path) and per-frame entropies (SSD seed 000 gate inputs).
+"""Batched greedy CTC decoding (best path) and per-frame entropies (the SSD gate's inputs).
 
 Greedy CTC (Graves et al. 2006): per-frame argmax, then collapse repeats and drop blanks.
-The SSD gate (seed 000) needs the entropy of each frame's distribution and its maximum over
+The gate of "Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts" (eq. 3) needs the entropy of each frame's distribution and its maximum over
 the *valid* frames. Frames at or past an utterance's length are ignored everywhere.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Re-synchronising a draft with greedy decoding (speculative rounds after SSD eq. 6).
 
-SSD (seed 000) verifies the CTC draft once and hands everything after the first failing
+SSD ("Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts") verifies the CTC draft once and hands everything after the first failing
 token j to plain AR decoding. On long segments one early error then sends most of the
 segment back to token-by-token decoding, although the draft is usually right again a few
 tokens later. Speculative decoding (greedy verification: a proposed token is kept

@@ -1,4 +1,4 @@
-"""Thin wrappers around the CPU CTC beam decoders we compare FlexCTC (seed 002 §IV-D) with:
+"""Thin wrappers around the CPU CTC beam decoders we compare FlexCTC (FlexCTC: GPU-powered CTC Beam Decoding, §IV-D) with:
 flashlight-text's LexiconFreeDecoder (token-level KenLM, the same ARPA as NGPU-LM) and
 pyctcdecode (word-level KenLM, hotwords). Both decode one utterance at a time on the CPU;
 both take the same log-probs [T, V+1] as our decoder. Imports are lazy: these are test

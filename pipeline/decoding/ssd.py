@@ -1,4 +1,4 @@
-"""Self-speculative decoding with CTC drafts (seed 000, eqs. 3, 5, 6, 7).
+"""Self-speculative decoding with CTC drafts: "Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts", eqs. 3, 5, 6, 7.
 
 1. Gate (eq. 3): a non-empty greedy CTC draft whose max frame entropy over VALID frames is
    below tau_ctc is the final transcript.

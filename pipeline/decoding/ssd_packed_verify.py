@@ -1,4 +1,4 @@
-"""Packed verification (beyond seed 000): eq. 5 for every clip of a packed encoder window
+"""Packed verification (beyond "Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts"): eq. 5 for every clip of a packed encoder window
 in one teacher-forced decoder pass over that window.
 
 SSD's packed gate (pipeline.decoders.ssd) drafts short clips on shared 30-s windows. The

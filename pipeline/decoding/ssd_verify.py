@@ -1,4 +1,4 @@
-"""One-pass verification of CTC drafts by the decoder (seed 000, eq. 5).
+"""One-pass verification of CTC drafts by the decoder ("Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts", eq. 5).
 
 All drafts of a batch are right-padded behind the prompt and scored in ONE teacher-forced
 decoder pass over the (reused) encoder output. Logits are computed only where they are

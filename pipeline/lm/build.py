@@ -52,7 +52,7 @@ def load_tokenizer(spec: str) -> TextTokenizer:
     if spec == "chars":
         from pipeline.text import charset
 
-        return TextTokenizer("chars", len(charset.CHARS), lambda s: [c - 1 for c in charset.encode(s)])
+        return TextTokenizer("chars", len(charset.CHARS), charset.lm_token_ids)
     path = Path(spec)
     if path.is_dir() and (path / "tokenizer.json").is_file():
         path = path / "tokenizer.json"

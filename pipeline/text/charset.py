@@ -20,3 +20,9 @@ def encode(text: str) -> list[int]:
 def decode(ids) -> str:
     """Text of non-blank ids (no CTC collapsing: that is the decoder's job)."""
     return "".join(CHARS[i - 1] for i in ids if 0 < i <= len(CHARS))
+
+
+def lm_token_ids(text: str) -> list[int]:
+    """Token ids of ``text`` for an n-gram LM over this vocabulary: the CTC id minus one.
+    The blank has no LM token, so LM index 0 is the space (chr(32))."""
+    return [i - 1 for i in encode(text)]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.decoding.ctc_beam import loop_native
+import pipeline.decoding.ctc_beam.loop_native as loop_native
 from pipeline.decoding.ctc_beam.frames import prepare_frames
 from pipeline.decoding.ctc_beam.fusion import (FusionModel, LookupCache, add_final_scores, fold_dense,
                                                initial_states)

@@ -1,4 +1,4 @@
-"""granite-speech behind the model-adapter interface the SSD decoders use (seed 000).
+"""granite-speech behind the model-adapter interface the SSD decoders use.
 
 granite-speech is the model of the SSD paper: a CTC-trained conformer encoder, a Q-Former
 projector that turns windows of 15 encoder frames into 3 audio embeddings, and a Granite

@@ -1,4 +1,4 @@
-"""Frozen-encoder feature cache for training the CTC draft head (SSD, seed 000).
+"""Frozen-encoder feature cache for training the CTC draft head (SSD).
 
 The SSD paper keeps its CTC encoder frozen; so do we, which means the Whisper encoder runs
 once per utterance and its states are cached: only the valid frames (ceil(samples / 320)
@@ -11,26 +11,37 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
+import random
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-SAMPLES_PER_STATE = 320
+from pipeline.audio import SAMPLE_RATE, decode_audio
+from pipeline.models.whisper.adapter import SAMPLES_PER_STATE, WINDOW_SAMPLES, WhisperAdapter
+from pipeline.packing import pack_signals, plan_windows
+from pipeline.sources import read_bytes, read_jsonl_manifest
+from pipeline.timing import timed
+
 SHARD_ROWS = 64
+# Silence before a clip that joins a training window, drawn per clip (augmentation;
+# inference packs with WhisperAdapter's fixed PACK_GAP_S, inside this range).
+TRAIN_GAP_S = (0.1, 0.6)
 
 
 def read_manifest(path: str | Path) -> list[dict]:
+    """Training rows (pipeline.sources.read_jsonl_manifest): each line's own keys (``text``,
+    ``split``, ``voice``, ...), ``audio`` resolved as the job resolves it, and
+    ``audio_path``, the audio path joined to the manifest's folder as written. Shard names,
+    and through them the packing order and gaps, are made from ``audio_path``: resolving it
+    would re-encode, and re-pack differently, every cached shard."""
     path = Path(path)
     rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            audio = Path(row["audio"])
-            row["audio_path"] = str(audio if audio.is_absolute() else path.parent / audio)
-            rows.append(row)
+    for row in read_jsonl_manifest(str(path), keep_item=True):
+        item = row.pop("item")
+        audio = Path(item.get("audio", item.get("audio_filepath")))
+        rows.append(item | row | {"audio_path": str(audio if audio.is_absolute() else path.parent / audio)})
     return rows
 
 
@@ -40,15 +51,16 @@ def _shard_name(rows: list[dict], pack: bool) -> str:
     return f"shard-{digest.hexdigest()[:16]}"
 
 
-def _load_audio(path: str) -> np.ndarray:
-    import soundfile as sf
-    import soxr
+def _load_audio(row: dict) -> np.ndarray:
+    """16-kHz mono float32 as the job decodes it (pipeline.audio), cut to one window."""
+    return decode_audio(read_bytes(row))[0][:WINDOW_SAMPLES]
 
-    audio, sr = sf.read(path, dtype="float32", always_2d=True)
-    audio = audio.mean(axis=1)
-    if sr != 16000:
-        audio = soxr.resample(audio, sr, 16000).astype(np.float32)
-    return audio[: 30 * 16000]
+
+def _encode(model, processor, signals: list[np.ndarray]) -> torch.Tensor:
+    """Encoder states [B, 1500, D] of 16-kHz signals (one 30-s window each)."""
+    param = next(model.parameters())
+    x = processor.feature_extractor(signals, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+    return model.model.encoder(x.to(param.device, param.dtype)).last_hidden_state
 
 
 @torch.inference_mode()
@@ -65,78 +77,57 @@ def encode_shard(model, processor, rows: list[dict], with_ar: bool, batch_size: 
     """Valid-frame encoder states (fp16) per row, and AR texts when asked."""
     feats, ar_texts, enc_s, ar_s = {}, {}, 0.0, 0.0
     device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
     for i in range(0, len(rows), batch_size):
         chunk = rows[i:i + batch_size]
-        audios = [_load_audio(r["audio_path"]) for r in chunk]
-        t0 = time.perf_counter()
-        x = processor.feature_extractor(audios, sampling_rate=16000,
-                                        return_tensors="pt").input_features
-        states = model.model.encoder(x.to(device, dtype)).last_hidden_state
-        enc_s += time.perf_counter() - t0
+        audios = [_load_audio(r) for r in chunk]
+        states, secs = timed(_encode, model, processor, audios, device=device)
+        enc_s += secs
         for r, a, s in zip(chunk, audios, states):
-            valid = min(s.shape[0], max(1, math.ceil(len(a) / SAMPLES_PER_STATE)))
+            valid = WhisperAdapter.valid_frames(len(a), s.shape[0])
             feats[r["id"]] = s[:valid].to("cpu", torch.float16).contiguous()
         if with_ar:
-            t0 = time.perf_counter()
-            for r, text in zip(chunk, _ar_greedy(model, processor, states)):
-                ar_texts[r["id"]] = text
-            ar_s += time.perf_counter() - t0
+            texts, secs = timed(_ar_greedy, model, processor, states, device=device)
+            ar_texts.update(zip((r["id"] for r in chunk), texts))
+            ar_s += secs
     return feats, ar_texts, {"encoder_s": enc_s, "ar_decode_s": ar_s}
 
 
-@torch.inference_mode()
-def encode_packed_shard(model, processor, rows: list[dict], seed_key: str,
-                        window: int = 30 * 16000, batch_size: int = 4):
-    """Pack the rows into 30-s windows (shuffled, 0.1-0.6 s silences, starts on the state
-    grid, one peak level per window), encode each window once, and cut every utterance's
-    frames out of it."""
-    import random
-
+def plan_training_windows(lengths: list[int], seed_key: str, gap_s: tuple[float, float] = TRAIN_GAP_S):
+    """The training windows of clips of these sample counts: ``(order, placements)``, the
+    clips shuffled by ``seed_key`` and placed in that order by pipeline.packing.plan_windows
+    on WhisperAdapter's window and state grid (as ``WhisperAdapter.plan_packing`` does),
+    with a gap drawn uniformly from ``gap_s`` seconds per clip."""
     rng = random.Random(seed_key)
-    order = list(range(len(rows)))
+    order = list(range(len(lengths)))
     rng.shuffle(order)
-    audios = {i: _load_audio(rows[i]["audio_path"]) for i in order}
-    windows, current, used = [], [], 0
-    for i in order:
-        # Starts on the 320-sample state grid, as a clip alone starts at sample 0.
-        gap = -(-int(rng.uniform(0.1, 0.6) * 16000) // SAMPLES_PER_STATE) * SAMPLES_PER_STATE
-        gap = gap if current else 0
-        used = -(-used // SAMPLES_PER_STATE) * SAMPLES_PER_STATE
-        if current and used + gap + len(audios[i]) > window:
-            windows.append(current)
-            current, used, gap = [], 0, 0
-        current.append((i, used + gap))
-        used += gap + len(audios[i])
-    if current:
-        windows.append(current)
+    gaps = [int(rng.uniform(*gap_s) * SAMPLE_RATE) for _ in order]
+    return order, plan_windows([lengths[i] for i in order], WINDOW_SAMPLES, gaps, SAMPLES_PER_STATE)
+
+
+@torch.inference_mode()
+def encode_packed_shard(model, processor, rows: list[dict], seed_key: str, batch_size: int = 4,
+                        gap_s: tuple[float, float] = TRAIN_GAP_S):
+    """Pack the rows into 30-s windows (``plan_training_windows``: shuffled, random gaps,
+    starts on the state grid; pipeline.packing.pack_signals: one peak level per window),
+    encode each window once, and cut every utterance's frames out of it as
+    ``WhisperAdapter.encode_packed`` does."""
+    audios = [_load_audio(r) for r in rows]
+    order, placements = plan_training_windows([len(a) for a in audios], seed_key, gap_s)
+    signals = pack_signals([audios[i] for i in order], placements, WINDOW_SAMPLES)
+    by_window: dict[int, list] = {}
+    for i, p in zip(order, placements):
+        by_window.setdefault(p.window, []).append((rows[i]["id"], p))
     feats, enc_s = {}, 0.0
     device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    for w in range(0, len(windows), batch_size):
-        group = windows[w:w + batch_size]
-        signals = []
-        for win in group:
-            sig = np.zeros(window, np.float32)
-            # Whisper's log-mel floor is (window max - 8): a quiet clip beside a loud one
-            # would lose its low-level detail, so every clip of a window gets the peak level
-            # of its first clip (levels still vary from window to window).
-            level = float(np.abs(audios[win[0][0]]).max()) or 1.0
-            for i, start in win:
-                a = audios[i] * (level / (float(np.abs(audios[i]).max()) or 1.0))
-                sig[start:start + len(a)] = a
-            signals.append(sig)
-        t0 = time.perf_counter()
-        x = processor.feature_extractor(signals, sampling_rate=16000,
-                                        return_tensors="pt").input_features
-        states = model.model.encoder(x.to(device, dtype)).last_hidden_state
-        enc_s += time.perf_counter() - t0
-        for win, s in zip(group, states):
-            for i, start in win:
-                a = start // SAMPLES_PER_STATE
-                b = min(s.shape[0], math.ceil((start + len(audios[i])) / SAMPLES_PER_STATE))
-                feats[rows[i]["id"]] = s[a:b].to("cpu", torch.float16).contiguous()
-    return feats, {"encoder_s": enc_s, "ar_decode_s": 0.0, "windows": len(windows)}
+    for w in range(0, len(signals), batch_size):
+        states, secs = timed(_encode, model, processor, signals[w:w + batch_size], device=device)
+        enc_s += secs
+        for k, s in enumerate(states):
+            for id_, p in by_window[w + k]:
+                first = p.start // SAMPLES_PER_STATE
+                n = min(s.shape[0] - first, WhisperAdapter.valid_frames(p.length, s.shape[0]))
+                feats[id_] = s[first:first + n].to("cpu", torch.float16).contiguous()
+    return feats, {"encoder_s": enc_s, "ar_decode_s": 0.0, "windows": len(signals)}
 
 
 def cache_features(manifest: str | Path, cache_dir: str | Path, device: str = "cpu",

@@ -1,4 +1,5 @@
-"""Character CTC head over a frozen Whisper encoder: the draft model of SSD (seed 000).
+"""Character CTC head over a frozen Whisper encoder: the draft model of SSD
+("Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts").
 
 The SSD paper drafts with the CTC output of a frozen acoustic encoder and gates on its
 frame entropies (eq. 3). Whisper tiny.en has no CTC output, so we train one on its frozen

@@ -1,4 +1,4 @@
-"""MODEL_CARD.md for a trained CTC draft head (the SSD draft model, seed 000), written
+"""MODEL_CARD.md for a trained CTC draft head (the SSD draft model), written
 from the training job's measured metrics so the card and the weights never disagree."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Training and evaluation of the CTC draft head on cached frozen-encoder states.
 
-CTC (Graves et al. 2006) over characters; the encoder is frozen as in SSD (seed 000), so
+CTC (Graves et al. 2006) over characters; the encoder is frozen as in SSD, so
 training reads cached states only. Evaluation reports what SSD needs to know about its
 draft: greedy-CTC CER/WER next to Whisper's own greedy AR on the same utterances, and a
 reliability table of the eq. 3 gate statistic (max frame entropy over valid frames)
