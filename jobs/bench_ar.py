@@ -7,7 +7,7 @@ the share of our time spent in the encoder's fixed 30-s window.
 """
 from __future__ import annotations
 
-from jobs.bench_data import flat_segments, join_by_recording, load_recordings
+from jobs.benchmark_data import flat_segments, join_by_recording, load_recordings
 from pipeline.timing import timed
 
 

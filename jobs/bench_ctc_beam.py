@@ -31,7 +31,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from jobs.bench_data import (best_of, domain_phrases, interleaved_ms_per_utt, key_phrases, pad_log_probs,
+from jobs.benchmark_data import (best_of, domain_phrases, interleaved_ms_per_utt, key_phrases, pad_log_probs,
                              simulate_log_probs, simulate_token_log_probs, split_text)
 from pipeline.metrics import corpus_wer_lowercase, phrase_fscore
 from pipeline.timing import timed

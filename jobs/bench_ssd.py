@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.bench_data import concat_long_form, flat_segments, join_by_recording, load_recordings
+from jobs.benchmark_data import concat_long_form, flat_segments, join_by_recording, load_recordings
 from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 from pipeline.timing import timed
 

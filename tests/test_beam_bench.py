@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from jobs.bench_data import key_phrases, simulate_log_probs
+from jobs.benchmark_data import key_phrases, simulate_log_probs
 from pipeline.decoding.ctc_beam import CTCBeamSearch
 from pipeline.metrics import corpus_wer_lowercase, phrase_fscore
 from pipeline.text import charset
@@ -46,7 +46,7 @@ def test_key_phrases_prefer_held_out_rare_words():
 def test_phrase_fscore_counts_multi_word_phrases():
     import pytest
 
-    from jobs.bench_data import domain_phrases
+    from jobs.benchmark_data import domain_phrases
 
     phrases = domain_phrases()
     assert len(phrases) == 100 and "heat exchanger" in phrases

@@ -1,0 +1,1 @@
+"""Text vocabularies: the embedded CTC head's character set."""

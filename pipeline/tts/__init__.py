@@ -1,1 +1,2 @@
-"""Synthetic speech corpus for training the embedded CTC draft head (issue 3)."""
+"""Synthetic speech corpus for training the embedded CTC draft head: TTS engines, text
+sources, augmentation and the corpus plan with held-out voices and texts."""
