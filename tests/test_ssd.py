@@ -10,6 +10,8 @@ from pipeline.decoding.ar_greedy import greedy_decode
 from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
 from pipeline.decoding.ssd_verify import verify_drafts
 
+from ar_reference import next_token_probs, uncached_greedy
+
 
 @pytest.fixture(scope="module")
 def encoded(whisper_adapter, sample_audio):
@@ -103,6 +105,55 @@ def test_fallback_resumes_from_the_verified_prefix(whisper_adapter, encoded):
                                prefixes=[row.prefix])[0]
         assert row.tokens == row.prefix + forced
     assert [r.tokens for r in rows] == full
+
+
+def _disagreeing_drafts(adapter, enc, full, tau_slm):
+    """Per row, draft tokens whose verified prefix is NOT what greedy AR decodes: AR's
+    first token, then the most probable other token that verification still accepts
+    (probability above tau_slm, by the uncached reference), then a token it rejects,
+    then the rest of the AR transcript (material for the lookahead's draft sync)."""
+    bad = adapter.tokenize("zebra")[0]
+    drafts = []
+    for i, f in enumerate(full):
+        probs = next_token_probs(adapter, enc.states[i:i + 1], f[:1]).clone()
+        probs[[f[1], adapter.eot_id]] = 0.0
+        alt = int(probs.argmax())
+        assert float(probs[alt]) > 2 * tau_slm, (i, float(probs[alt]))
+        drafts.append(adapter.text(f[:1] + [alt, bad] + f[2:]))
+    return drafts
+
+
+@pytest.mark.parametrize("reuse_kv,lookahead", [(False, 0), (True, 0), (True, 3)])
+def test_fallback_from_a_prefix_that_disagrees_with_ar_equals_uncached_greedy(whisper_adapter, encoded, reuse_kv,
+                                                                              lookahead):
+    """The verified prefix takes a token greedy AR would not (eq. 5 accepts any token
+    above tau_slm): the fallback must continue from THAT prefix, exactly as an uncached
+    decoder run over prompt + prefix + tokens so far does, and count what it generated.
+    A fallback that dropped the prefix, restarted from scratch, resumed from a stale
+    cache, or (lookahead, greedy rule) kept a draft guess that is not the argmax would differ."""
+    enc, full = encoded
+    tau_slm = 1e-3
+    drafts = _disagreeing_drafts(whisper_adapter, enc, full, tau_slm)
+    # 48 new tokens at most: the uncached reference costs a pass over the whole sequence
+    # per token, and a forced wrong token can make the decoder run on to the limit (the
+    # limit itself is then checked too)
+    ssd = SelfSpeculativeDecoder(whisper_adapter, tau_ctc=0.0, tau_slm=tau_slm, reuse_kv=reuse_kv,
+                                 max_new_tokens=48, lookahead=lookahead)
+    rows = ssd.first_pass(enc.states, drafts, torch.zeros(len(drafts)))
+    assert all(r.stage is None for r in rows)
+    assert [r.seed is not None for r in rows] == [reuse_kv] * len(rows)
+    ssd.fallback(enc.states, rows)
+    changed = 0
+    for i, (row, f) in enumerate(zip(rows, full)):
+        j = len(row.prefix)
+        assert row.stage == AR_FALLBACK and j >= 2 and row.draft_tokens[:j] == row.prefix
+        assert row.prefix != f[:j]                   # the prefix disagrees with greedy AR
+        ref = uncached_greedy(whisper_adapter, enc.states[i:i + 1], row.prefix, ssd.max_new_tokens)
+        assert row.tokens == row.prefix + ref
+        assert row.generated == len(ref) > 0
+        assert row.text == whisper_adapter.text(row.prefix + ref)
+        changed += row.tokens != f
+    assert changed == len(rows)
 
 
 def test_good_drafts_are_verified_not_regenerated(whisper_adapter, encoded):
