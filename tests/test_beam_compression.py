@@ -12,7 +12,6 @@ import torch
 from beam_reference import fusion_kwargs, peaky_log_probs
 from pipeline.decoding.ctc_beam import CTCBeamSearch
 
-boosting = pytest.importorskip("pipeline.lm.boosting")
 torch.set_num_threads(1)
 
 

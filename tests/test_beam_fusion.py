@@ -7,8 +7,8 @@ import torch
 
 from beam_reference import BigramTable, brute_force
 from pipeline.decoding.ctc_beam import CTCBeamSearch
+from pipeline.lm import boosting
 
-boosting = pytest.importorskip("pipeline.lm.boosting")
 torch.set_num_threads(1)
 
 
