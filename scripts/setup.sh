@@ -43,8 +43,10 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 .venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
 if [ "$WITH_TEST" = 1 ]; then
   "${PIP[@]}" -e ".[test]"
-  # pyctcdecode 0.5.0 pins numpy<2 but gives identical outputs on numpy 2.
-  .venv/bin/python -c "import pyctcdecode" 2>/dev/null || "${PIP[@]}" --no-deps pyctcdecode==0.5.0 pygtrie
+  # pyctcdecode 0.5.0 pins numpy<2 but gives identical outputs on numpy 2; resolved with
+  # its deps it would downgrade numpy to 1.x, which pyarrow (ray[data]) refuses to import
+  # with. So --no-deps; its other dependency (pygtrie) comes with the test extra.
+  .venv/bin/python -c "import pyctcdecode" 2>/dev/null || "${PIP[@]}" --no-deps pyctcdecode==0.5.0
 else
   "${PIP[@]}" -e .
 fi

@@ -8,6 +8,7 @@ import torch
 from beam_reference import BigramTable, brute_force
 from pipeline.decoding.ctc_beam import CTCBeamSearch
 from pipeline.lm import boosting
+
 torch.set_num_threads(1)
 
 

@@ -53,7 +53,8 @@ def test_extends_merges_sections(tmp_path):
 
 
 def test_bad_config_fails_before_ray_starts(tmp_path, samples_dir):
-    ray = pytest.importorskip("ray")
+    import ray
+
     from jobs.cli import main
 
     was_running = ray.is_initialized()

@@ -17,7 +17,6 @@ from pipeline.lm.kenlm_ref import KenLMReference
 from pipeline.lm.ngpu_lm import NGramLM
 from pipeline.lm.sample_text import pydoc_sentences
 
-kenlm = pytest.importorskip("kenlm", reason="the kenlm module is the reference (pip install kenlm)")
 
 TOL = 1e-4
 WHISPER_TOKENIZER = (Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages"

@@ -8,6 +8,9 @@ import torch
 
 from pipeline.decoding.ar_greedy import greedy_decode
 from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
+from ar_reference import next_token_probs, uncached_greedy
+from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
+from pipeline.decoders.ssd import SSDFirstPassDecoder
 from pipeline.decoding.ssd_verify import verify_drafts
 
 
@@ -67,13 +70,33 @@ def _texts(adapter, full):
     return [adapter.text(f) for f in full]
 
 
-def test_tau_ctc_infinite_returns_the_ctc_drafts(whisper_adapter, encoded):
-    enc, full = encoded
-    drafts = ["some draft", "Another one.", "x", "Fourth draft text", "five", "six!"]
-    ssd = SelfSpeculativeDecoder(whisper_adapter, tau_ctc=math.inf, tau_slm=0.5)
-    rows = ssd.decode(enc.states, drafts, torch.rand(len(drafts)) * 10)
-    assert [r.text for r in rows] == [d.strip() for d in drafts]
-    assert all(r.stage == CTC_GATE for r in rows)
+@pytest.fixture(scope="module")
+def ctc_adapter(model_cache):
+    """Whisper with the embedded CTC head (the drafts come from it)."""
+    from pipeline.models.whisper.adapter import load_whisper_adapter
+
+    return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
+
+
+def test_tau_ctc_infinite_is_the_ctc_greedy_decoder(ctc_adapter, sample_audio, monkeypatch):
+    """DESIGN invariant: with tau_CTC = +inf the gate accepts every non-empty draft, so
+    SSD (unpacked first pass) returns exactly what the ctc_greedy decoder returns on the
+    same real audio, and never runs the Whisper decoder. A gate that compared the wrong
+    way, re-verified gated drafts, or reported another text/entropy than the draft's
+    would fail."""
+    audios = [sample_audio[k] for k in sorted(sample_audio)]
+    ctc = CTCGreedySegmentDecoder(ctc_adapter).decode(audios)
+    assert all(r.text for r in ctc)              # non-empty drafts: the gate's domain
+    assert len({r.max_entropy for r in ctc}) > 1
+
+    def no_decoder(*args, **kwargs):
+        raise AssertionError("tau_ctc = inf must not run the decoder")
+
+    monkeypatch.setattr(ctc_adapter, "decoder_hidden", no_decoder)
+    ssd = SSDFirstPassDecoder(ctc_adapter, tau_ctc=math.inf, tau_slm=0.5, pack_gate=False).decode(audios)
+    assert [r.text for r in ssd] == [r.text for r in ctc]
+    assert all(r.stage == CTC_GATE and r.generated == 0 and r.prefix_len is None for r in ssd)
+    assert [r.max_entropy for r in ssd] == pytest.approx([r.max_entropy for r in ctc], abs=1e-6)
 
 
 def test_tau_zero_and_slm_one_is_exactly_full_ar(whisper_adapter, encoded):
@@ -103,6 +126,55 @@ def test_fallback_resumes_from_the_verified_prefix(whisper_adapter, encoded):
                                prefixes=[row.prefix])[0]
         assert row.tokens == row.prefix + forced
     assert [r.tokens for r in rows] == full
+
+
+def _disagreeing_drafts(adapter, enc, full, tau_slm):
+    """Per row, draft tokens whose verified prefix is NOT what greedy AR decodes: AR's
+    first token, then the most probable other token that verification still accepts
+    (probability above tau_slm, by the uncached reference), then a token it rejects,
+    then the rest of the AR transcript (material for the lookahead's draft sync)."""
+    bad = adapter.tokenize("zebra")[0]
+    drafts = []
+    for i, f in enumerate(full):
+        probs = next_token_probs(adapter, enc.states[i:i + 1], f[:1]).clone()
+        probs[[f[1], adapter.eot_id]] = 0.0
+        alt = int(probs.argmax())
+        assert float(probs[alt]) > 2 * tau_slm, (i, float(probs[alt]))
+        drafts.append(adapter.text(f[:1] + [alt, bad] + f[2:]))
+    return drafts
+
+
+@pytest.mark.parametrize("reuse_kv,lookahead", [(False, 0), (True, 0), (True, 3)])
+def test_fallback_from_a_prefix_that_disagrees_with_ar_equals_uncached_greedy(whisper_adapter, encoded, reuse_kv,
+                                                                              lookahead):
+    """The verified prefix takes a token greedy AR would not (eq. 5 accepts any token
+    above tau_slm): the fallback must continue from THAT prefix, exactly as an uncached
+    decoder run over prompt + prefix + tokens so far does, and count what it generated.
+    A fallback that dropped the prefix, restarted from scratch, resumed from a stale
+    cache, or (lookahead, greedy rule) kept a draft guess that is not the argmax would differ."""
+    enc, full = encoded
+    tau_slm = 1e-3
+    drafts = _disagreeing_drafts(whisper_adapter, enc, full, tau_slm)
+    # 48 new tokens at most: the uncached reference costs a pass over the whole sequence
+    # per token, and a forced wrong token can make the decoder run on to the limit (the
+    # limit itself is then checked too)
+    ssd = SelfSpeculativeDecoder(whisper_adapter, tau_ctc=0.0, tau_slm=tau_slm, reuse_kv=reuse_kv,
+                                 max_new_tokens=48, lookahead=lookahead)
+    rows = ssd.first_pass(enc.states, drafts, torch.zeros(len(drafts)))
+    assert all(r.stage is None for r in rows)
+    assert [r.seed is not None for r in rows] == [reuse_kv] * len(rows)
+    ssd.fallback(enc.states, rows)
+    changed = 0
+    for i, (row, f) in enumerate(zip(rows, full)):
+        j = len(row.prefix)
+        assert row.stage == AR_FALLBACK and j >= 2 and row.draft_tokens[:j] == row.prefix
+        assert row.prefix != f[:j]                   # the prefix disagrees with greedy AR
+        ref = uncached_greedy(whisper_adapter, enc.states[i:i + 1], row.prefix, ssd.max_new_tokens)
+        assert row.tokens == row.prefix + ref
+        assert row.generated == len(ref) > 0
+        assert row.text == whisper_adapter.text(row.prefix + ref)
+        changed += row.tokens != f
+    assert changed == len(rows)
 
 
 def test_good_drafts_are_verified_not_regenerated(whisper_adapter, encoded):
