@@ -28,7 +28,6 @@ CONFIGS = [
     ("ctc_greedy", "ctc_greedy", []),
     ("ssd_high_accuracy", "ssd", []),
     ("ssd_high_rtfx", "ssd", ["ssd.preset=high_rtfx"]),
-    ("ssd_lookahead", "ssd", ["ssd.lookahead=4"]),
     ("ctc_beam", "ctc_beam", []),
     ("ctc_beam_lm_boost", "ctc_beam", ["beam.lm_path={lm}", f"beam.key_phrases={json.dumps(KEY_PHRASES)}"]),
 ]
