@@ -84,8 +84,8 @@ class SSDFirstPassDecoder:
     fallback skips its prefill and the cross-attention projections. To a fallback pool in
     another process (the two-pool Ray plan) only the cropped self-attention K/V (prompt +
     prefix, ~4 tokens: ~45 KB, 2% of the 2.3-MB encoder states of a Whisper tiny segment)
-    and the next token travel: they spare that pool its prefill step, ~7% of its time on
-    held-out voices. The cross-attention K/V stay behind: ~8x the encoder states (18 MB
+    and the next token travel: they spare that pool its prefill step (docs/ssd.md has its
+    measured share). The cross-attention K/V stay behind: ~8x the encoder states (18 MB
     per segment) and, from the states that travel anyway, one batched projection away.
     Decoder-only models (granite) ship nothing extra: their self-attention K/V hold the
     audio embeddings, more bytes than the states themselves."""
@@ -94,7 +94,7 @@ class SSDFirstPassDecoder:
     # The packed gate takes clips up to a third of the encoder window, so that at least three
     # share one encoder pass: a gated clip then saves >= 2/3 of a pass and a rejected one
     # costs <= 1/3 more (its solo encode), so packing pays once the gate accepts > 1/3 of
-    # them. Two 15-s clips per window would need > 1/2 (long-form accepts ~12% here).
+    # them. Two 15-s clips per window would need > 1/2, which long-form speech does not reach.
     PACK_GATE_WINDOW_DIVISOR = 3
     # Seeds kept for an in-process fallback, oldest dropped first beyond this (a dropped
     # row is prefilled as usual). ~18 MB per Whisper tiny segment, mostly cross K/V.

@@ -8,8 +8,8 @@ a Hugging Face id, loaded offline.
 from __future__ import annotations
 
 # Segments per encoder call on CPU when model.encoder_micro_batch is null: Whisper's
-# 1500-frame attention thrashes the caches at larger batches (tiny.en, one thread: 16 per
-# call is ~20% slower than 2; docs/ssd.md). On GPU whole batches are encoded at once.
+# 1500-frame attention thrashes the CPU caches at larger batches (figures: docs/ssd.md).
+# On GPU whole batches are encoded at once.
 CPU_ENCODER_MICRO_BATCH = 2
 
 
