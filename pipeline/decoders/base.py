@@ -21,18 +21,14 @@ PENDING = "pending"
 class PendingState:
     """Base of a decoder's pending state: a dataclass whose fields are numpy arrays (or
     None) and JSON values (ints, floats, strings, lists of ints). ``to_bytes`` packs it as
-    safetensors, the arrays without a copy into Python objects, for the Arrow column of
-    the intermediate schema; ``from_bytes`` rebuilds it. Fields that only make sense in
-    the process that made the state (live tensors) are declared with
-    ``field(metadata={"local": True})`` and are dropped on the way."""
+    safetensors (the arrays as raw buffers, never as Python floats, and no pickle) for the
+    Arrow column of the intermediate schema; ``from_bytes`` rebuilds it."""
 
     def to_bytes(self) -> bytes:
         from safetensors.numpy import save
 
         arrays, values = {}, {}
         for f in dataclasses.fields(self):
-            if f.metadata.get("local"):
-                continue
             value = getattr(self, f.name)
             if isinstance(value, np.ndarray):
                 arrays[f.name] = np.ascontiguousarray(value)

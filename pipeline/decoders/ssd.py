@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,8 +42,6 @@ class SSDPending(PendingState):
     # the prefix, so that fallback skips its prefill.
     kv: np.ndarray | None = None
     next_token: int | None = None
-    # The decoder state rebuilt from kv or the handle (never shipped).
-    seed: DecodeSeed | None = field(default=None, metadata={"local": True})
 
 
 class SeedStore:
