@@ -93,6 +93,28 @@ def test_ray_job_end_to_end_with_broken_files(mixed_input, tmp_path, sample_mani
            {k: (r["text"], r["error"]) for k, r in rows.items()}
 
 
+BROKEN = [("empty.wav", "empty file"), ("random.wav", "cannot decode"), ("text_renamed.flac", "cannot decode"),
+          ("zero_samples.wav", "zero samples"), ("missing.wav", "file not found")]
+
+
+@pytest.mark.parametrize("config, runner", [(None, "ray"), ("ctc_beam", "local")])
+def test_two_stage_kinds_keep_the_prepare_errors(mixed_input, tmp_path, model_cache, config, runner):
+    """The default (SSD, two Ray pools) and ctc_beam: a file that cannot be read keeps its
+    error through the second pool (it used to come out as no_speech with no error)."""
+    manifest, n = mixed_input
+    dst = tmp_path / "out"
+    args = ["transcribe", "--input", str(manifest), "--output", str(dst), "--runner", runner,
+            "--set", f"model.cache_dir={model_cache}"] + (["--config", config] if config else [])
+    proc = _run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((dst / "summary.json").read_text())
+    rows = {r["id"]: r for r in _rows(dst)}
+    assert summary["rows_in"] == summary["rows_out"] == len(rows) == n
+    for bad, message in BROKEN:
+        assert rows[bad]["stage"] == "error" and message in (rows[bad]["error"] or ""), rows[bad]
+    assert summary["errors"] == sum(1 for r in rows.values() if r["error"]) >= len(BROKEN)
+
+
 def test_three_minute_recording_keeps_all_its_words(tmp_path, model_cache):
     from pipeline.config import load_config
     from actors.local_runner import run_local
