@@ -137,6 +137,10 @@ def test_stride_and_batching_mode_come_from_the_model(checkpoint):
 
 
 def test_a_missing_model_is_a_clear_error(tmp_path):
+    from pipeline.models import load_model
+
+    with pytest.raises(ValueError, match="model.source"):
+        load_model(load_config("ctc_model_greedy").model)
     with pytest.raises(ValueError, match=str(tmp_path / "nope")):
         load_ctc_adapter(str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()
