@@ -242,13 +242,18 @@ class JobConfig:
                 hint = family.hint(need)
                 raise ConfigError(f"model: decoder.kind={kind.name} needs a model with {need}; "
                                   f"model.family={family.name} {'(' + hint + ')' if hint else 'has none'}")
+        if kind.name in family.refused_kinds:
+            raise ConfigError(f"decoder.kind: {kind.name} does not run on model.family={family.name} yet "
+                              f"({family.refused_kinds[kind.name]})")
         if self.decoder.pack_windows:
             if not kind.packs_windows:
                 packing = ", ".join(n for n, k in kinds.items() if k.packs_windows)
                 raise ConfigError(f"decoder.pack_windows: only {packing} read the encoder states alone; "
                                   f"decoder.kind={kind.name} needs one clip per window")
             if "packable" not in offered:
-                raise ConfigError(f"decoder.pack_windows: model.family={family.name} cannot pack encoder windows")
+                hint = family.hint("packable")
+                raise ConfigError(f"decoder.pack_windows: model.family={family.name} cannot pack encoder windows"
+                                  + (f" ({hint})" if hint else ""))
         if self.batching.max_tokens < family.max_segment_cost:
             raise ConfigError(f"batching.max_tokens: must be >= {family.max_segment_cost} (one segment of "
                               f"model.family={family.name}), got {self.batching.max_tokens}")

@@ -12,7 +12,7 @@ from your own package with ``register_family``.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from pipeline.models.base import ATTENTION_DECODER, CTC, PACKABLE
@@ -28,6 +28,9 @@ class ModelFamily:
     max_segment_cost: int           # batch-budget cost of the longest segment (padded frames)
     # model config -> the config key a missing capability needs, for the error message
     hint: Callable[[str], str] = lambda capability: ""
+    # decoder kind -> why it cannot run on this family (yet), though the family has what
+    # the kind ``needs``: validation refuses the pair with that reason.
+    refused_kinds: dict[str, str] = field(default_factory=dict)
 
     def load(self, model_config, device: str, dtype):
         return importlib.import_module(self.module).load(model_config, device=device, dtype=dtype)
@@ -71,3 +74,14 @@ register_family(ModelFamily(
     max_segment_s=60.0, max_segment_cost=3000,
     hint=lambda cap: ("set model.ctc_vocab (a JSON list naming the encoder's CTC outputs, blank first)"
                       if cap == CTC else "")))
+# Any transformers CTC checkpoint. Frame rates differ per model (wav2vec2: 320 samples,
+# Parakeet: 1280), but the window rule must be known before a model is loaded: the segment
+# cost is priced at the finest common stride, wav2vec2's 20 ms, so 30 s cost 1500 frames
+# and no model of the family can exceed the budget that admits one segment.
+register_family(ModelFamily(
+    "ctc", "pipeline.models.ctc",
+    capabilities=lambda m: frozenset({CTC}),
+    max_segment_s=30.0, max_segment_cost=1500,
+    hint=lambda cap: ("use --config ctc_model_greedy, or --set decoder.pack_windows=false"
+                      if cap == PACKABLE else ""),
+    refused_kinds={"ctc_beam": "ctc_beam still searches the embedded character set, not the model's vocabulary"}))

@@ -1,0 +1,165 @@
+"""Any transformers CTC checkpoint (``AutoModelForCTC``) behind the model-adapter interface.
+
+The ``ctc`` family serves "FlexCTC: GPU-powered CTC Beam Decoding": its searches run over
+the per-frame distributions of a real CTC model (Wav2Vec2ForCTC, HubertForCTC,
+ParakeetForCTC, ...). Everything model-specific comes from the checkpoint itself:
+
+- features: the model's own feature extractor, run on each clip alone, then padded with
+  the extractor's own ``pad`` (its padding value, plus an attention mask) so that a padded
+  batch gives every clip exactly the inputs it has alone. A model whose extractor returns
+  no attention mask (wav2vec2 with group norm, which normalises over the padding too) is
+  run one clip at a time instead, for the same reason;
+- encoder states: the CTC logits of the model's own forward. The CTC head is part of that
+  forward (a linear for wav2vec2, a 1x1 conv for Parakeet) and no decoder here needs the
+  hidden states, so keeping the logits makes the log-probs equal the model's by
+  construction, with no per-architecture head lookup;
+- valid frames: the model's own output-length rule applied to each clip's input length
+  (``_get_feat_extract_output_lengths`` for the wav2vec2-style models,
+  ``_get_subsampling_output_length`` for Parakeet, the rule its ``generate`` masks with);
+- blank: the model config's ``pad_token_id`` (the id its CTC loss uses as blank);
+- text: the processor's (or tokenizer's) ``batch_decode`` of each row's frame-wise argmax
+  over its valid frames, i.e. the model's own CTC decoding rules (grouping, blank removal,
+  word delimiter).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.models.base import CTC, CTCDraftBatch, EncoderBatch
+
+SAMPLE_RATE = 16000
+
+
+class CTCModelAdapter:
+    capabilities = frozenset({CTC})
+
+    def __init__(self, model, feature_extractor, tokenizer, processor=None, device: str | torch.device = "cpu"):
+        self.model = model.requires_grad_(False).eval()
+        self.feature_extractor = feature_extractor
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.device = torch.device(device)
+        self.dtype = next(model.parameters()).dtype
+        if getattr(feature_extractor, "sampling_rate", SAMPLE_RATE) != SAMPLE_RATE:
+            raise ValueError(f"the feature extractor reads {feature_extractor.sampling_rate} Hz audio; "
+                             f"the pipeline delivers {SAMPLE_RATE} Hz")
+        blank = getattr(model.config, "pad_token_id", None)
+        if blank is None:
+            blank = tokenizer.pad_token_id
+        if blank is None:
+            raise ValueError("no CTC blank id: neither the model config nor the tokenizer has a pad_token_id")
+        self.blank = int(blank)
+        self.vocab_size = int(model.config.vocab_size)
+        names = list(feature_extractor.model_input_names)
+        self.input_name = names[0]                  # input_values (waveform) or input_features
+        # Batch only where the model masks the padding; otherwise padding changes the output.
+        self.batched = "attention_mask" in names and bool(getattr(feature_extractor, "return_attention_mask", True))
+        self._input_length = lru_cache(maxsize=4096)(self._input_length_uncached)
+
+    # --- lengths ------------------------------------------------------------------------------
+    def output_lengths(self, input_lengths: torch.Tensor) -> torch.Tensor:
+        """Model frames for inputs of ``input_lengths`` (samples or feature frames), by the
+        model's own rule; a model without one keeps its input's frame count."""
+        lengths = input_lengths.long()
+        if hasattr(self.model, "_get_feat_extract_output_lengths"):      # wav2vec2, hubert, ...
+            return self.model._get_feat_extract_output_lengths(lengths).long()
+        if hasattr(self.model, "_get_subsampling_output_length"):        # parakeet
+            return self.model._get_subsampling_output_length(lengths).long()
+        return lengths
+
+    def _input_length_uncached(self, num_samples: int) -> int:
+        if self.input_name == "input_values":       # the raw waveform is the input
+            return num_samples
+        feats = self._features(np.zeros(num_samples, dtype=np.float32))
+        return self._lengths([feats])[0]
+
+    def segment_cost(self, num_samples: int, packed: bool = False) -> int:
+        """The model's output frames for a segment of ``num_samples``: its batch budget."""
+        return int(self.output_lengths(torch.tensor([self._input_length(num_samples)]))[0])
+
+    # --- audio side ---------------------------------------------------------------------------
+    def _features(self, audio: np.ndarray):
+        return self.feature_extractor(np.asarray(audio, dtype=np.float32), sampling_rate=SAMPLE_RATE,
+                                      return_tensors="pt")
+
+    def _lengths(self, feats) -> list[int]:
+        """Each clip's input length: its attention mask's sum, else its input's time axis."""
+        return [int(f["attention_mask"].sum()) if "attention_mask" in f else int(f[self.input_name].shape[1])
+                for f in feats]
+
+    def _pad(self, feats):
+        """Per-clip features -> one padded batch through the extractor's own ``pad``."""
+        rows = [{k: v[0] for k, v in f.items() if k in (self.input_name, "attention_mask")} for f in feats]
+        return self.feature_extractor.pad(rows, padding="longest", return_attention_mask=True,
+                                          return_tensors="pt")
+
+    @torch.inference_mode()
+    def _logits(self, inputs) -> torch.Tensor:
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        inputs[self.input_name] = inputs[self.input_name].to(self.dtype)
+        return self.model(**inputs).logits.float()
+
+    def encode(self, audios: list[np.ndarray]) -> EncoderBatch:
+        """16-kHz audio -> CTC logits [B, T, V] and each row's valid frames."""
+        feats = [self._features(a) for a in audios]
+        inputs_len = torch.tensor(self._lengths(feats), dtype=torch.long)
+        if self.batched:
+            logits = self._logits(self._pad(feats))
+        else:
+            rows = [self._logits({k: v for k, v in f.items() if k == self.input_name})[0] for f in feats]
+            logits = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        frames = self.output_lengths(inputs_len).clamp(max=logits.shape[1]).to(logits.device)
+        return EncoderBatch(states=logits, valid_frames=frames)
+
+    @torch.inference_mode()
+    def ctc_draft(self, enc: EncoderBatch) -> CTCDraftBatch:
+        """Greedy CTC over the valid frames; the text through the model's own decoding."""
+        from pipeline.decoding.ctc_greedy import ctc_greedy
+
+        T = int(enc.valid_frames.max()) if len(enc.valid_frames) else 0
+        log_probs = enc.states[:, :T].float().log_softmax(-1)
+        g = ctc_greedy(log_probs, enc.valid_frames, blank=self.blank)
+        best = log_probs.argmax(-1).tolist()
+        ids = [row[:n] for row, n in zip(best, enc.valid_frames.tolist())]
+        texts = (self.processor or self.tokenizer).batch_decode(ids)
+        return CTCDraftBatch(log_probs=log_probs, lengths=enc.valid_frames, texts=texts,
+                             entropy=g.entropy, max_entropy=g.max_entropy)
+
+
+def _looks_local(source: str) -> bool:
+    return source.startswith((".", "/", "~")) or Path(source).expanduser().exists() or source.count("/") > 1
+
+
+def load_ctc_adapter(source: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> CTCModelAdapter:
+    """An ``AutoModelForCTC`` checkpoint from a local directory or a Hugging Face id already
+    in the local cache (nothing is downloaded), with its processor, or its feature
+    extractor and tokenizer where it ships no processor."""
+    from transformers import AutoFeatureExtractor, AutoModelForCTC, AutoProcessor, AutoTokenizer
+
+    if _looks_local(source) and not Path(source).expanduser().is_dir():
+        raise ValueError(f"model.source: no CTC model at {source} (not a directory)")
+    try:
+        model = AutoModelForCTC.from_pretrained(source, dtype=dtype, local_files_only=True)
+    except OSError as exc:
+        raise ValueError(f"model.source: cannot load a CTC model from {source} offline: "
+                         f"{str(exc).splitlines()[0]}") from None
+    processor = None
+    try:
+        processor = AutoProcessor.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        pass
+    if processor is not None and hasattr(processor, "feature_extractor") and hasattr(processor, "tokenizer"):
+        extractor, tokenizer = processor.feature_extractor, processor.tokenizer
+    else:   # AutoProcessor gave a lone tokenizer or extractor, or nothing
+        processor = None
+        try:
+            extractor = AutoFeatureExtractor.from_pretrained(source, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"model.source: {source} lacks a feature extractor or tokenizer: "
+                             f"{str(exc).splitlines()[0]}") from None
+    return CTCModelAdapter(model.to(device), extractor, tokenizer, processor=processor, device=device)

@@ -1,0 +1,198 @@
+"""The ctc model family ("FlexCTC: GPU-powered CTC Beam Decoding" searches over real CTC
+checkpoints) on tiny random checkpoints built here and saved to temp directories: a
+Wav2Vec2ForCTC with a character vocabulary and a `|` word delimiter (layer norm, which
+takes an attention mask; and group norm, which does not), and a ParakeetForCTC with a
+SentencePiece-style subword vocabulary. The references are transformers alone: the
+processor on one clip, the model's forward, ``processor.batch_decode`` of its argmax.
+The CTC heads' weights are scaled up so that random models still change their argmax
+from frame to frame (a non-trivial greedy text).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import ROOT
+from pipeline.audio import decode_audio
+from pipeline.config import ConfigError, load_config
+from pipeline.models.ctc.adapter import load_ctc_adapter
+
+CHARS = ["<pad>", "<unk>", "|"] + list("abcdefghijklmnopqrstuvwxyz'")
+PIECES = ["<unk>", "▁", "▁the", "▁a", "th", "er", "in"] + list("abcdefghijklmnopqrstuvwxyz'") + ["<pad>"]
+HEAD_SCALE = 20.0
+
+
+def _wav2vec2(root, norm: str):
+    from transformers import (Wav2Vec2Config, Wav2Vec2CTCTokenizer, Wav2Vec2FeatureExtractor, Wav2Vec2ForCTC,
+                              Wav2Vec2Processor)
+
+    (root / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(CHARS)}))
+    tok = Wav2Vec2CTCTokenizer(str(root / "vocab.json"), unk_token="<unk>", pad_token="<pad>",
+                               word_delimiter_token="|", bos_token=None, eos_token=None)
+    layer = norm == "layer"   # layer-norm models take an attention mask, group-norm ones must not
+    fe = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=layer,
+                                  return_attention_mask=layer)
+    cfg = Wav2Vec2Config(vocab_size=len(CHARS), pad_token_id=0, hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, intermediate_size=37, conv_dim=(16,) * 7, feat_extract_norm=norm,
+                         do_stable_layer_norm=layer, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2)
+    torch.manual_seed(0)
+    model = Wav2Vec2ForCTC(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(HEAD_SCALE)
+    return model, Wav2Vec2Processor(feature_extractor=fe, tokenizer=tok)
+
+
+def _parakeet(root, norm=None):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import (ParakeetCTCConfig, ParakeetFeatureExtractor, ParakeetForCTC, ParakeetProcessor,
+                              ParakeetTokenizer)
+
+    spm = Tokenizer(models.Unigram([(p, -1.0 - 0.1 * i) for i, p in enumerate(PIECES)], unk_id=0))
+    spm.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    spm.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tok = ParakeetTokenizer(tokenizer_object=spm, unk_token="<unk>", pad_token="<pad>")
+    cfg = ParakeetCTCConfig(vocab_size=len(PIECES), pad_token_id=len(PIECES) - 1, encoder_config=dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48, num_mel_bins=16,
+        subsampling_conv_channels=8, conv_kernel_size=5))
+    torch.manual_seed(0)
+    model = ParakeetForCTC(cfg).eval()
+    with torch.no_grad():
+        model.ctc_head.weight.mul_(HEAD_SCALE)
+    return model, ParakeetProcessor(ParakeetFeatureExtractor(feature_size=16), tok, decoder_type="ctc")
+
+
+BUILDERS = {"wav2vec2": (_wav2vec2, "layer"), "wav2vec2_group_norm": (_wav2vec2, "group"),
+            "parakeet": (_parakeet, None)}
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDERS))
+def checkpoint(request, tmp_path_factory):
+    build, norm = BUILDERS[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    model, processor = build(root, norm)
+    model.save_pretrained(root)
+    processor.save_pretrained(root)
+    return request.param, root, model, processor, load_ctc_adapter(str(root))
+
+
+def _reference(model, processor, audio):
+    """transformers alone on one clip: log-probs [T, V] over the frames the model counts as
+    audio, and the greedy text ``processor.batch_decode`` makes of their argmax. Parakeet's
+    encoder returns its output mask (its last STFT frame is padding even for a clip alone,
+    and its ``generate`` masks that frame); wav2vec2 alone has no padded frame."""
+    inputs = processor(audio, sampling_rate=16000, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        n = logits.shape[1]
+        if hasattr(model, "encoder") and "attention_mask" in inputs:
+            n = int(model.encoder(**inputs).attention_mask.sum())
+            torch.testing.assert_close(model.generate(**inputs)[:, :n], logits.argmax(-1)[:, :n])
+    logits = logits[:, :n]
+    return logits[0].float().log_softmax(-1), processor.batch_decode(logits.argmax(-1))[0]
+
+
+def test_greedy_and_log_probs_equal_the_models_own_on_each_clip(checkpoint, sample_audio):
+    name, _, model, processor, adapter = checkpoint
+    assert adapter.capabilities == frozenset({"ctc"})
+    assert adapter.blank == model.config.pad_token_id
+    texts = []
+    for clip, audio in sample_audio.items():
+        ref_lp, ref_text = _reference(model, processor, audio)
+        enc = adapter.encode([audio])
+        draft = adapter.ctc_draft(enc)
+        n = int(draft.lengths[0])
+        assert n == ref_lp.shape[0] == adapter.segment_cost(len(audio)), clip   # the model's own frame count
+        torch.testing.assert_close(draft.log_probs[0, :n], ref_lp, atol=1e-5, rtol=0)
+        assert draft.texts[0] == ref_text, clip
+        texts.append(ref_text.strip())
+    assert sum(bool(t) for t in texts) >= len(texts) - 1, texts   # the random model says something
+
+
+def test_a_padded_batch_equals_each_clip_alone(checkpoint, sample_audio):
+    _, _, _, _, adapter = checkpoint
+    audios = list(sample_audio.values())
+    assert len({len(a) for a in audios}) > 1                        # real padding
+    batch = adapter.ctc_draft(adapter.encode(audios))
+    for i, audio in enumerate(audios):
+        alone = adapter.ctc_draft(adapter.encode([audio]))
+        n = int(alone.lengths[0])
+        assert int(batch.lengths[i]) == n
+        torch.testing.assert_close(batch.log_probs[i, :n], alone.log_probs[0, :n], atol=1e-4, rtol=0)
+        assert batch.texts[i] == alone.texts[0]
+        assert float(batch.max_entropy[i]) == pytest.approx(float(alone.max_entropy[0]), abs=1e-4)
+        assert not batch.entropy[i, n:].any()
+
+
+def test_stride_and_batching_mode_come_from_the_model(checkpoint):
+    name, _, _, _, adapter = checkpoint
+    stride = 1280 if name == "parakeet" else 320          # 80 ms subsampled mels vs the 20-ms conv stack
+    assert adapter.segment_cost(30 * 16000) == pytest.approx(30 * 16000 / stride, abs=2)
+    assert adapter.batched == (name != "wav2vec2_group_norm")
+
+
+def test_a_missing_model_is_a_clear_error(tmp_path):
+    from pipeline.models import load_model
+
+    with pytest.raises(ValueError, match="model.source"):
+        load_model(load_config("ctc_model_greedy").model)
+    with pytest.raises(ValueError, match=str(tmp_path / "nope")):
+        load_ctc_adapter(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=str(tmp_path / "empty")):
+        load_ctc_adapter(str(tmp_path / "empty"))
+
+
+def test_config_refuses_what_the_ctc_family_cannot_run_yet(tmp_path):
+    cfg = load_config("ctc_model_greedy", [f"model.source={tmp_path}"])
+    assert (cfg.model.family, cfg.decoder.kind, cfg.decoder.pack_windows) == ("ctc", "ctc_greedy", False)
+    with pytest.raises(ConfigError, match="ctc_model_greedy"):    # ctc_greedy.yaml packs windows
+        load_config("ctc_greedy", ["model.family=ctc", f"model.source={tmp_path}"])
+    for conf, sets in (("ctc_model_greedy", ["decoder.kind=ctc_beam"]),
+                       ("ctc_beam", ["model.family=ctc", "decoder.pack_windows=false"])):
+        with pytest.raises(ConfigError) as exc:
+            load_config(conf, [f"model.source={tmp_path}", *sets])
+        assert str(exc.value).startswith("decoder.kind: ctc_beam does not run on model.family=ctc")
+        assert len(str(exc.value).splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory, samples_dir, sample_manifest):
+    root = tmp_path_factory.mktemp("ctc-in")
+    lines = [{"id": m["id"], "audio": str(samples_dir / m["audio"])} for m in sample_manifest]
+    (root / "random.wav").write_bytes(bytes(np.random.default_rng(3).integers(0, 256, 3000, dtype=np.uint8)))
+    lines.insert(2, {"id": "random", "audio": str(root / "random.wav")})
+    path = root / "manifest.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path, lines
+
+
+def test_cli_transcribes_with_a_ctc_checkpoint(checkpoint, manifest, tmp_path):
+    name, root, model, processor, _ = checkpoint
+    path, lines = manifest
+    dst = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--runner", "local", "--input", str(path),
+                           "--output", str(dst), "--config", "ctc_model_greedy", "--set", f"model.source={root}",
+                           "--set", "batching.recordings_per_batch=3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((dst / "summary.json").read_text())
+    rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
+    assert summary["rows_in"] == summary["rows_out"] == len(lines) == len(rows)
+    assert summary["errors"] == 1 and rows["random"]["error"] and rows["random"]["text"] is None
+    for line in lines:
+        if line["id"] == "random":
+            continue
+        row = rows[line["id"]]
+        assert row["error"] is None and row["decoder"] == "ctc_greedy", row
+        audio = decode_audio(open(row["audio"], "rb").read())[0]
+        refs = []
+        for seg in row["segments"]:
+            part = audio[int(round(seg["start"] * 16000)):int(round(seg["end"] * 16000))]
+            refs.append(_reference(model, processor, part)[1].strip())
+        assert row["text"] == " ".join(t for t in refs if t), line["id"]
