@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from actors.registrations import adopt
 from pipeline.config import config_from_dict
 from pipeline.decoders import decoder_kind
 from pipeline.records import OUTPUT_SCHEMA, table
@@ -16,8 +17,9 @@ from pipeline.segment_runner import complete_pending
 
 
 class Finisher:
-    def __init__(self, config: dict, kind=None, first_stage=None):
-        self.cfg = config_from_dict(config, kind)
+    def __init__(self, config: dict, kind=None, family=None, first_stage=None):
+        adopt(kind, family)
+        self.cfg = config_from_dict(config)
         self.kind = kind or decoder_kind(self.cfg.decoder.kind)
         self.stage = self.kind.build_second_stage(self.cfg, first_stage)
 

@@ -28,6 +28,8 @@ def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int = 1024, progre
               kind=None) -> int:
     """Transcribe manifest ``rows`` into Parquet parts under ``dst``; returns rows written."""
     kind = kind or decoder_kind(cfg.decoder.kind)
+    if kind.name != cfg.decoder.kind:
+        raise ValueError(f"decoder kind {kind.name!r} given for a config of decoder.kind={cfg.decoder.kind}")
     prep = AudioPrep(cfg.to_dict(), kind)
     model = Transcriber(cfg.to_dict(), kind)
     # A second stage shares the first stage's model in-process (no second copy).

@@ -12,6 +12,7 @@ import os
 
 from pipeline.device import resolve_device
 from pipeline.decoders import decoder_kind
+from pipeline.models import model_family
 from pipeline.records import INPUT_SCHEMA, table
 
 
@@ -32,8 +33,9 @@ def init_ray(cfg) -> None:
 
 
 def build_dataset(rows: list[dict], cfg, kind=None):
-    """The plan for ``rows``; ``kind`` (default: the registry's entry for decoder.kind)
-    travels to every actor, so a kind registered only in the driver works in workers."""
+    """The plan for ``rows``. The decoder kind (default: the registry's entry for
+    decoder.kind) and the model family travel to every actor, so a kind or family
+    registered only in the driver works in the workers."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -50,7 +52,9 @@ def build_dataset(rows: list[dict], cfg, kind=None):
     ds = ds.repartition(max(1, -(-len(rows) // per_block)))
     config = cfg.to_dict()
     kind = kind or decoder_kind(cfg.decoder.kind)
-    args = {"config": config, "kind": kind}
+    if kind.name != cfg.decoder.kind:
+        raise ValueError(f"decoder kind {kind.name!r} given for a config of decoder.kind={cfg.decoder.kind}")
+    args = {"config": config, "kind": kind, "family": model_family(cfg.model.family)}
     ds = ds.map_batches(AudioPrep, fn_constructor_kwargs=args,
                         batch_size=per_block, batch_format="pyarrow",
                         compute=ActorPoolStrategy(size=cfg.ray.audio_actors),
@@ -63,7 +67,7 @@ def build_dataset(rows: list[dict], cfg, kind=None):
                         compute=ActorPoolStrategy(size=cfg.ray.decode_actors),
                         num_cpus=cfg.ray.decode_actor_cpus, **extra)
     # Second pool: only the pending segments are decoded there (SSD's AR fallback, CTC
-    # beam search); their state arrives through the object store as CPU arrays.
+    # beam search); their state arrives through the object store as bytes in the rows.
     if kind.two_stage:
         ds = ds.map_batches(Finisher, fn_constructor_kwargs=args,
                             batch_size=per_block, batch_format="pyarrow",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from actors.registrations import adopt
 from pipeline.config import config_from_dict
 from pipeline.decoders import decoder_kind
 from pipeline.models import load_model
@@ -16,8 +17,9 @@ from pipeline.segment_runner import transcribe_prepared
 
 
 class Transcriber:
-    def __init__(self, config: dict, kind=None):
-        self.cfg = config_from_dict(config, kind)
+    def __init__(self, config: dict, kind=None, family=None):
+        adopt(kind, family)
+        self.cfg = config_from_dict(config)
         self.kind = kind or decoder_kind(self.cfg.decoder.kind)
         # A kind that needs no model capability (it reads the audio alone) loads no model.
         self.adapter = load_model(self.cfg.model) if self.kind.needs else None

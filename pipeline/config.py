@@ -38,9 +38,6 @@ class ModelConfig:
     encoder_micro_batch: int | None = None
 
     def validate(self, key: str) -> None:
-        from pipeline.models import FAMILIES
-
-        _choice(f"{key}.family", self.family, tuple(FAMILIES))
         _choice(f"{key}.dtype", self.dtype, ("float32", "float16", "bfloat16"))
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"{key}.device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
@@ -196,7 +193,7 @@ class RayConfig:
     num_cpus: int | None = None       # logical CPUs for a local instance (default: 2 x cores)
     decode_actors: int = 1            # model actors (GPU: one per GPU)
     decode_actor_cpus: float = 1.0
-    fallback_actors: int = 1          # SSD AR-fallback pool
+    fallback_actors: int = 1          # second pool of a two-stage decoder kind (SSD fallback, beam search)
     fallback_actor_cpus: float = 1.0
     audio_actors: int = 1             # decode/segment workers
     audio_actor_cpus: float = 0.5
@@ -222,29 +219,26 @@ class JobConfig:
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
-    def validate(self, kinds: dict | None = None) -> "JobConfig":
-        """Check every section, then the decoder kind against ``kinds`` (default: the
-        registry) and the model family: the capabilities the kind needs, window packing,
-        the segment length."""
+    def validate(self) -> "JobConfig":
+        """Check every section, then the decoder kind and the model family against their
+        registries: the capabilities the kind needs, window packing, the segment length."""
         from pipeline.decoders import DECODER_KINDS
-        from pipeline.models import model_family
+        from pipeline.models import FAMILIES
 
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if hasattr(value, "validate"):
                 value.validate(f.name)
-        kinds = DECODER_KINDS if kinds is None else kinds
+        kinds = DECODER_KINDS
+        _choice("model.family", self.model.family, tuple(FAMILIES))
         _choice("decoder.kind", self.decoder.kind, tuple(kinds))
-        kind, family = kinds[self.decoder.kind], model_family(self.model.family)
+        kind, family = kinds[self.decoder.kind], FAMILIES[self.model.family]
         offered = family.capabilities(self.model)
-        for need in sorted(kind.needs):
+        for need in sorted(kind.needs_for(self)):
             if need not in offered:
                 hint = family.hint(need)
                 raise ConfigError(f"model: decoder.kind={kind.name} needs a model with {need}; "
                                   f"model.family={family.name} {'(' + hint + ')' if hint else 'has none'}")
-        if kind.name in family.refused_kinds:
-            raise ConfigError(f"decoder.kind: {kind.name} does not run on model.family={family.name} yet "
-                              f"({family.refused_kinds[kind.name]})")
         if self.decoder.pack_windows:
             if not kind.packs_windows:
                 packing = ", ".join(n for n, k in kinds.items() if k.packs_windows)
@@ -374,7 +368,7 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     ``key=value`` overrides, validate. The defaults live only in the dataclasses; starting
     from them lets an override reach into a mapping the YAML does not restate
     (``--set ssd.presets.high_rtfx.gate_verify_tau=null``)."""
-    data = _merge(JobConfig().to_dict(), _read_yaml(resolve_config_path(name_or_path)))
+    data = _over_defaults(_read_yaml(resolve_config_path(name_or_path)))
     for item in overrides or []:
         path, value = parse_override(item)
         node = data
@@ -386,10 +380,17 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     return _build(JobConfig, data, "").validate()
 
 
-def config_from_dict(data: dict, kind=None) -> JobConfig:
-    """Rebuild a JobConfig shipped to a worker as a plain dict (validated again). ``kind``:
-    the DecoderKind the plan shipped with it, which a worker's registry may not hold."""
-    from pipeline.decoders import DECODER_KINDS
+def _over_defaults(data: dict) -> dict:
+    """``data`` merged over the dataclass defaults, except that an SSD preset the YAML names
+    is taken whole: a preset that leaves out a key must not inherit it from the shipped
+    preset of the same name (that would switch on, e.g., its packed gate)."""
+    merged = _merge(JobConfig().to_dict(), data)
+    presets = (data.get("ssd") or {}).get("presets") if isinstance(data.get("ssd"), dict) else None
+    if isinstance(presets, dict) and isinstance(merged["ssd"].get("presets"), dict):
+        merged["ssd"]["presets"].update(presets)
+    return merged
 
-    kinds = {**DECODER_KINDS, kind.name: kind} if kind is not None else None
-    return _build(JobConfig, data, "").validate(kinds)
+
+def config_from_dict(data: dict) -> JobConfig:
+    """Rebuild a JobConfig shipped to a worker as a plain dict (validated again)."""
+    return _build(JobConfig, data, "").validate()

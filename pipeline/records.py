@@ -47,7 +47,8 @@ OUTPUT_SCHEMA = pa.schema([
 # prepare stage's error and the row's key phrases ride along for the second stage.
 PENDING_FIELDS = [
     ("pending_index", pa.list_(pa.int32())),
-    ("pending_state", pa.list_(pa.binary())),
+    # large_binary: 64-bit offsets, so a block of long segments' states may pass 2 GiB.
+    ("pending_state", pa.list_(pa.large_binary())),
     ("prepare_error", pa.string()),
     ("key_phrases", pa.list_(pa.string())),
 ]

@@ -63,3 +63,17 @@ def test_bad_config_fails_before_ray_starts(tmp_path, samples_dir):
     assert code == 2
     assert ray.is_initialized() == was_running
     assert not (tmp_path / "o").exists()
+
+
+def test_a_preset_named_in_a_yaml_is_taken_whole(tmp_path):
+    """A config file's own high_rtfx that leaves out pack_gate and gate_verify_tau must not
+    inherit them from the shipped preset of the same name; an override still reaches in."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\nmodel: {ctc_head: embedded}\ndecoder: {kind: ssd}\n"
+                    "ssd: {preset: high_rtfx, presets: {high_rtfx: {tau_ctc: 1.5, tau_slm: 0.1}}}\n")
+    cfg = load_config(str(path))
+    assert cfg.ssd.thresholds() == (1.5, 0.1)
+    assert cfg.ssd.packs_gate() is False and cfg.ssd.gate_verify_threshold() is None
+    assert "high_accuracy" in cfg.ssd.presets
+    shipped = load_config("ssd", ["ssd.preset=high_rtfx", "ssd.presets.high_rtfx.gate_verify_tau=null"])
+    assert shipped.ssd.packs_gate() is True and shipped.ssd.gate_verify_threshold() is None

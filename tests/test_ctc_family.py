@@ -157,7 +157,8 @@ def test_config_refuses_what_the_ctc_family_cannot_run_yet(tmp_path):
                        ("ctc_beam", ["model.family=ctc", "decoder.pack_windows=false"])):
         with pytest.raises(ConfigError) as exc:
             load_config(conf, [f"model.source={tmp_path}", *sets])
-        assert str(exc.value).startswith("decoder.kind: ctc_beam does not run on model.family=ctc")
+        assert str(exc.value).startswith("model: decoder.kind=ctc_beam needs a model with charset_ctc; "
+                                         "model.family=ctc (ctc_beam searches only")
         assert len(str(exc.value).splitlines()) == 1
 
 

@@ -23,6 +23,7 @@ from actors.plan import init_ray, run_ray
 from pipeline.config import ConfigError, load_config
 from pipeline.decoders import DECODER_KINDS, DecoderKind, decoder_kind
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult
+from pipeline.models import FAMILIES, ModelFamily
 
 
 @dataclass
@@ -63,11 +64,16 @@ class Spell:
 
 
 TOY = DecoderKind("toy_duration", Measure, Spell)
+# A model family registered only here too: the toy kind needs no capability, so its model
+# is never loaded, but every worker must still know the family the config names.
+TOY_FAMILY = ModelFamily("toy_family", __name__, capabilities=lambda m: frozenset(), max_segment_s=30.0,
+                         max_segment_cost=1)
 
 
 @pytest.fixture
 def toy_registered(monkeypatch):
     monkeypatch.setitem(DECODER_KINDS, TOY.name, TOY)
+    monkeypatch.setitem(FAMILIES, TOY_FAMILY.name, TOY_FAMILY)
     # Ray ships the kind to its workers; this test module is not importable there.
     import ray.cloudpickle
 
@@ -124,8 +130,8 @@ def test_toy_kind_in_process(toy_registered, manifest, tmp_path):
 def test_toy_kind_through_the_ray_plan(toy_registered, manifest, tmp_path):
     import ray
 
-    cfg = load_config("ar", ["decoder.kind=toy_duration", "batching.recordings_per_batch=2",
-                             "ray.num_cpus=4"])
+    cfg = load_config("ar", ["decoder.kind=toy_duration", "model.family=toy_family",
+                             "batching.recordings_per_batch=2", "ray.num_cpus=4"])
     already = ray.is_initialized()
     init_ray(cfg)
     try:

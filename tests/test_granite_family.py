@@ -126,6 +126,20 @@ def test_granite_runs_from_config_with_broken_inputs(checkpoint, manifest, tmp_p
     assert sum(bool(rows[c]["text"]) for c in CLIPS) >= 2   # the model says something
 
 
+def test_configs_granite_cannot_serve_fail_in_validation(checkpoint):
+    from pipeline.config import ConfigError, load_config
+
+    root, _, _ = checkpoint
+    base = ["model.family=granite_speech", f"model.source={root}", f"model.ctc_vocab={root / 'ctc_vocab.json'}"]
+    # The beam search knows only the embedded head's character set so far.
+    with pytest.raises(ConfigError, match="needs a model with charset_ctc"):
+        load_config("ctc_beam", base + ["decoder.pack_windows=false"])
+    # high_rtfx's packed gate needs encoder windows granite cannot pack.
+    with pytest.raises(ConfigError, match="needs a model with packable.*ssd.pack_gate=false"):
+        load_config("ssd", base + ["ssd.preset=high_rtfx"])
+    assert load_config("ssd", base + ["ssd.preset=high_rtfx", "ssd.pack_gate=false"]).ssd.packs_gate() is False
+
+
 def test_ssd_on_granite_without_a_ctc_vocabulary_fails_before_any_worker(checkpoint, manifest, tmp_path):
     root, _, _ = checkpoint
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(manifest[0]),

@@ -7,7 +7,8 @@ the Ray plan and the in-process runner never name a kind:
   results, run by a second actor pool. ``first_stage`` is the first stage's decoder when
   both share a process (so its model and in-process state can be reused), else None; a
   second stage that needs a model and gets None loads its own;
-- ``needs``: capabilities the model must have (pipeline.models.base);
+- ``needs``: capabilities the model must have (pipeline.models.base), and
+  ``config_needs(cfg)`` those that options of the kind add (SSD's packed gate packs);
 - ``packs_windows``: whether ``decoder.pack_windows`` may be set (it reads encoder
   states alone, so clips may share encoder windows);
 - ``config_section``: the JobConfig section of its options, if it has one.
@@ -22,7 +23,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pipeline.models.base import ATTENTION_DECODER, CTC
+from pipeline.models.base import ATTENTION_DECODER, CHARSET_CTC, CTC, PACKABLE
 
 
 def _resolve(ref):
@@ -40,10 +41,15 @@ class DecoderKind:
     needs: frozenset = field(default_factory=frozenset)
     packs_windows: bool = False
     config_section: str | None = None
+    config_needs: Callable | None = None   # cfg -> extra capabilities the kind's options need
 
     @property
     def two_stage(self) -> bool:
         return self.second_stage is not None
+
+    def needs_for(self, cfg) -> frozenset:
+        """Capabilities the model must have for this kind under ``cfg``."""
+        return self.needs | (frozenset(self.config_needs(cfg)) if self.config_needs else frozenset())
 
     def build_first_stage(self, adapter, cfg):
         return _resolve(self.first_stage)(adapter, cfg)
@@ -71,9 +77,13 @@ register_decoder_kind(DecoderKind(
     "ar", "pipeline.decoders.ar:build", needs=frozenset({ATTENTION_DECODER})))
 register_decoder_kind(DecoderKind(
     "ctc_greedy", "pipeline.decoders.ctc_greedy:build", needs=frozenset({CTC}), packs_windows=True))
+def _ssd_config_needs(cfg) -> frozenset:
+    return frozenset({PACKABLE}) if cfg.ssd.packs_gate() else frozenset()
+
+
 register_decoder_kind(DecoderKind(
     "ssd", "pipeline.decoders.ssd:build_first_pass", "pipeline.decoders.ssd:build_fallback",
-    needs=frozenset({CTC, ATTENTION_DECODER}), config_section="ssd"))
+    needs=frozenset({CTC, ATTENTION_DECODER}), config_section="ssd", config_needs=_ssd_config_needs))
 register_decoder_kind(DecoderKind(
     "ctc_beam", "pipeline.decoders.ctc_beam:build_log_probs", "pipeline.decoders.ctc_beam:build_search",
-    needs=frozenset({CTC}), packs_windows=True, config_section="beam"))
+    needs=frozenset({CTC, CHARSET_CTC}), packs_windows=True, config_section="beam"))

@@ -96,5 +96,5 @@ def encode_then(adapter, audios: list[np.ndarray], after_encode, packed: bool = 
     from pipeline.timing import timed
 
     enc, t_enc = timed(adapter.encode_packed if packed else adapter.encode, audios, device=adapter.device)
-    out, t_after = timed(after_encode, enc)
+    out, t_after = timed(after_encode, enc, device=adapter.device)
     return out, t_enc / len(audios), t_after / len(audios)

@@ -76,8 +76,8 @@ class SeedStore:
 class SSDFirstPassDecoder:
     """Encode, draft, gate and verify; rows that fail come back pending with CPU states.
 
-    When the fallback runs in this same process (``share_seeds``, called by an in-process
-    SSDFallback), each pending row's verification KV cache, cropped to its prefix (with
+    When the fallback runs in this same process (``share_seeds``, called by
+    ``build_fallback``), each pending row's verification KV cache, cropped to its prefix (with
     the cross-attention K/V), stays here under a handle that travels in the row, so the
     fallback skips its prefill and the cross-attention projections. To a fallback pool in
     another process (the two-pool Ray plan) only the cropped self-attention K/V (prompt +
@@ -260,13 +260,13 @@ class SSDFirstPassDecoder:
                                 max_entropy=row.max_entropy, min_prob=row.min_prob,
                                 prefix_len=row.prefix_len, drafted=len(row.draft_tokens), generated=0)
             if row.stage is None:
-                pending = SSDPending(states=host_rows[i], prefix=list(row.prefix), draft=list(row.draft_tokens))
+                state = SSDPending(states=host_rows[i], prefix=list(row.prefix), draft=list(row.draft_tokens))
                 if self.seeds is not None and row.seed is not None:
-                    pending.handle = self.seeds.keep(row.seed)
+                    state.handle = self.seeds.keep(row.seed)
                 elif id(row) in shipped_kv:
-                    pending.kv, pending.next_token = shipped_kv[id(row)], row.seed.next_token
+                    state.kv, state.next_token = shipped_kv[id(row)], row.seed.next_token
                 row.seed = None
-                res.pending = pending
+                res.pending = state
             out.append(res)
         return out
 

@@ -12,10 +12,10 @@ from your own package with ``register_family``.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-from pipeline.models.base import ATTENTION_DECODER, CTC, PACKABLE
+from pipeline.models.base import ATTENTION_DECODER, CHARSET_CTC, CTC, PACKABLE
 
 
 @dataclass(frozen=True)
@@ -26,11 +26,8 @@ class ModelFamily:
     capabilities: Callable[[object], frozenset]
     max_segment_s: float            # the longest segment the encoder reads
     max_segment_cost: int           # batch-budget cost of the longest segment (padded frames)
-    # model config -> the config key a missing capability needs, for the error message
+    # capability name -> what to set (or use instead) when it is missing, for the error message
     hint: Callable[[str], str] = lambda capability: ""
-    # decoder kind -> why it cannot run on this family (yet), though the family has what
-    # the kind ``needs``: validation refuses the pair with that reason.
-    refused_kinds: dict[str, str] = field(default_factory=dict)
 
     def load(self, model_config, device: str, dtype):
         return importlib.import_module(self.module).load(model_config, device=device, dtype=dtype)
@@ -63,17 +60,20 @@ def load_model(model_config):
                                                   dtype=torch_dtype(model_config.dtype))
 
 
+_BEAM_VOCAB_HINT = "ctc_beam searches only the embedded head's character set so far; use ctc_greedy"
+
 register_family(ModelFamily(
     "whisper", "pipeline.models.whisper",
-    capabilities=lambda m: frozenset({ATTENTION_DECODER, PACKABLE} | ({CTC} if m.ctc_head else set())),
+    capabilities=lambda m: frozenset({ATTENTION_DECODER, PACKABLE} | ({CTC, CHARSET_CTC} if m.ctc_head else set())),
     max_segment_s=30.0, max_segment_cost=1500,
-    hint=lambda cap: "set model.ctc_head (embedded, or a head directory)" if cap == CTC else ""))
+    hint=lambda cap: "set model.ctc_head (embedded, or a head directory)" if cap in (CTC, CHARSET_CTC) else ""))
 register_family(ModelFamily(
     "granite_speech", "pipeline.models.granite_speech",
     capabilities=lambda m: frozenset({ATTENTION_DECODER} | ({CTC} if m.ctc_vocab else set())),
     max_segment_s=60.0, max_segment_cost=3000,
     hint=lambda cap: ("set model.ctc_vocab (a JSON list naming the encoder's CTC outputs, blank first)"
-                      if cap == CTC else "")))
+                      if cap == CTC else _BEAM_VOCAB_HINT if cap == CHARSET_CTC
+                      else "it cannot pack encoder windows: --set ssd.pack_gate=false" if cap == PACKABLE else "")))
 # Any transformers CTC checkpoint. Frame rates differ per model (wav2vec2: 320 samples,
 # Parakeet: 1280), but the window rule must be known before a model is loaded: the segment
 # cost is priced at the finest common stride, wav2vec2's 20 ms, so 30 s cost 1500 frames
@@ -83,5 +83,4 @@ register_family(ModelFamily(
     capabilities=lambda m: frozenset({CTC}),
     max_segment_s=30.0, max_segment_cost=1500,
     hint=lambda cap: ("use --config ctc_model_greedy, or --set decoder.pack_windows=false"
-                      if cap == PACKABLE else ""),
-    refused_kinds={"ctc_beam": "ctc_beam still searches the embedded character set, not the model's vocabulary"}))
+                      if cap == PACKABLE else _BEAM_VOCAB_HINT if cap == CHARSET_CTC else "")))

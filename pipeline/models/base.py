@@ -19,7 +19,9 @@ if TYPE_CHECKING:  # the batch types hold tensors; declaring capabilities must n
 CTC = "ctc"                        # ctc_draft: greedy CTC draft + frame entropies
 ATTENTION_DECODER = "attention_decoder"  # decoder_hidden / logits / batch_prompts / text / tokenize
 PACKABLE = "packable"              # encode_packed / plan_packing: several clips per encoder window
-CAPABILITIES = (CTC, ATTENTION_DECODER, PACKABLE)
+# The CTC output is over the embedded head's character set (pipeline.text.charset), the one
+# vocabulary the CTC beam search's LM tokens, phrase boosting and text decoding know today.
+CHARSET_CTC = "charset_ctc"
 
 
 @dataclass

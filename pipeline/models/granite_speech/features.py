@@ -29,10 +29,18 @@ class GraniteFeatures:
 
     @classmethod
     def from_checkpoint(cls, source: str) -> "GraniteFeatures":
-        """The checkpoint's preprocessor_config.json values where a local one exists."""
+        """The checkpoint's preprocessor_config.json values (a local directory, or a hub id
+        already in the local cache), else the extractor's defaults."""
+        from transformers.utils import cached_file
+
         path = Path(source) / "preprocessor_config.json"
         if not path.is_file():
-            return cls()
+            found = cached_file(source, "preprocessor_config.json", local_files_only=True,
+                                _raise_exceptions_for_missing_entries=False,
+                                _raise_exceptions_for_connection_errors=False)
+            if found is None:
+                return cls()
+            path = Path(found)
         data = json.loads(path.read_text())
         return cls(**{k: int(data[k]) for k in ("sampling_rate", "n_fft", "win_length", "hop_length", "n_mels")
                       if k in data})

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from pipeline.audio import SAMPLE_RATE
-from pipeline.models.base import ATTENTION_DECODER, CTC, PACKABLE, CTCDraftBatch, EncoderBatch
+from pipeline.models.base import ATTENTION_DECODER, CHARSET_CTC, CTC, PACKABLE, CTCDraftBatch, EncoderBatch
 
 SAMPLES_PER_STATE = 320  # hop 160 x conv stride 2
 WINDOW_SAMPLES = 30 * SAMPLE_RATE
@@ -66,7 +66,9 @@ class WhisperAdapter:
         begin = gen.begin_suppress_tokens or cfg.begin_suppress_tokens or []
         self.begin_suppress_ids = torch.tensor(list(begin), dtype=torch.long, device=self.device)
         self.max_positions = int(cfg.max_target_positions)
-        self.capabilities = frozenset({ATTENTION_DECODER, PACKABLE} | ({CTC} if self.ctc_head is not None else set()))
+        # The only CTC head this family loads is the character head (pipeline.text.charset).
+        self.capabilities = frozenset({ATTENTION_DECODER, PACKABLE}
+                                      | ({CTC, CHARSET_CTC} if self.ctc_head is not None else set()))
         self.window_samples = WINDOW_SAMPLES
 
     def segment_cost(self, num_samples: int, packed: bool = False) -> int:
