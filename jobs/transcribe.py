@@ -63,6 +63,16 @@ def run(args: argparse.Namespace) -> int:
               f"(duplicates {summary['duplicate_rows']}, missing e.g. {summary['missing_ids'][:5]})",
               file=sys.stderr)
         return 1
-    print(f"shardscribe: {summary['rows_out']} rows, {summary['errors']} errors, "
-          f"RTFx {summary['rtfx'] or 0:.2f}, WER {summary['wer']}", file=sys.stderr)
+    print(f"shardscribe: {summary_line(summary)}", file=sys.stderr)
     return 0
+
+
+def summary_line(summary: dict) -> str:
+    """The job's last line: counts, then speed and WER only where they were measured (a
+    rerun with nothing left to do has no speed; a source without references has no WER)."""
+    parts = [f"{summary['rows_out']} rows", f"{summary['errors']} errors"]
+    if summary.get("run_rows") and summary.get("rtfx"):
+        parts.append(f"RTFx {summary['rtfx']:.2f}")
+    if summary.get("wer") is not None:
+        parts.append(f"WER {100 * summary['wer']:.1f}% over {summary.get('wer_rows', 0)} rows")
+    return ", ".join(parts)

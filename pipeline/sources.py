@@ -99,6 +99,10 @@ def list_audio_files(uri: str) -> list[dict]:
     if any(ch in path for ch in "*?["):
         root = posixpath.dirname(re.split(r"[*?\[]", path, maxsplit=1)[0])
         files = fs.glob(path)
+    elif fs.isfile(path):
+        # One file: its name is its id (relative to itself it would be ".", the same id for
+        # every single-file job into one output folder).
+        files, root = [path], posixpath.dirname(path)
     else:
         files, root = fs.find(path), path
     files = sorted(f for f in files if f.lower().endswith(AUDIO_EXTENSIONS))

@@ -69,3 +69,14 @@ def test_missing_or_empty_input(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match="no audio files"):
         read_source(str(tmp_path / "empty"))
+
+
+def test_a_single_file_is_named_by_its_file_name(samples_dir, tmp_path):
+    """Not '.', which every single-file job would share (a resume would then skip the new
+    file as already done)."""
+    rows = read_source(str(samples_dir / "fox_flite_slt.flac"))
+    assert [r["id"] for r in rows] == ["fox_flite_slt.flac"]
+    assert rows[0]["audio"] == str(samples_dir / "fox_flite_slt.flac")
+    other = tmp_path / "other.flac"
+    other.write_bytes((samples_dir / "pump_flite_rms.flac").read_bytes())
+    assert [r["id"] for r in read_source(str(other))] == ["other.flac"]
