@@ -123,16 +123,25 @@ def embedded_vocabulary(model_config=None) -> CharsetVocabulary:
     return CharsetVocabulary()
 
 
-def is_ctc_checkpoint(path) -> bool:
-    """Whether ``path`` is a transformers CTC checkpoint directory (its config names a
-    ``...ForCTC`` architecture): build-lm then spells text with its CTC vocabulary."""
+def is_ctc_checkpoint(spec) -> bool:
+    """Whether ``spec`` is a transformers CTC checkpoint (a directory, or a hub id in the
+    local cache, whose config names a ``...ForCTC`` architecture): build-lm then spells
+    text with its CTC vocabulary."""
     import json
 
-    config = Path(path) / "config.json"
-    if not config.is_file():
+    path = Path(spec)
+    if path.is_dir():
+        try:
+            archs = json.loads((path / "config.json").read_text()).get("architectures") or []
+        except (OSError, ValueError):
+            return False
+    elif path.exists() or path.suffix == ".json":   # a tokenizer.json file
         return False
-    try:
-        archs = json.loads(config.read_text()).get("architectures") or []
-    except (OSError, ValueError):
-        return False
+    else:
+        try:
+            from transformers import AutoConfig
+
+            archs = AutoConfig.from_pretrained(str(spec), local_files_only=True).architectures or []
+        except Exception:  # noqa: BLE001 - not a cached model: build-lm tries its other readers
+            return False
     return any(str(a).endswith("ForCTC") for a in archs)
