@@ -6,7 +6,8 @@ describes it, §II-D; the LM is built as in its §IV-A).
     shardscribe build-lm --arpa LM.arpa --tokenizer chars|PATH|MODEL --output DIR
 
 Text lines are tokenised with the decoder's tokenizer ("chars": the CTC head's characters,
-LM token = CTC id - 1; otherwise a tokenizer.json or local transformers model), written
+LM token = CTC id - 1; a transformers CTC checkpoint directory: its non-blank CTC tokens in
+order, as the beam search feeds them; otherwise a tokenizer.json or local transformers model), written
 as chr(id + 100) tokens and counted by lmplz (-S, --discount_fallback). DIR receives
 lm.arpa, lm.ngpu.safetensors (loaded by decoders) and lm.json. --arpa compiles an existing
 token-level ARPA instead; a word-level ARPA is refused with an explanation.

@@ -99,7 +99,7 @@ def _reference(model, processor, audio):
 
 def test_greedy_and_log_probs_equal_the_models_own_on_each_clip(checkpoint, sample_audio):
     name, _, model, processor, adapter = checkpoint
-    assert adapter.capabilities == frozenset({"ctc"})
+    assert adapter.capabilities == frozenset({"ctc", "beam_vocabulary"})
     assert adapter.blank == model.config.pad_token_id
     texts = []
     for clip, audio in sample_audio.items():
@@ -148,18 +148,20 @@ def test_a_missing_model_is_a_clear_error(tmp_path):
         load_ctc_adapter(str(tmp_path / "empty"))
 
 
-def test_config_refuses_what_the_ctc_family_cannot_run_yet(tmp_path):
+def test_config_refuses_what_the_ctc_family_cannot_run(tmp_path):
     cfg = load_config("ctc_model_greedy", [f"model.source={tmp_path}"])
     assert (cfg.model.family, cfg.decoder.kind, cfg.decoder.pack_windows) == ("ctc", "ctc_greedy", False)
     with pytest.raises(ConfigError, match="ctc_model_greedy"):    # ctc_greedy.yaml packs windows
         load_config("ctc_greedy", ["model.family=ctc", f"model.source={tmp_path}"])
-    for conf, sets in (("ctc_model_greedy", ["decoder.kind=ctc_beam"]),
+    # ctc_beam searches the model's own vocabulary (tests/test_ctc_beam_models.py), with
+    # whole clips per encoder call like ctc_greedy
+    for conf, sets in (("ctc_model_beam", []), ("ctc_model_greedy", ["decoder.kind=ctc_beam"]),
                        ("ctc_beam", ["model.family=ctc", "decoder.pack_windows=false"])):
-        with pytest.raises(ConfigError) as exc:
-            load_config(conf, [f"model.source={tmp_path}", *sets])
-        assert str(exc.value).startswith("model: decoder.kind=ctc_beam needs a model with charset_ctc; "
-                                         "model.family=ctc (ctc_beam searches only")
-        assert len(str(exc.value).splitlines()) == 1
+        assert load_config(conf, [f"model.source={tmp_path}", *sets]).decoder.kind == "ctc_beam"
+    with pytest.raises(ConfigError) as exc:
+        load_config("ctc_beam", ["model.family=ctc", f"model.source={tmp_path}"])
+    assert str(exc.value).startswith("decoder.pack_windows: model.family=ctc cannot pack") and "ctc_model_beam" in str(exc.value)
+    assert len(str(exc.value).splitlines()) == 1
 
 
 @pytest.fixture(scope="module")

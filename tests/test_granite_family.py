@@ -131,8 +131,8 @@ def test_configs_granite_cannot_serve_fail_in_validation(checkpoint):
 
     root, _, _ = checkpoint
     base = ["model.family=granite_speech", f"model.source={root}", f"model.ctc_vocab={root / 'ctc_vocab.json'}"]
-    # The beam search knows only the embedded head's character set so far.
-    with pytest.raises(ConfigError, match="needs a model with charset_ctc"):
+    # The beam search has no vocabulary for granite's CTC outputs (no family factory).
+    with pytest.raises(ConfigError, match="needs a model with beam_vocabulary; .*use ctc_greedy"):
         load_config("ctc_beam", base + ["decoder.pack_windows=false"])
     # high_rtfx's packed gate needs encoder windows granite cannot pack.
     with pytest.raises(ConfigError, match="needs a model with packable.*ssd.pack_gate=false"):

@@ -23,7 +23,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pipeline.models.base import ATTENTION_DECODER, CHARSET_CTC, CTC, PACKABLE
+from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE
 
 
 def _resolve(ref):
@@ -86,4 +86,4 @@ register_decoder_kind(DecoderKind(
     needs=frozenset({CTC, ATTENTION_DECODER}), config_section="ssd", config_needs=_ssd_config_needs))
 register_decoder_kind(DecoderKind(
     "ctc_beam", "pipeline.decoders.ctc_beam:build_log_probs", "pipeline.decoders.ctc_beam:build_search",
-    needs=frozenset({CTC, CHARSET_CTC}), packs_windows=True, config_section="beam"))
+    needs=frozenset({CTC, BEAM_VOCABULARY}), packs_windows=True, config_section="beam"))

@@ -2,7 +2,10 @@
 with "FLToP CTC: Frame-Level Token Pruning via Relative Threshold", as two stages. The
 model pool emits CTC log-probs over valid frames as CPU arrays (``BeamPending``); a
 separate pool runs the batched beam search (pipeline.decoding.ctc_beam) with the n-gram
-LM (NGPU-LM, from build-lm) and per-recording phrase boosting.
+LM (NGPU-LM, from build-lm) and per-recording phrase boosting, over the model's own CTC
+vocabulary (pipeline.text.ctc_vocabulary: its blank, LM token ids and text rule), which the
+model family builds from the config alone (``ModelFamily.ctc_vocabulary``), since the
+search pool loads no model.
 """
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ import numpy as np
 import torch
 
 from pipeline.decoding.ctc_beam import CTCBeamSearch
-from pipeline.text import charset
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult, encode_then
 from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
 
@@ -56,17 +58,18 @@ class CTCBeamFinisher:
     name = "ctc_beam"
     pending_type = BeamPending
 
-    def __init__(self, beam_cfg, device="cpu"):
+    def __init__(self, beam_cfg, vocabulary, device="cpu"):
         from pipeline.lm.boosting import read_phrase_file
 
         self.cfg = beam_cfg
+        self.vocab = vocabulary
         self.device = torch.device(device)
         lm = load_lm(beam_cfg.lm_path, self.device) if beam_cfg.lm_path else None
         self.shared_phrases = list(beam_cfg.key_phrases or [])
         if beam_cfg.key_phrases_file:
             self.shared_phrases += read_phrase_file(beam_cfg.key_phrases_file)
         self.search = CTCBeamSearch(
-            beam_cfg.size, blank=charset.BLANK, beta=beam_cfg.beta, lm=lm,
+            beam_cfg.size, blank=vocabulary.blank, beta=beam_cfg.beta, lm=lm,
             alpha_lm=beam_cfg.alpha_lm if lm is not None else 0.0,
             alpha_boost=beam_cfg.alpha_boost, prune_threshold=beam_cfg.prune_threshold,
             flop_top_n=beam_cfg.flop_top_n, flop_ratio=beam_cfg.flop_ratio,
@@ -82,9 +85,10 @@ class CTCBeamFinisher:
         if not self.shared_phrases and not any(per_row):
             return None
         lists, rows = batch_phrase_lists(self.shared_phrases, per_row)
-        if self.cfg.boost_case_variants:
+        # A vocabulary with one case spells both variants alike (it folds phrases to its case).
+        if self.cfg.boost_case_variants and self.vocab.cased:
             lists = [case_variants(phrases) for phrases in lists]
-        tree = BoostingTree.from_phrases(lists, len(charset.CHARS), tokenize=charset.lm_token_ids,
+        tree = BoostingTree.from_phrases(lists, self.vocab.size - 1, tokenize=self.vocab.lm_token_ids,
                                          context_score=self.cfg.context_score,
                                          depth_scaling=self.cfg.depth_scaling)
         return tree.to(self.device).with_lists(rows)
@@ -94,13 +98,15 @@ class CTCBeamFinisher:
         arrays = [r.pending.log_probs for r in results]
         lengths = torch.tensor([a.shape[0] for a in arrays])
         T, C = int(lengths.max()), arrays[0].shape[1]
+        if C != self.vocab.size:
+            raise ValueError(f"log-probs over {C} CTC outputs, but the vocabulary has {self.vocab.size}")
         lp = torch.full((len(results), T, C), float("-inf"))
-        lp[:, :, charset.BLANK] = 0.0
+        lp[:, :, self.vocab.blank] = 0.0
         for i, a in enumerate(arrays):
             lp[i, :a.shape[0]] = torch.tensor(a)  # arrow buffers are read-only
         out = self.search(lp.to(self.device), lengths.to(self.device), boost=self._boost(results))
         for r, toks in zip(results, out.tokens):
-            r.text, r.stage, r.tokens = charset.decode(toks).strip(), BEAM, len(toks)
+            r.text, r.stage, r.tokens = self.vocab.decode(toks).strip(), BEAM, len(toks)
             r.pending = None
         return time.perf_counter() - t0
 
@@ -110,7 +116,10 @@ def build_log_probs(adapter, cfg) -> CTCLogProbsDecoder:
 
 
 def build_search(cfg, first_stage=None) -> CTCBeamFinisher:
-    """The beam pool needs no model, only the LM tensors, so it never shares one."""
+    """The beam pool needs no model, only the LM tensors and the model's vocabulary (built
+    by its family from the config), so it never shares one."""
     from pipeline.device import resolve_device
+    from pipeline.models import model_family
 
-    return CTCBeamFinisher(cfg.beam, device=resolve_device(cfg.model.device))
+    vocabulary = model_family(cfg.model.family).ctc_vocabulary(cfg.model)
+    return CTCBeamFinisher(cfg.beam, vocabulary, device=resolve_device(cfg.model.device))

@@ -10,7 +10,11 @@ beside it (``lm.ngpu.safetensors``) so decoders load it quickly.
 Tokenizers: ``"chars"`` is the CTC head's character set (``pipeline.text.charset``: CTC id
 ``c`` in 1..95 is LM token ``c - 1``; the blank has no LM token); anything else is a
 ``tokenizer.json`` file, a directory holding one, or a local transformers model
-directory/id (never downloaded). BPE LM token ids are the tokenizer's own ids.
+directory/id (never downloaded). BPE LM token ids are the tokenizer's own ids, except for a
+transformers CTC checkpoint directory (its config names a ``...ForCTC`` architecture): its
+LM tokens are its non-blank CTC tokens in order (``pipeline.text.ctc_vocabulary``: CTC id
+below the blank unchanged, above it minus one), the ids the CTC beam search feeds the LM,
+and text is folded to the vocabulary's case where it has only one.
 """
 from __future__ import annotations
 
@@ -54,6 +58,15 @@ def load_tokenizer(spec: str) -> TextTokenizer:
 
         return TextTokenizer("chars", len(charset.CHARS), charset.lm_token_ids)
     path = Path(spec)
+    from pipeline.text.ctc_vocabulary import TokenizerVocabulary, is_ctc_checkpoint
+
+    if is_ctc_checkpoint(path):
+        # Checked before tokenizer.json: a Parakeet directory holds one too, but its raw ids
+        # count the blank, which the search never feeds the LM. No leading space: a CTC
+        # model spells a transcript's first word like any other (a Metaspace tokenizer adds
+        # its own word marker).
+        vocab = TokenizerVocabulary.from_pretrained(str(path))
+        return TextTokenizer(spec, vocab.size - 1, vocab.lm_token_ids)
     if path.is_dir() and (path / "tokenizer.json").is_file():
         path = path / "tokenizer.json"
     if path.is_file():

@@ -2,7 +2,9 @@
 
 A family entry names the module that loads it (imported only when a model is loaded, so
 validating a config stays cheap), the capabilities it can offer for a given model config,
-and its window rule (the longest segment it reads). ``load_model(model_config)`` is the
+its window rule (the longest segment it reads) and, where it offers ``beam_vocabulary``,
+the factory of its CTC vocabulary (``ctc_vocabulary``: built from the config alone, for
+the beam pool, which has no model). ``load_model(model_config)`` is the
 one factory the actors, runners and benchmarks call.
 
 Adding a family: write ``pipeline/models/<name>/`` with a ``load(model_config, device, dtype)`` returning
@@ -15,7 +17,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from pipeline.models.base import ATTENTION_DECODER, CHARSET_CTC, CTC, PACKABLE
+from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,22 @@ class ModelFamily:
     max_segment_cost: int           # batch-budget cost of the longest segment (padded frames)
     # capability name -> what to set (or use instead) when it is missing, for the error message
     hint: Callable[[str], str] = lambda capability: ""
+    # "module:function" (or a callable): model config -> pipeline.text.ctc_vocabulary.CTCVocabulary
+    # of the model's CTC output; imported only when used, like ``module``
+    vocabulary: str | Callable | None = None
 
     def load(self, model_config, device: str, dtype):
         return importlib.import_module(self.module).load(model_config, device=device, dtype=dtype)
+
+    def ctc_vocabulary(self, model_config):
+        """The CTC vocabulary of ``model_config``'s model, without loading the model."""
+        if self.vocabulary is None:
+            raise ValueError(f"model family {self.name!r} names no CTC vocabulary")
+        factory = self.vocabulary
+        if not callable(factory):
+            module, attr = factory.split(":")
+            factory = getattr(importlib.import_module(module), attr)
+        return factory(model_config)
 
 
 FAMILIES: dict[str, ModelFamily] = {}
@@ -60,19 +75,21 @@ def load_model(model_config):
                                                   dtype=torch_dtype(model_config.dtype))
 
 
-_BEAM_VOCAB_HINT = "ctc_beam searches only the embedded head's character set so far; use ctc_greedy"
+_BEAM_VOCAB_HINT = "ctc_beam has no vocabulary for this family's CTC outputs yet; use ctc_greedy"
 
 register_family(ModelFamily(
     "whisper", "pipeline.models.whisper",
-    capabilities=lambda m: frozenset({ATTENTION_DECODER, PACKABLE} | ({CTC, CHARSET_CTC} if m.ctc_head else set())),
+    capabilities=lambda m: frozenset({ATTENTION_DECODER, PACKABLE} | ({CTC, BEAM_VOCABULARY} if m.ctc_head else set())),
     max_segment_s=30.0, max_segment_cost=1500,
-    hint=lambda cap: "set model.ctc_head (embedded, or a head directory)" if cap in (CTC, CHARSET_CTC) else ""))
+    hint=lambda cap: "set model.ctc_head (embedded, or a head directory)" if cap in (CTC, BEAM_VOCABULARY) else "",
+    # every head this family loads, embedded or a directory, is over the character set
+    vocabulary="pipeline.text.ctc_vocabulary:embedded_vocabulary"))
 register_family(ModelFamily(
     "granite_speech", "pipeline.models.granite_speech",
     capabilities=lambda m: frozenset({ATTENTION_DECODER} | ({CTC} if m.ctc_vocab else set())),
     max_segment_s=60.0, max_segment_cost=3000,
     hint=lambda cap: ("set model.ctc_vocab (a JSON list naming the encoder's CTC outputs, blank first)"
-                      if cap == CTC else _BEAM_VOCAB_HINT if cap == CHARSET_CTC
+                      if cap == CTC else _BEAM_VOCAB_HINT if cap == BEAM_VOCABULARY
                       else "it cannot pack encoder windows: --set ssd.pack_gate=false" if cap == PACKABLE else "")))
 # Any transformers CTC checkpoint. Frame rates differ per model (wav2vec2: 320 samples,
 # Parakeet: 1280), but the window rule must be known before a model is loaded: the segment
@@ -80,7 +97,8 @@ register_family(ModelFamily(
 # and no model of the family can exceed the budget that admits one segment.
 register_family(ModelFamily(
     "ctc", "pipeline.models.ctc",
-    capabilities=lambda m: frozenset({CTC}),
+    capabilities=lambda m: frozenset({CTC, BEAM_VOCABULARY}),
     max_segment_s=30.0, max_segment_cost=1500,
-    hint=lambda cap: ("use --config ctc_model_greedy, or --set decoder.pack_windows=false"
-                      if cap == PACKABLE else _BEAM_VOCAB_HINT if cap == CHARSET_CTC else "")))
+    hint=lambda cap: ("use --config ctc_model_greedy or ctc_model_beam, or --set decoder.pack_windows=false"
+                      if cap == PACKABLE else ""),
+    vocabulary="pipeline.models.ctc:ctc_vocabulary"))

@@ -19,9 +19,10 @@ if TYPE_CHECKING:  # the batch types hold tensors; declaring capabilities must n
 CTC = "ctc"                        # ctc_draft: greedy CTC draft + frame entropies
 ATTENTION_DECODER = "attention_decoder"  # decoder_hidden / logits / batch_prompts / text / tokenize
 PACKABLE = "packable"              # encode_packed / plan_packing: several clips per encoder window
-# The CTC output is over the embedded head's character set (pipeline.text.charset), the one
-# vocabulary the CTC beam search's LM tokens, phrase boosting and text decoding know today.
-CHARSET_CTC = "charset_ctc"
+# The family can name its CTC output's vocabulary (blank, LM token ids, text rule:
+# pipeline.text.ctc_vocabulary) from the model config alone, without loading the model:
+# the CTC beam search's pool has no model but spells LM tokens and phrases and decodes text.
+BEAM_VOCABULARY = "beam_vocabulary"
 
 
 @dataclass

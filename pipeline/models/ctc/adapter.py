@@ -29,13 +29,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.models.base import CTC, CTCDraftBatch, EncoderBatch
+from pipeline.models.base import BEAM_VOCABULARY, CTC, CTCDraftBatch, EncoderBatch
 
 SAMPLE_RATE = 16000
 
 
 class CTCModelAdapter:
-    capabilities = frozenset({CTC})
+    capabilities = frozenset({CTC, BEAM_VOCABULARY})   # vocabulary: pipeline.models.ctc.ctc_vocabulary
 
     def __init__(self, model, feature_extractor, tokenizer, processor=None, device: str | torch.device = "cpu"):
         self.model = model.requires_grad_(False).eval()

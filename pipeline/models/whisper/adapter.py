@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from pipeline.audio import SAMPLE_RATE
-from pipeline.models.base import ATTENTION_DECODER, CHARSET_CTC, CTC, PACKABLE, CTCDraftBatch, EncoderBatch
+from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE, CTCDraftBatch, EncoderBatch
 
 SAMPLES_PER_STATE = 320  # hop 160 x conv stride 2
 WINDOW_SAMPLES = 30 * SAMPLE_RATE
@@ -68,7 +68,7 @@ class WhisperAdapter:
         self.max_positions = int(cfg.max_target_positions)
         # The only CTC head this family loads is the character head (pipeline.text.charset).
         self.capabilities = frozenset({ATTENTION_DECODER, PACKABLE}
-                                      | ({CTC, CHARSET_CTC} if self.ctc_head is not None else set()))
+                                      | ({CTC, BEAM_VOCABULARY} if self.ctc_head is not None else set()))
         self.window_samples = WINDOW_SAMPLES
 
     def segment_cost(self, num_samples: int, packed: bool = False) -> int:

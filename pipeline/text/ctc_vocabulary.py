@@ -1,0 +1,147 @@
+"""The vocabulary a CTC beam search runs over: its blank, its width, how a phrase is spelt
+in the LM's token ids, and how token ids become text.
+
+"FlexCTC: GPU-powered CTC Beam Decoding with advanced Contextual Abilities" fuses an n-gram
+LM and a phrase-boosting tree trained on the ASR model's own tokens (§IV-A); the search
+(pipeline.decoding.ctc_beam) feeds those lookups the non-blank CTC tokens in order, i.e.
+LM index = CTC id for ids below the blank and CTC id - 1 above it (its frames move blank
+to column 0 and ``fusion.py`` reads internal label - 1). Every LM token id here follows
+that rule, so ``build-lm`` and the search agree whatever the model's blank id.
+
+Two implementations:
+- :class:`CharsetVocabulary`: the embedded CTC head's character set
+  (``pipeline.text.charset``: blank 0, printable ASCII, cased);
+- :class:`TokenizerVocabulary`: a transformers CTC checkpoint's tokenizer
+  (Wav2Vec2CTCTokenizer characters with a ``|`` word delimiter, SentencePiece-style ``▁``
+  pieces like Parakeet's), built from the checkpoint directory's config and tokenizer
+  alone (no weights), so the beam pool, which has no model, can build it cheaply.
+
+Case: a vocabulary whose letters are all lower case (or all upper case) cannot spell the
+other case, so :meth:`lm_token_ids` folds text to its case first (otherwise an LM corpus
+or a key phrase in the wrong case would lose every letter as unknown), and flipping a
+phrase's first letter (``beam.boost_case_variants``) would only spell the same tokens
+twice: ``cased`` is False and the beam stage skips the variants.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+
+class CTCVocabulary(Protocol):
+    blank: int        # the blank's id in the model's CTC output
+    size: int         # the CTC output width (blank included)
+    cased: bool       # upper and lower case are different tokens
+
+    def lm_token_ids(self, text: str) -> list[int]: ...
+
+    def decode(self, ids) -> str: ...
+
+
+def lm_index(ids, blank: int) -> list[int]:
+    """CTC ids (no blanks) -> LM token ids: the id's rank among the non-blank ids."""
+    return [i if i < blank else i - 1 for i in ids]
+
+
+class CharsetVocabulary:
+    """The embedded head's characters (``pipeline.text.charset``), exactly as before."""
+
+    cased = True
+
+    def __init__(self):
+        from pipeline.text import charset
+
+        self.blank, self.size = charset.BLANK, charset.NUM_CLASSES
+        self.lm_token_ids, self.decode = charset.lm_token_ids, charset.decode
+
+
+def _letter_case(tokens) -> str | None:
+    """'lower' / 'upper' when every letter of ``tokens`` has that case, else None."""
+    letters = [ch for t in tokens for ch in t if ch.isalpha()]
+    if letters and all(ch.islower() for ch in letters):
+        return "lower"
+    if letters and all(ch.isupper() for ch in letters):
+        return "upper"
+    return None
+
+
+class TokenizerVocabulary:
+    """A transformers CTC tokenizer's vocabulary; ``blank`` is the model's ``pad_token_id``
+    (the id its CTC loss uses) and ``size`` its config's ``vocab_size`` (the logits' width,
+    which may exceed the tokenizer's own length)."""
+
+    def __init__(self, tokenizer, blank: int, size: int):
+        self.tokenizer, self.blank, self.size = tokenizer, int(blank), int(size)
+        vocab = tokenizer.get_vocab()
+        special = set(tokenizer.all_special_tokens)
+        # Special tokens (<pad>, <unk>, <s>) are never spelt by text, so they carry no case.
+        self.case = _letter_case(t for t, i in vocab.items() if t not in special and i < self.size)
+        self.cased = self.case is None
+        # Ids a phrase must not contain: unknown pieces (text outside the vocabulary, as the
+        # charset drops characters outside printable ASCII), the blank, and ids beyond the
+        # model's output.
+        self._drop = {i for i in (tokenizer.unk_token_id, self.blank) if i is not None}
+
+    @classmethod
+    def from_pretrained(cls, source: str) -> "TokenizerVocabulary":
+        """From a checkpoint directory (or a cached hub id): its config and tokenizer only."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        try:
+            config = AutoConfig.from_pretrained(source, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"model.source: cannot load the tokenizer of {source} offline: "
+                             f"{str(exc).splitlines()[0]}") from None
+        # The same blank rule as the ctc adapter: the config's pad id, else the tokenizer's.
+        blank = getattr(config, "pad_token_id", None)
+        if blank is None:
+            blank = tokenizer.pad_token_id
+        if blank is None:
+            raise ValueError(f"no CTC blank id for {source}: neither its config nor its tokenizer has a pad_token_id")
+        size = getattr(config, "vocab_size", None) or len(tokenizer)
+        return cls(tokenizer, blank, size)
+
+    def fold(self, text: str) -> str:
+        return text.lower() if self.case == "lower" else text.upper() if self.case == "upper" else text
+
+    def ctc_ids(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(self.fold(text), add_special_tokens=False)
+        return [i for i in ids if i not in self._drop and 0 <= i < self.size]
+
+    def lm_token_ids(self, text: str) -> list[int]:
+        return lm_index(self.ctc_ids(text), self.blank)
+
+    def decode(self, ids) -> str:
+        """The tokenizer's own CTC text rule (word delimiter, ``▁``, blank removal) on
+        already collapsed ids: ``group_tokens=False``, since the search's tokens are
+        collapsed already and a real double letter ("ll") must stay two tokens."""
+        return self.tokenizer.decode(list(ids), group_tokens=False)
+
+
+def embedded_vocabulary(model_config=None) -> CharsetVocabulary:
+    return CharsetVocabulary()
+
+
+def is_ctc_checkpoint(spec) -> bool:
+    """Whether ``spec`` is a transformers CTC checkpoint (a directory, or a hub id in the
+    local cache, whose config names a ``...ForCTC`` architecture): build-lm then spells
+    text with its CTC vocabulary."""
+    import json
+
+    path = Path(spec)
+    if path.is_dir():
+        try:
+            archs = json.loads((path / "config.json").read_text()).get("architectures") or []
+        except (OSError, ValueError):
+            return False
+    elif path.exists() or path.suffix == ".json":   # a tokenizer.json file
+        return False
+    else:
+        try:
+            from transformers import AutoConfig
+
+            archs = AutoConfig.from_pretrained(str(spec), local_files_only=True).architectures or []
+        except Exception:  # noqa: BLE001 - not a cached model: build-lm tries its other readers
+            return False
+    return any(str(a).endswith("ForCTC") for a in archs)
