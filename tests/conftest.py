@@ -46,6 +46,19 @@ def sample_audio(sample_manifest):
     return {m["id"]: decode_audio((SAMPLES / m["audio"]).read_bytes())[0] for m in sample_manifest}
 
 
+def manifest_with_random_bytes(root: Path, samples_dir: Path, sample_manifest: list[dict], at: int):
+    """A JSONL manifest of the bundled samples with one file of random bytes inserted at
+    ``at``; returns (path, lines)."""
+    import numpy as np
+
+    lines = [{"id": m["id"], "audio": str(samples_dir / m["audio"])} for m in sample_manifest]
+    (root / "random.wav").write_bytes(bytes(np.random.default_rng(3).integers(0, 256, 3000, dtype=np.uint8)))
+    lines.insert(at, {"id": "random", "audio": str(root / "random.wav")})
+    path = root / "manifest.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path, lines
+
+
 def espeak(text: str, path: Path, voice: str = "en-us", speed: int = 160) -> Path:
     """Render ``text`` with espeak-ng (installed by scripts/setup.sh) to a WAV file."""
     exe = shutil.which("espeak-ng")

@@ -20,12 +20,11 @@ import math
 import subprocess
 import sys
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, manifest_with_random_bytes
 from pipeline.config import load_config
 from pipeline.decoders.base import SegmentResult
 from pipeline.decoders.ctc_beam import BeamPending, build_search
@@ -159,13 +158,7 @@ def test_a_row_key_phrase_is_boosted_into_that_row_only(checkpoint, drafts):
 
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory, samples_dir, sample_manifest):
-    root = tmp_path_factory.mktemp("beam-in")
-    lines = [{"id": m["id"], "audio": str(samples_dir / m["audio"])} for m in sample_manifest]
-    (root / "random.wav").write_bytes(bytes(np.random.default_rng(3).integers(0, 256, 3000, dtype=np.uint8)))
-    lines.insert(1, {"id": "random", "audio": str(root / "random.wav")})
-    path = root / "manifest.jsonl"
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path, lines
+    return manifest_with_random_bytes(tmp_path_factory.mktemp("beam-in"), samples_dir, sample_manifest, at=1)
 
 
 def test_cli_beam_with_lm_on_a_ctc_checkpoint(checkpoint, lm_dir, manifest, tmp_path):

@@ -13,12 +13,11 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, manifest_with_random_bytes
 from pipeline.audio import decode_audio
 from pipeline.config import ConfigError, load_config
 from pipeline.models.ctc.adapter import load_ctc_adapter
@@ -166,13 +165,7 @@ def test_config_refuses_what_the_ctc_family_cannot_run(tmp_path):
 
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory, samples_dir, sample_manifest):
-    root = tmp_path_factory.mktemp("ctc-in")
-    lines = [{"id": m["id"], "audio": str(samples_dir / m["audio"])} for m in sample_manifest]
-    (root / "random.wav").write_bytes(bytes(np.random.default_rng(3).integers(0, 256, 3000, dtype=np.uint8)))
-    lines.insert(2, {"id": "random", "audio": str(root / "random.wav")})
-    path = root / "manifest.jsonl"
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return path, lines
+    return manifest_with_random_bytes(tmp_path_factory.mktemp("ctc-in"), samples_dir, sample_manifest, at=2)
 
 
 def test_cli_transcribes_with_a_ctc_checkpoint(checkpoint, manifest, tmp_path):
