@@ -295,8 +295,8 @@ class SSDFallback:
         dtype = self.adapter.dtype
         # Zero-padded to the longest row: Whisper's rows are all 1500 frames; adapters with
         # per-row lengths (granite) read zero rows as padding.
-        # Arrays from Arrow are read-only views and torch warns on those: np.require copies
-        # only read-only arrays (2.3 MB per Whisper tiny segment, small next to the decode).
+        # Arrays rebuilt from the row's bytes may be read-only, and torch warns on those:
+        # np.require copies only read-only arrays (2.3 MB per Whisper tiny segment).
         pend = [r.pending for r in results]
         states = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(np.require(p.states, requirements="W"))
                                                   for p in pend],
