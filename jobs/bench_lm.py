@@ -1,7 +1,7 @@
 """`shardscribe bench lm`: NGPU-LM batched advance against the KenLM loop, same states.
 
-Seed 002 §II-D: the point of NGPU-LM is answering "scores of every next token for N
-states" in one batched call instead of N x V KenLM calls. For a character LM (V = 95, the
+"FlexCTC: GPU-powered CTC Beam Decoding", §II-D: the point of NGPU-LM is answering
+"scores of every next token for N states" in one batched call instead of N x V KenLM calls. For a character LM (V = 95, the
 CTC head's vocabulary) and a BPE LM (V = 1024, a byte-level BPE trained here on the same
 text), both built by lmplz from Python's pydoc text, it times ``advance`` for N in
 {32, 256, 2048} states reached by random walks, against ``KenLMReference.advance`` (the

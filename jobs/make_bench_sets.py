@@ -1,4 +1,4 @@
-"""The held-out sets behind `bench ssd`'s figures (issue 4): the held-out splits of the
+"""The held-out sets behind `bench ssd`'s figures: the held-out splits of the
 synthetic corpus, rendered without its training audio, and the real recordings named in
 the CTC head's model card.
 

@@ -1,4 +1,4 @@
-"""Render the synthetic speech corpus for the CTC draft head (issue 3): the CTC drafts of
+"""Render the synthetic speech corpus for the CTC draft head: the CTC drafts of
 "Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts".
 
     shardscribe make-tts-corpus --output DIR --num N [--seed S] [--heldout-voice N]

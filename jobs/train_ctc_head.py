@@ -1,4 +1,4 @@
-"""Train the character CTC draft head on the frozen Whisper tiny.en encoder (issue 3).
+"""Train the character CTC draft head on the frozen Whisper tiny.en encoder.
 
     shardscribe train-ctc-head --manifest TRAIN.jsonl [...] --eval-manifest HELD.jsonl [...]
                                --output DIR [--cache DIR] [--epochs N] [--seed S]

@@ -230,8 +230,9 @@ def test_lm_score_of_best_hypothesis_is_kenlm_sentence_score(libri, libri_arpa):
 
 
 def test_flop_on_real_log_probs_keeps_the_exact_result(libri, libri_arpa):
-    """Seed 003's point: on real (peaky) posteriors, top-N + relative-threshold token
-    pruning changes nothing, while it keeps ~1-2 of 29 tokens per frame."""
+    """The point of "FLToP CTC: Frame-Level Token Pruning via Relative Threshold": on real
+    (peaky) posteriors, top-N + relative-threshold token pruning changes nothing, while it
+    keeps ~1-2 of 29 tokens per frame."""
     from pipeline.decoding.flop import surviving_tokens
     from pipeline.lm.ngpu_lm import NGramLM
 
