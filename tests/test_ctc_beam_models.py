@@ -28,23 +28,17 @@ from conftest import ROOT, manifest_with_random_bytes
 from pipeline.config import load_config
 from pipeline.decoders.base import SegmentResult
 from pipeline.decoders.ctc_beam import BeamPending, build_search
-from pipeline.models.ctc.adapter import load_ctc_adapter
 from pipeline.text.ctc_vocabulary import lm_index
-from test_ctc_family import _parakeet, _wav2vec2
+from test_ctc_family import saved_checkpoint
 
 torch.set_num_threads(1)
-BUILDERS = {"wav2vec2": (_wav2vec2, "layer"), "parakeet": (_parakeet, None)}
 ALPHA = 2.0   # strong enough that the LM rewrites the random models' flat paths
 
 
-@pytest.fixture(scope="module", params=sorted(BUILDERS))
+@pytest.fixture(scope="module", params=["parakeet", "wav2vec2"])
 def checkpoint(request, tmp_path_factory):
-    build, norm = BUILDERS[request.param]
     root = tmp_path_factory.mktemp(request.param)
-    model, processor = build(root, norm)
-    model.save_pretrained(root)
-    processor.save_pretrained(root)
-    return request.param, root, load_ctc_adapter(str(root))
+    return request.param, root, saved_checkpoint(request.param, root)[2]
 
 
 @pytest.fixture(scope="module")

@@ -70,14 +70,20 @@ BUILDERS = {"wav2vec2": (_wav2vec2, "layer"), "wav2vec2_group_norm": (_wav2vec2,
             "parakeet": (_parakeet, None)}
 
 
-@pytest.fixture(scope="module", params=sorted(BUILDERS))
-def checkpoint(request, tmp_path_factory):
-    build, norm = BUILDERS[request.param]
-    root = tmp_path_factory.mktemp(request.param)
+def saved_checkpoint(name: str, root):
+    """Build checkpoint ``name`` of BUILDERS, save it to ``root`` and load it back through
+    the family's adapter: (model, processor, adapter)."""
+    build, norm = BUILDERS[name]
     model, processor = build(root, norm)
     model.save_pretrained(root)
     processor.save_pretrained(root)
-    return request.param, root, model, processor, load_ctc_adapter(str(root))
+    return model, processor, load_ctc_adapter(str(root))
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDERS))
+def checkpoint(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    return (request.param, root, *saved_checkpoint(request.param, root))
 
 
 def _reference(model, processor, audio):
