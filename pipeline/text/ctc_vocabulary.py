@@ -65,6 +65,18 @@ def _letter_case(tokens) -> str | None:
     return None
 
 
+def ctc_blank_id(config, tokenizer, source: str = "the model") -> int:
+    """The CTC blank of a transformers checkpoint: its config's ``pad_token_id`` (the id its
+    CTC loss uses as blank), else its tokenizer's. The ctc family's adapter (greedy) and this
+    vocabulary (beam search) must agree, so both ask here."""
+    blank = getattr(config, "pad_token_id", None)
+    if blank is None:
+        blank = tokenizer.pad_token_id
+    if blank is None:
+        raise ValueError(f"no CTC blank id for {source}: neither its config nor its tokenizer has a pad_token_id")
+    return int(blank)
+
+
 class TokenizerVocabulary:
     """A transformers CTC tokenizer's vocabulary; ``blank`` is the model's ``pad_token_id``
     (the id its CTC loss uses) and ``size`` its config's ``vocab_size`` (the logits' width,
@@ -93,14 +105,8 @@ class TokenizerVocabulary:
         except (OSError, ValueError) as exc:
             raise ValueError(f"model.source: cannot load the tokenizer of {source} offline: "
                              f"{str(exc).splitlines()[0]}") from None
-        # The same blank rule as the ctc adapter: the config's pad id, else the tokenizer's.
-        blank = getattr(config, "pad_token_id", None)
-        if blank is None:
-            blank = tokenizer.pad_token_id
-        if blank is None:
-            raise ValueError(f"no CTC blank id for {source}: neither its config nor its tokenizer has a pad_token_id")
         size = getattr(config, "vocab_size", None) or len(tokenizer)
-        return cls(tokenizer, blank, size)
+        return cls(tokenizer, ctc_blank_id(config, tokenizer, source), size)
 
     def fold(self, text: str) -> str:
         return text.lower() if self.case == "lower" else text.upper() if self.case == "upper" else text

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from pipeline.models.base import BEAM_VOCABULARY, CTC, CTCDraftBatch, EncoderBatch
+from pipeline.text.ctc_vocabulary import ctc_blank_id
 
 SAMPLE_RATE = 16000
 
@@ -47,12 +48,7 @@ class CTCModelAdapter:
         if getattr(feature_extractor, "sampling_rate", SAMPLE_RATE) != SAMPLE_RATE:
             raise ValueError(f"the feature extractor reads {feature_extractor.sampling_rate} Hz audio; "
                              f"the pipeline delivers {SAMPLE_RATE} Hz")
-        blank = getattr(model.config, "pad_token_id", None)
-        if blank is None:
-            blank = tokenizer.pad_token_id
-        if blank is None:
-            raise ValueError("no CTC blank id: neither the model config nor the tokenizer has a pad_token_id")
-        self.blank = int(blank)
+        self.blank = ctc_blank_id(model.config, tokenizer)
         self.vocab_size = int(model.config.vocab_size)
         names = list(feature_extractor.model_input_names)
         self.input_name = names[0]                  # input_values (waveform) or input_features
