@@ -93,10 +93,10 @@ def recording_stage(segment_stages: list[str], error: str | None) -> str:
     return first if all(s == first for s in segment_stages) else "mixed"
 
 
-def rows_with_arrays(batch: pa.Table, column: str, *more: str) -> list[dict]:
-    """Rows of ``batch`` with the list<list<float32>> ``column`` (and ``more``) as numpy
-    arrays (no Python floats)."""
-    columns = [c for c in (column, *more) if c in batch.column_names]
+def rows_with_arrays(batch: pa.Table, column: str) -> list[dict]:
+    """Rows of ``batch`` with the list<list<float32>> ``column`` as numpy arrays (no Python
+    floats)."""
+    columns = [column] if column in batch.column_names else []
     rows = batch.drop_columns(columns).to_pylist()
     for col in columns:
         values = batch.column(col).combine_chunks()
