@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, help="folder/glob of audio, JSONL manifest or Parquet")
     parser.add_argument("--output", required=True, help="output directory (any fsspec URL)")
     parser.add_argument("--config", default=None, help="conf/<name>.yaml name or path (default: default)")
+    parser.add_argument("--model", default=None, metavar="DIR|ID",
+                        help="a checkpoint (local directory or cached Hugging Face id): its family is "
+                        "read from its config.json; the config's decoder kind runs on it")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set decoder.max_new_tokens=128")
     parser.add_argument("--runner", choices=["ray", "local"], default="ray",
@@ -32,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, model=args.model)
         rows = read_source(args.input)
     except (ConfigError, SourceError) as exc:
         print(f"shardscribe: error: {exc}", file=sys.stderr)

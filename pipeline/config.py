@@ -363,12 +363,16 @@ def parse_override(item: str) -> tuple[list[str], object]:
     return key.strip().split("."), value
 
 
-def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> JobConfig:
+def load_config(name_or_path: str | None = None, overrides: list[str] | None = None,
+                model: str | None = None) -> JobConfig:
     """Load a YAML config (following ``extends:``) over the dataclass defaults, apply
-    ``key=value`` overrides, validate. The defaults live only in the dataclasses; starting
-    from them lets an override reach into a mapping the YAML does not restate
+    ``model`` (a checkpoint, :func:`use_model`), then ``key=value`` overrides, validate.
+    The defaults live only in the dataclasses; starting from them lets an override reach
+    into a mapping the YAML does not restate
     (``--set ssd.presets.high_rtfx.gate_verify_tau=null``)."""
     data = _over_defaults(_read_yaml(resolve_config_path(name_or_path)))
+    if model:
+        use_model(data, model)
     for item in overrides or []:
         path, value = parse_override(item)
         node = data
@@ -378,6 +382,25 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
                 raise ConfigError(f"{'.'.join(path)}: {part} is not a section")
         node[path[-1]] = value
     return _build(JobConfig, data, "").validate()
+
+
+def use_model(data: dict, source: str) -> None:
+    """Point the config at checkpoint ``source`` (``--model``): its family from the
+    checkpoint's architecture (pipeline.models.family_of_checkpoint), no Whisper CTC head
+    on another family, and no window packing where the family cannot pack, so a named
+    config (``--config ctc_beam``) runs its decoder kind on any model that can."""
+    from pipeline.models import FAMILIES, family_of_checkpoint
+
+    try:
+        family = family_of_checkpoint(source)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    model = data["model"]
+    model.update(source=source, family=family)
+    if family != "whisper":
+        model["ctc_head"] = None
+    if "packable" not in FAMILIES[family].capabilities(_build(ModelConfig, model, "model")):
+        data["decoder"]["pack_windows"] = False
 
 
 def _over_defaults(data: dict) -> dict:

@@ -11,12 +11,14 @@ import pyarrow as pa
 # Per segment: the text, the stage that produced it (ar / ctc_greedy / ctc_gate /
 # llm_verify / ar_fallback / beam / error) and its evidence: max CTC frame entropy (nats,
 # valid frames), min verified token probability, accepted prefix length j, decoder tokens
-# drafted and generated.
+# drafted and generated; ``words`` [{word, start, end}] (seconds in the recording) where
+# the decoder has an alignment (the CTC decoders), else null.
+WORD_TYPE = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64())])
 SEGMENT_TYPE = pa.struct([
     ("start", pa.float64()), ("end", pa.float64()), ("text", pa.string()),
     ("stage", pa.string()), ("tokens", pa.int32()), ("max_entropy", pa.float64()),
     ("min_prob", pa.float64()), ("prefix_len", pa.int32()), ("drafted", pa.int32()),
-    ("generated", pa.int32()), ("error", pa.string()),
+    ("generated", pa.int32()), ("error", pa.string()), ("words", pa.list_(WORD_TYPE)),
 ])
 
 INPUT_SCHEMA = pa.schema([
@@ -66,7 +68,15 @@ def segment_dict(start: float, end: float, res) -> dict:
     return {"start": start, "end": end, "text": res.text, "stage": res.stage,
             "tokens": res.tokens, "max_entropy": res.max_entropy, "min_prob": res.min_prob,
             "prefix_len": res.prefix_len, "drafted": res.drafted, "generated": res.generated,
-            "error": res.error}
+            "error": res.error, "words": shift_words(res.words, start)}
+
+
+def shift_words(words: list[dict] | None, offset: float) -> list[dict] | None:
+    """Segment-relative word times -> recording times."""
+    if words is None:
+        return None
+    return [{"word": w["word"], "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)}
+            for w in words]
 
 
 def finalize_row(row: dict) -> dict:

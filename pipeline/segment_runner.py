@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.batching import pack_by_budget
 from pipeline.decoders.base import PENDING, SegmentResult
-from pipeline.records import clear_pending, finalize_row, segment_dict
+from pipeline.records import clear_pending, finalize_row, segment_dict, shift_words
 
 
 def decode_segments(decoder, audios: list[np.ndarray], max_tokens: int) -> list[SegmentResult]:
@@ -96,7 +96,7 @@ def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
             r, s, res = work[i]
             seg = rows[r]["segments"][s]
             seg.update(text=res.text, stage=res.stage, tokens=res.tokens, prefix_len=res.prefix_len,
-                       generated=res.generated, error=res.error)
+                       generated=res.generated, error=res.error, words=shift_words(res.words, seg["start"]))
             rows[r]["t_fallback_s"] = (rows[r].get("t_fallback_s") or 0.0) + seconds / len(batch)
     for row in rows:
         clear_pending(row)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beam_reference import BigramTable, brute_force, peaky_log_probs
-from pipeline.decoding.ctc_beam import CTCBeamSearch, word_timestamps
+from pipeline.decoding.ctc_beam import CTCBeamSearch
 from pipeline.decoding.ctc_greedy import ctc_greedy
 
 torch.set_num_threads(1)
@@ -141,11 +141,3 @@ def test_pruning_threshold_kills_far_hypotheses():
     assert float(narrow.avg_beams[0]) < float(wide.avg_beams[0])
     assert torch.all(narrow.nbest_scores[0, 1:][torch.isfinite(narrow.nbest_scores[0, 1:])]
                      >= narrow.scores[0] - 1.0 - 1e-5)
-
-
-def test_word_timestamps_from_emission_frames():
-    # "ab cd": frames of a, b, space, c, d
-    words = word_timestamps([1, 2, 9, 3, 4], [2, 3, 5, 8, 10], space_token=9, frame_shift_s=0.02)
-    assert [w[0] for w in words] == [[1, 2], [3, 4]]
-    assert words[0][1:] == pytest.approx((0.04, 0.08))
-    assert words[1][1:] == pytest.approx((0.16, 0.22))

@@ -152,27 +152,46 @@ def test_a_row_key_phrase_is_boosted_into_that_row_only(checkpoint, drafts):
 
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory, samples_dir, sample_manifest):
-    return manifest_with_random_bytes(tmp_path_factory.mktemp("beam-in"), samples_dir, sample_manifest, at=1)
+    """The bundled clips, a file of random bytes and a missing file; every clip but one
+    has a per-row key phrase."""
+    root = tmp_path_factory.mktemp("beam-in")
+    path, lines = manifest_with_random_bytes(root, samples_dir, sample_manifest, at=1)
+    lines.insert(3, {"id": "missing", "audio": str(root / "missing.flac")})
+    for i, line in enumerate(lines):
+        if i % 2 == 0:
+            line["key_phrases"] = ["the"]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path, lines
 
 
 def test_cli_beam_with_lm_on_a_ctc_checkpoint(checkpoint, lm_dir, manifest, tmp_path):
-    _, root, _ = checkpoint
+    """``--model DIR --config ctc_beam``: the family comes from the checkpoint and the
+    embedded config's window packing is dropped. Ray for one checkpoint, the in-process
+    runner for the other (the same actors)."""
+    name, root, _ = checkpoint
     path, lines = manifest
     dst = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--runner", "local", "--input", str(path),
-                           "--output", str(dst), "--config", "ctc_model_beam", "--set", f"model.source={root}",
-                           "--set", f"beam.lm_path={lm_dir}", "--set", "batching.recordings_per_batch=3"],
+    runner = "ray" if name == "parakeet" else "local"
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--runner", runner, "--input", str(path),
+                           "--output", str(dst), "--config", "ctc_beam", "--model", str(root),
+                           "--set", f"beam.lm_path={lm_dir}", "--set", "batching.recordings_per_batch=3",
+                           "--set", "ray.num_cpus=4"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((dst / "summary.json").read_text())
     rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
     assert summary["rows_in"] == summary["rows_out"] == len(lines) == len(rows)
-    assert summary["errors"] == 1 and rows["random"]["error"] and rows["random"]["text"] is None
+    assert summary["errors"] == 2
+    for bad in ("random", "missing"):
+        assert rows[bad]["error"] and rows[bad]["text"] is None
     for line in lines:
-        if line["id"] != "random":
+        if line["id"] not in ("random", "missing"):
             row = rows[line["id"]]
             assert row["error"] is None and row["decoder"] == "ctc_beam" and row["text"], row
-            assert all(seg["stage"] == "beam" for seg in row["segments"]), row["segments"]
+            for seg in row["segments"]:
+                assert seg["stage"] == "beam"
+                assert " ".join(w["word"] for w in seg["words"]) == " ".join(seg["text"].split())
+                assert all(seg["start"] <= w["start"] < w["end"] <= seg["end"] + 0.08 for w in seg["words"])
 
 
 def test_the_embedded_vocabulary_is_the_charset():

@@ -142,10 +142,6 @@ def test_stride_and_batching_mode_come_from_the_model(checkpoint):
 
 
 def test_a_missing_model_is_a_clear_error(tmp_path):
-    from pipeline.models import load_model
-
-    with pytest.raises(ValueError, match="model.source"):
-        load_model(load_config("ctc_model_greedy").model)
     with pytest.raises(ValueError, match=str(tmp_path / "nope")):
         load_ctc_adapter(str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()
@@ -167,6 +163,25 @@ def test_config_refuses_what_the_ctc_family_cannot_run(tmp_path):
         load_config("ctc_beam", ["model.family=ctc", f"model.source={tmp_path}"])
     assert str(exc.value).startswith("decoder.pack_windows: model.family=ctc cannot pack") and "ctc_model_beam" in str(exc.value)
     assert len(str(exc.value).splitlines()) == 1
+
+
+def test_the_model_flag_reads_the_family_from_the_checkpoint(checkpoint, tmp_path):
+    name, root, *_ = checkpoint
+    for conf in ("ctc_beam", "ctc_greedy", "ctc_model_beam"):
+        cfg = load_config(conf, model=str(root))
+        assert (cfg.model.family, cfg.model.source, cfg.model.ctc_head, cfg.decoder.pack_windows) == \
+            ("ctc", str(root), None, False)
+    with pytest.raises(ConfigError, match="needs a model with attention_decoder"):
+        load_config("ar", model=str(root))
+    (tmp_path / "empty").mkdir()
+    for bad in (tmp_path / "empty", tmp_path / "nope"):
+        with pytest.raises(ConfigError, match=str(bad)) as exc:
+            load_config("ctc_beam", model=str(bad))
+        assert len(str(exc.value).splitlines()) == 1
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
+    with pytest.raises(ConfigError, match="no model family loads"):
+        load_config("ctc_beam", model=str(tmp_path / "other"))
 
 
 @pytest.fixture(scope="module")

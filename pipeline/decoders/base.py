@@ -64,6 +64,8 @@ class SegmentResult:
     generated: int | None = None
     pending: PendingState | None = dataclasses.field(default=None, repr=False)
     key_phrases: list[str] | None = None   # the recording's key phrases (input contract)
+    # [{word, start, end}], seconds from the segment's start (decoders with an alignment)
+    words: list[dict] | None = None
 
 
 class FirstStage(Protocol):

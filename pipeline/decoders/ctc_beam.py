@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from pipeline.decoding.ctc_beam import CTCBeamSearch
+from pipeline.decoding.ctc_words import words_from_path
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult, encode_then
 from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
 
@@ -26,6 +27,7 @@ BEAM = "beam"
 @dataclass
 class BeamPending(PendingState):
     log_probs: np.ndarray             # [T_valid, C] float32
+    frame_stride_s: float | None = None   # seconds per frame, for word timings
 
 
 class CTCLogProbsDecoder(CTCGreedySegmentDecoder):
@@ -39,7 +41,7 @@ class CTCLogProbsDecoder(CTCGreedySegmentDecoder):
         draft, t_enc, t_dec = encode_then(self.adapter, audios, self.adapter.ctc_draft, packed=self.pack)
         lp = draft.log_probs.cpu().numpy()
         return [SegmentResult("", PENDING, 0, t_enc, t_dec, max_entropy=float(h),
-                              pending=BeamPending(lp[i, :int(L)].copy()))
+                              pending=BeamPending(lp[i, :int(L)].copy(), self.stride_s))
                 for i, (h, L) in enumerate(zip(draft.max_entropy.tolist(), draft.lengths.tolist()))]
 
 
@@ -105,14 +107,17 @@ class CTCBeamFinisher:
         for i, a in enumerate(arrays):
             lp[i, :a.shape[0]] = torch.tensor(a)  # arrow buffers are read-only
         out = self.search(lp.to(self.device), lengths.to(self.device), boost=self._boost(results))
-        for r, toks in zip(results, out.tokens):
+        paths = out.alignments[:, 0].tolist()    # the best hypothesis's surviving alignment
+        for r, toks, path, n in zip(results, out.tokens, paths, lengths.tolist()):
             r.text, r.stage, r.tokens = self.vocab.decode(toks).strip(), BEAM, len(toks)
+            stride = r.pending.frame_stride_s
+            r.words = None if stride is None else words_from_path(path[:n], self.vocab.blank, self.vocab, stride)
             r.pending = None
         return time.perf_counter() - t0
 
 
 def build_log_probs(adapter, cfg) -> CTCLogProbsDecoder:
-    return CTCLogProbsDecoder(adapter, pack=cfg.decoder.pack_windows)
+    return CTCLogProbsDecoder(adapter, pack=cfg.decoder.pack_windows)   # the beam pool times words
 
 
 def build_search(cfg, first_stage=None) -> CTCBeamFinisher:

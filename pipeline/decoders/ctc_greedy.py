@@ -1,7 +1,8 @@
 """Decoder kind ``ctc_greedy``: the greedy CTC draft alone (encoder + CTC output, no
 decoder pass), the first step of "Self-Speculative Decoding for LLM-based ASR with CTC
 Encoder Drafts" (eq. 2) used as a transcript. With ``decoder.pack_windows`` short clips
-share encoder windows (pipeline.packing)."""
+share encoder windows (pipeline.packing). Each segment's words are timed from the greedy
+path (pipeline.decoding.ctc_words) where the model family names its CTC vocabulary."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,18 +13,41 @@ from pipeline.decoders.base import SegmentResult, encode_then
 class CTCGreedySegmentDecoder:
     name = "ctc_greedy"
 
-    def __init__(self, adapter, pack: bool = False):
+    def __init__(self, adapter, pack: bool = False, vocabulary=None):
         self.adapter = adapter
         self.pack = pack
+        self.vocabulary = vocabulary
+        self.stride_s = getattr(adapter, "frame_stride_s", None)
 
     def segment_cost(self, audio: np.ndarray) -> int:
         return self.adapter.segment_cost(len(audio), packed=self.pack)
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
         draft, t_enc, t_dec = encode_then(self.adapter, audios, self.adapter.ctc_draft, packed=self.pack)
-        return [SegmentResult(t.strip(), "ctc_greedy", len(t), t_enc, t_dec, max_entropy=float(h))
-                for t, h in zip(draft.texts, draft.max_entropy.tolist())]
+        words = self.words(draft.log_probs.argmax(-1), draft.lengths)
+        return [SegmentResult(t.strip(), "ctc_greedy", len(t), t_enc, t_dec, max_entropy=float(h), words=w)
+                for t, h, w in zip(draft.texts, draft.max_entropy.tolist(), words)]
+
+    def words(self, paths, lengths) -> list[list[dict] | None]:
+        """Word timings of each row's frame path [B, T] over its valid frames."""
+        from pipeline.decoding.ctc_words import words_from_path
+
+        if self.vocabulary is None or self.stride_s is None:
+            return [None] * len(lengths)
+        return [words_from_path(p[:n], self.vocabulary.blank, self.vocabulary, self.stride_s)
+                for p, n in zip(paths.tolist(), lengths.tolist())]
+
+
+def word_vocabulary(cfg):
+    """The CTC vocabulary that times words, where the model family names one."""
+    from pipeline.models import model_family
+    from pipeline.models.base import BEAM_VOCABULARY
+
+    family = model_family(cfg.model.family)
+    if family.vocabulary is None or BEAM_VOCABULARY not in family.capabilities(cfg.model):
+        return None
+    return family.ctc_vocabulary(cfg.model)
 
 
 def build(adapter, cfg) -> CTCGreedySegmentDecoder:
-    return CTCGreedySegmentDecoder(adapter, pack=cfg.decoder.pack_windows)
+    return CTCGreedySegmentDecoder(adapter, pack=cfg.decoder.pack_windows, vocabulary=word_vocabulary(cfg))

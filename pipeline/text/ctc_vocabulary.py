@@ -37,6 +37,14 @@ class CTCVocabulary(Protocol):
 
     def decode(self, ids) -> str: ...
 
+    def word_roles(self, ids) -> list[str]: ...
+
+
+# How a token places word boundaries (pipeline.decoding.ctc_words): a word separator that
+# belongs to no word (a space, ``|``, a lone ``▁``), a token that opens a word (``▁x``),
+# or one that continues the current word.
+SEPARATOR, WORD_START, CONTINUES = "separator", "start", "continues"
+
 
 def lm_index(ids, blank: int) -> list[int]:
     """CTC ids (no blanks) -> LM token ids: the id's rank among the non-blank ids."""
@@ -53,6 +61,10 @@ class CharsetVocabulary:
 
         self.blank, self.size = charset.BLANK, charset.NUM_CLASSES
         self.lm_token_ids, self.decode = charset.lm_token_ids, charset.decode
+        self._space = charset.encode(" ")[0]
+
+    def word_roles(self, ids) -> list[str]:
+        return [SEPARATOR if i == self._space else CONTINUES for i in ids]
 
 
 def _letter_case(tokens) -> str | None:
@@ -123,6 +135,21 @@ class TokenizerVocabulary:
         already collapsed ids: ``group_tokens=False``, since the search's tokens are
         collapsed already and a real double letter ("ll") must stay two tokens."""
         return self.tokenizer.decode(list(ids), group_tokens=False)
+
+    def word_roles(self, ids) -> list[str]:
+        """Wav2Vec2-style tokenizers separate words with their ``word_delimiter_token``
+        (``|``); SentencePiece pieces open a word with ``▁``."""
+        delimiter = getattr(self.tokenizer, "word_delimiter_token", None)
+        roles = []
+        for piece in self.tokenizer.convert_ids_to_tokens(list(ids)):
+            piece = piece or ""
+            if piece in (delimiter, " ", "▁"):
+                roles.append(SEPARATOR)
+            elif piece.startswith(("▁", " ")):
+                roles.append(WORD_START)
+            else:
+                roles.append(CONTINUES)
+        return roles
 
 
 def embedded_vocabulary(model_config=None) -> CharsetVocabulary:

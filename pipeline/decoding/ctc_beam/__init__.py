@@ -11,6 +11,6 @@ and ``search`` (:class:`CTCBeamSearch`, which picks a loop).
 """
 from pipeline.decoding.ctc_beam.fusion import FusionModel
 from pipeline.decoding.ctc_beam.search import LOOPS, CTCBeamSearch, SearchInputs
-from pipeline.decoding.ctc_beam.state import BeamSearchResult, word_timestamps
+from pipeline.decoding.ctc_beam.state import BeamSearchResult
 
-__all__ = ["CTCBeamSearch", "BeamSearchResult", "FusionModel", "LOOPS", "SearchInputs", "word_timestamps"]
+__all__ = ["CTCBeamSearch", "BeamSearchResult", "FusionModel", "LOOPS", "SearchInputs"]

@@ -108,31 +108,6 @@ class BeamSearchResult:
                    nbest_scores=nbest_scores, nbest_frames=nbest_frames, alignments=alignments,
                    avg_beams=avg_beams)
 
-    def words(self, b: int, space_token: int, frame_shift_s: float = 1.0):
-        """Word timestamps of utterance ``b``'s best hypothesis (see ``word_timestamps``)."""
-        return word_timestamps(self.tokens[b], self.token_frames[b], space_token, frame_shift_s)
-
-
-def word_timestamps(tokens: list[int], frames: list[int], space_token: int,
-                    frame_shift_s: float = 1.0) -> list[tuple[list[int], float, float]]:
-    """Split a token sequence at ``space_token`` into words: ``(word_tokens, start, end)``
-    with start = first token's frame and end = last token's frame + 1, times
-    ``frame_shift_s`` (Whisper encoder frames are 0.02 s)."""
-    words, cur, start, end = [], [], 0, 0
-    for tok, fr in zip(tokens, frames):
-        if tok == space_token:
-            if cur:
-                words.append((cur, start * frame_shift_s, end * frame_shift_s))
-            cur = []
-            continue
-        if not cur:
-            start = fr
-        cur.append(tok)
-        end = fr + 1
-    if cur:
-        words.append((cur, start * frame_shift_s, end * frame_shift_s))
-    return words
-
 
 def model_ids(internal: torch.Tensor, blank: int) -> torch.Tensor:
     """Undo the blank-to-column-0 permutation of the frames: internal ids to model ids."""

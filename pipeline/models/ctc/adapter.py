@@ -73,6 +73,13 @@ class CTCModelAdapter:
         feats = self._features(np.zeros(num_samples, dtype=np.float32))
         return self._lengths([feats])[0]
 
+    @property
+    def frame_stride_s(self) -> float:
+        """Seconds per output frame, from the model's own length rule over 30 s (to the
+        millisecond: wav2vec2's 20 ms, Parakeet's 80 ms, whatever edge frames they add)."""
+        n = 30 * SAMPLE_RATE
+        return round(n / self.segment_cost(n) / SAMPLE_RATE, 3)
+
     def segment_cost(self, num_samples: int, packed: bool = False) -> int:
         """The model's output frames for a segment of ``num_samples``: its batch budget."""
         return int(self.output_lengths(torch.tensor([self._input_length(num_samples)]))[0])

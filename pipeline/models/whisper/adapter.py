@@ -71,6 +71,8 @@ class WhisperAdapter:
                                       | ({CTC, BEAM_VOCABULARY} if self.ctc_head is not None else set()))
         self.window_samples = WINDOW_SAMPLES
 
+    frame_stride_s = SAMPLES_PER_STATE / SAMPLE_RATE   # encoder states (and CTC head frames)
+
     def segment_cost(self, num_samples: int, packed: bool = False) -> int:
         """Padded encoder frames a segment takes in a batch: a whole 30-s window, or with
         packing its own states plus a gap's worth (several clips share a window)."""
