@@ -224,3 +224,65 @@ def test_case_folding_follows_the_vocabulary(tmp_path):
 def test_build_lm_on_a_checkpoint_counts_non_blank_tokens(checkpoint, lm_dir):
     _, _, adapter = checkpoint
     assert json.loads((lm_dir / "lm.json").read_text())["vocab_size"] == adapter.vocab_size - 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exhaustive_search_over_pieces_with_blank_last_equals_brute_force(tmp_path, seed):
+    """A SentencePiece-style vocabulary with its blank last (as Parakeet's): a beam as wide
+    as the alignment space finds brute force's best transcript and score, LM included (LM
+    ids = CTC ids below the blank), and the vocabulary spells it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from beam_reference import BigramTable, brute_force
+    from pipeline.decoding.ctc_beam import CTCBeamSearch
+    from pipeline.text.ctc_vocabulary import TokenizerVocabulary
+
+    pieces = ["▁a", "b", "▁", "<pad>"]
+    spm = Tokenizer(models.Unigram([(p, -1.0) for p in pieces], unk_id=None))
+    spm.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    spm.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    vocab = TokenizerVocabulary(PreTrainedTokenizerFast(tokenizer_object=spm, pad_token="<pad>"), blank=3, size=4)
+    g = torch.Generator().manual_seed(seed)
+    lp = (1.5 * torch.randn(1, 5, 4, generator=g)).log_softmax(-1)
+    lm = BigramTable.random(3, seed)
+    ref = brute_force(lp[0], beta=0.3, fusion=[(lm, 0.9)], blank=3)
+    res = CTCBeamSearch(4 ** 5, blank=3, beta=0.3, lm=lm, alpha_lm=0.9)(lp)
+    assert tuple(res.tokens[0]) == ref[0][0]
+    assert float(res.scores[0]) == pytest.approx(ref[0][1], abs=1e-4)
+    greedy = [c for i, c in enumerate(lp[0].argmax(-1).tolist()) if c != 3 and (i == 0 or c != lp[0, i - 1].argmax())]
+    if seed == 0:
+        assert greedy != res.tokens[0]        # an input where the search is not greedy
+    assert vocab.decode(res.tokens[0]).strip() == "".join(pieces[i] for i in ref[0][0]).replace("▁", " ").strip()
+
+
+def test_lm_search_on_the_models_tokens_matches_flashlight(checkpoint, drafts, lm_dir):
+    """flashlight-text's lexicon-free decoder on the same log-probs and the same
+    token-level ARPA (build-lm --tokenizer DIR): the same best hypothesis with the same
+    eq. 1 score, on clips where the LM moves the best path away from greedy. The first
+    frame is made a sure blank: flashlight starts every hypothesis on its silence token
+    (here the word delimiter / lone ``▁``), so emitting it on frame 0 would be a repeat for it."""
+    from pipeline.decoding.ctc_beam import CTCBeamSearch
+    from pipeline.decoding.reference_decoders import FlashlightCTC
+    from pipeline.lm.ngpu_lm import NGramLM
+    from pipeline.text.ctc_vocabulary import TokenizerVocabulary
+
+    name, root, adapter = checkpoint
+    vocab = TokenizerVocabulary.from_pretrained(str(root))
+    silence = vocab.ctc_ids("a b")[1] if name == "wav2vec2" else vocab.tokenizer.convert_tokens_to_ids("▁")
+    arpa = str(lm_dir / "lm.arpa")
+    lm = NGramLM.from_arpa(arpa, vocab.size - 1)
+    moved = 0
+    for clip in sorted(drafts)[:4]:
+        lp, n, _ = drafts[clip]
+        lp = lp[0, :int(n[0])].clone()
+        lp[0] = -1e4
+        lp[0, vocab.blank] = 0.0
+        ours = CTCBeamSearch(8, blank=vocab.blank, lm=lm, alpha_lm=ALPHA)(lp[None])
+        greedy = CTCBeamSearch(1, blank=vocab.blank)(lp[None])
+        moved += ours.tokens[0] != greedy.tokens[0]
+        fl_tokens, fl_score = FlashlightCTC(vocab.size, vocab.blank, 8, space=silence, arpa_path=arpa,
+                                            lm_weight=ALPHA).decode(lp.numpy())
+        assert ours.tokens[0] == fl_tokens, clip
+        assert float(ours.scores[0]) == pytest.approx(fl_score, abs=2e-3)
+    assert moved >= 1
