@@ -66,6 +66,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prune-threshold", type=float, default=12.0, help="theta (the FlexCTC paper uses 12)")
     parser.add_argument("--plot", help="PNG path (default: beside --out, else ctc_beam.png)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", help="also bench a ctc-family checkpoint DIR (or random:parakeet-ctc-0.6b) "
+                        "for speed in its own vocabulary, and time words on the embedded model "
+                        "(jobs/bench_ctc_model.py)")
 
 
 # ----------------------------------------------------------------------- inputs
@@ -330,6 +333,10 @@ def run(args) -> dict:
         summary["native_speedup_vs_torch_step_flop"] = torch_step[True]["ms_per_utt"] / flop_on["ms_per_utt"]
         summary["native_same_wer"] = (torch_step[False]["wer"] == flop_off["wer"]
                                               and torch_step[True]["wer"] == flop_on["wer"])
+    if getattr(args, "model", None):
+        from jobs.bench_ctc_model import run_model
+
+        summary.update(run_model(args, train, phrases[100], held))
     _plot(rows, args)
     return {"rows": rows, "summary": summary}
 

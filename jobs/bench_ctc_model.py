@@ -1,0 +1,258 @@
+"""`shardscribe bench ctc-beam --model DIR`: the batched beam search of "FlexCTC:
+GPU-powered CTC Beam Decoding with advanced Contextual Abilities" (with "FLToP CTC:
+Frame-Level Token Pruning via Relative Threshold") on any ``ctc``-family checkpoint, in
+its own vocabulary, beside the embedded model's figures.
+
+For the checkpoint (``--model DIR``, or ``random:parakeet-ctc-0.6b``: that architecture,
+transformers' ParakeetCTCConfig defaults, with random weights and a 1024-piece unigram
+tokenizer trained here on the LM text), on the manifest's audio:
+
+- decoder only, beam 8, token LM on: ms/utterance of ours (batch 32; FLToP off and on)
+  against flashlight-text's lexicon-free decoder on the same token-level ARPA and
+  pyctcdecode with a word-level KenLM from the same text, timed in turn;
+- full model: RTFx of encoder + greedy against encoder + beam 8 + LM + 100 boosted
+  phrases with the shipped ``ctc_beam`` settings (FLToP on), from one encoder pass timed
+  per round and each decoder timed on its output (the encoder is common to both).
+
+For the embedded model (Whisper tiny.en encoder + CTC head, ``model.family=ctc`` with
+``model.source=embedded``): word-timestamp accuracy, the mean absolute error of word
+starts and ends against known boundaries, on clips joined from separately rendered words
+(held-out text, several TTS voices) with random gaps, for greedy and beam.
+
+Random weights give meaningless text: the checkpoint's rows are for speed, the embedded
+model's WER comes from the rest of ``bench ctc-beam`` in the same run.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+RANDOM_PREFIX = "random:"
+BEAM = 8
+BATCH = 32
+
+
+# ------------------------------------------------------------------- checkpoint
+def random_parakeet_ctc(out: Path, text: list[str], pieces: int = 1024) -> Path:
+    """parakeet-ctc-0.6b's architecture with random weights, and a unigram tokenizer of
+    ``pieces`` SentencePiece-style pieces trained on ``text`` (blank = the last id)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (ParakeetCTCConfig, ParakeetFeatureExtractor, ParakeetForCTC, ParakeetProcessor,
+                              ParakeetTokenizer)
+
+    trainer_tok = Tokenizer(models.Unigram())
+    trainer_tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer_tok.train_from_iterator(text, trainers.UnigramTrainer(vocab_size=pieces, special_tokens=["<unk>"],
+                                                                  unk_token="<unk>"))
+    vocab = json.loads(trainer_tok.to_str())["model"]["vocab"][:pieces]
+    vocab += [[f"▁<fill{i}>", -30.0] for i in range(pieces - len(vocab))]
+    spm = Tokenizer(models.Unigram([tuple(v) for v in vocab] + [("<pad>", -30.0)], unk_id=0))
+    spm.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    spm.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer = ParakeetTokenizer(tokenizer_object=spm, unk_token="<unk>", pad_token="<pad>")
+    config = ParakeetCTCConfig(vocab_size=pieces + 1, pad_token_id=pieces)
+    torch.manual_seed(0)
+    model = ParakeetForCTC(config).eval()
+    model.save_pretrained(out)
+    ParakeetProcessor(ParakeetFeatureExtractor(feature_size=config.encoder_config.num_mel_bins), tokenizer,
+                      decoder_type="ctc").save_pretrained(out)
+    return out
+
+
+def resolve_model(spec: str, text: list[str], work: Path) -> str:
+    if spec.startswith(RANDOM_PREFIX):
+        arch = spec[len(RANDOM_PREFIX):]
+        if arch != "parakeet-ctc-0.6b":
+            raise ValueError(f"--model {spec}: only random:parakeet-ctc-0.6b is built here")
+        return str(random_parakeet_ctc(work / "parakeet-ctc-0.6b", text))
+    return spec
+
+
+# --------------------------------------------------------------------- speed
+def _encode_all(adapter, audios, batch: int):
+    from pipeline.timing import timed
+
+    def run():
+        out = []
+        for i in range(0, len(audios), batch):
+            enc = adapter.encode(audios[i:i + batch])
+            lp = enc.states[:, :int(enc.valid_frames.max())].float().log_softmax(-1)
+            out += [lp[j, :int(n)].cpu() for j, n in enumerate(enc.valid_frames.tolist())]
+        return out
+    return timed(run, device=adapter.device)
+
+
+def model_speed(model: str, audios: list[np.ndarray], lm_text: list[str], phrases: list[str], work: Path,
+                rounds: int, alpha: float, beam_cfg) -> dict:
+    import torch
+
+    from jobs.bench_ctc_beam import decode_ours
+    from jobs.benchmark_data import interleaved_ms_per_utt, pad_log_probs
+    from pipeline.decoding.ctc_beam import CTCBeamSearch
+    from pipeline.decoding.ctc_greedy import ctc_greedy
+    from pipeline.decoding.reference_decoders import FlashlightCTC, PyCTCDecode
+    from pipeline.lm.boosting import BoostingTree
+    from pipeline.lm.build import build_lm, run_lmplz
+    from pipeline.lm.ngpu_lm import NGramLM
+    from pipeline.models.ctc.adapter import load_ctc_adapter
+    from pipeline.text.ctc_vocabulary import TokenizerVocabulary
+
+    adapter = load_ctc_adapter(model)
+    vocab = TokenizerVocabulary.from_pretrained(model)
+    (work / "lm_text.txt").write_text("\n".join(lm_text) + "\n")
+    build_lm([str(work / "lm_text.txt")], 4, model, str(work / "token_lm"))
+    arpa = str(work / "token_lm" / "lm.arpa")
+    lm = NGramLM.load(str(work / "token_lm" / "lm.ngpu.safetensors"))
+    (work / "words.txt").write_text("\n".join(s.lower() for s in lm_text) + "\n")
+    run_lmplz(work / "words.txt", work / "words.arpa", order=4)
+    tree = BoostingTree.from_phrases([phrases], vocab.size - 1, tokenize=vocab.lm_token_ids,
+                                     context_score=beam_cfg.context_score, depth_scaling=beam_cfg.depth_scaling)
+
+    encoded, t_enc = _encode_all(adapter, audios, 8)
+    for _ in range(rounds - 1):
+        encoded, t = _encode_all(adapter, audios, 8)
+        t_enc = min(t_enc, t)
+    lp, lengths = pad_log_probs(encoded)
+    np_lp = [x.numpy() for x in encoded]
+    n, audio_s = len(encoded), sum(len(a) for a in audios) / 16000
+    exact = CTCBeamSearch(BEAM, blank=vocab.blank, lm=lm, alpha_lm=alpha, prune_threshold=beam_cfg.prune_threshold)
+    shipped = CTCBeamSearch(BEAM, blank=vocab.blank, lm=lm, alpha_lm=alpha, prune_threshold=beam_cfg.prune_threshold,
+                            flop_top_n=beam_cfg.flop_top_n, flop_ratio=beam_cfg.flop_ratio)
+    boosted = CTCBeamSearch(BEAM, blank=vocab.blank, beta=beam_cfg.beta, lm=lm, alpha_lm=alpha,
+                            alpha_boost=beam_cfg.alpha_boost, prune_threshold=beam_cfg.prune_threshold,
+                            flop_top_n=beam_cfg.flop_top_n, flop_ratio=beam_cfg.flop_ratio)
+    silence = vocab.tokenizer.convert_tokens_to_ids("▁")
+    silence = silence if isinstance(silence, int) and silence != vocab.tokenizer.unk_token_id else vocab.blank
+    fl = FlashlightCTC(vocab.size, vocab.blank, BEAM, space=silence, arpa_path=arpa, lm_weight=alpha,
+                       beam_threshold=beam_cfg.prune_threshold)
+    labels = ["" if i == vocab.blank else p for i, p in
+              enumerate(vocab.tokenizer.convert_ids_to_tokens(list(range(vocab.size))))]
+    py = PyCTCDecode(labels, kenlm_path=str(work / "words.arpa"), alpha=alpha)
+    n_py = min(n, 8)
+    for s in (exact, shipped, boosted):     # warm-up: dense tables, native build
+        decode_ours(s, lp[:2], lengths[:2], 2, boost=tree if s is boosted else None)
+    ms = interleaved_ms_per_utt({
+        "ours": (n, lambda: decode_ours(exact, lp, lengths, BATCH)),
+        "ours_flop": (n, lambda: decode_ours(shipped, lp, lengths, BATCH)),
+        "ours_flop_100_phrases": (n, lambda: decode_ours(boosted, lp, lengths, BATCH, boost=tree)),
+        "greedy": (n, lambda: ctc_greedy(lp, lengths)),
+        "flashlight": (n, lambda: [fl.decode(x) for x in np_lp]),
+        "pyctcdecode": (n_py, lambda: [py.decode(x, BEAM, beam_prune_logp=-beam_cfg.prune_threshold,
+                                                 token_min_logp=-5.0) for x in np_lp[:n_py]]),
+    }, rounds=rounds)
+    enc_ms = 1000.0 * t_enc / n
+    greedy_s = (enc_ms + ms["greedy"]) * n / 1000.0
+    beam_s = (enc_ms + ms["ours_flop_100_phrases"]) * n / 1000.0
+    return {
+        "model": model, "vocab_size": vocab.size, "blank": vocab.blank, "utterances": n,
+        "audio_seconds": audio_s, "frame_stride_s": adapter.frame_stride_s,
+        "mean_frames": float(lengths.float().mean()), "threads": torch.get_num_threads(),
+        "decoder_ms_per_utt": ms, "encoder_ms_per_utt": enc_ms,
+        "speedup_vs_pyctcdecode": ms["pyctcdecode"] / ms["ours"],
+        "speedup_vs_flashlight": ms["flashlight"] / ms["ours"],
+        "speedup_vs_pyctcdecode_flop": ms["pyctcdecode"] / ms["ours_flop"],
+        "speedup_vs_flashlight_flop": ms["flashlight"] / ms["ours_flop"],
+        "rtfx_greedy": audio_s / greedy_s, "rtfx_beam_lm_100_phrases": audio_s / beam_s,
+        "rtfx_beam_vs_greedy": greedy_s / beam_s,
+    }
+
+
+# ---------------------------------------------------------------- word timing
+def speech_span(audio: np.ndarray, frame: int = 160, rel: float = 0.02) -> tuple[int, int] | None:
+    """First and past-last sample of the 10-ms frames louder than ``rel`` x the clip's peak
+    frame RMS: where a separately rendered word's sound is (None: silence)."""
+    n = len(audio) // frame
+    rms = np.sqrt((audio[: n * frame].reshape(n, frame) ** 2).mean(axis=1)) if n else np.zeros(0)
+    loud = np.nonzero(rms > rel * rms.max())[0] if n and rms.max() > 1e-4 else []
+    if not len(loud):
+        return None
+    return int(loud[0]) * frame, int(loud[-1] + 1) * frame
+
+
+def timed_word_clips(sentences: list[str], voices, seed: int):
+    """Clips of separately rendered words joined by 0.1-0.5 s of silence: (audio, [(word,
+    start_s, end_s)]) with the boundaries known to the sample."""
+    from pipeline.tts.engines import synthesize
+
+    rng = np.random.default_rng(seed)
+    clips = []
+    for i, sentence in enumerate(sentences):
+        voice = voices[i % len(voices)]
+        parts, truth, at = [np.zeros(int(0.2 * 16000), np.float32)], [], int(0.2 * 16000)
+        for word in sentence.split():
+            audio = synthesize(voice, word) if _norm(word) else np.zeros(0, np.float32)
+            span = speech_span(audio)
+            if span is None:
+                continue
+            a, b = span
+            parts.append(audio[a:b])
+            truth.append((word, at / 16000, (at + b - a) / 16000))
+            gap = int(rng.uniform(0.1, 0.5) * 16000)
+            parts.append(np.zeros(gap, np.float32))
+            at += b - a + gap
+        clips.append((np.concatenate(parts), truth))
+    return clips
+
+
+def _norm(word: str) -> str:
+    return "".join(ch for ch in word.lower() if ch.isalnum() or ch == "'")
+
+
+def boundary_errors(predicted: list[dict], truth: list[tuple[str, float, float]]) -> list[float]:
+    """|start - true start| and |end - true end| of every predicted word matched to a true
+    word (the same word, in order: difflib's matching blocks)."""
+    import difflib
+
+    a, b = [_norm(w["word"]) for w in predicted], [_norm(w) for w, _, _ in truth]
+    errors = []
+    for block in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_matching_blocks():
+        for k in range(block.size):
+            p, t = predicted[block.a + k], truth[block.b + k]
+            errors += [abs(p["start"] - t[1]), abs(p["end"] - t[2])]
+    return errors
+
+
+def word_timing(sentences: list[str], seed: int) -> dict:
+    """Word-boundary error of greedy and beam (beam 8, no LM) on the embedded model."""
+    from pipeline.config import load_config
+    from pipeline.decoders.ctc_beam import CTCLogProbsDecoder, build_search
+    from pipeline.decoders.ctc_greedy import build
+    from pipeline.models import load_model
+    from pipeline.tts.engines import Voice
+
+    voices = [Voice("espeak-ng", "en-us"), Voice("flite", "slt"), Voice("espeak-ng", "en-gb+m3", rate=0.9),
+              Voice("flite", "rms")]
+    clips = timed_word_clips(sentences, voices, seed)
+    cfg = load_config("ctc_greedy", ["model.family=ctc", "decoder.pack_windows=false"])
+    adapter = load_model(cfg.model)
+    greedy = build(adapter, cfg).decode([c[0] for c in clips])
+    pending = CTCLogProbsDecoder(adapter).decode([c[0] for c in clips])
+    build_search(load_config("ctc_beam", ["model.family=ctc", "beam.use_cuda_graphs=false"])).finish(pending)
+    out = {"clips": len(clips), "words": sum(len(c[1]) for c in clips)}
+    for name, results in (("greedy", greedy), ("beam", pending)):
+        errors = [e for res, (_, truth) in zip(results, clips) for e in boundary_errors(res.words or [], truth)]
+        out[f"{name}_boundary_mae_s"] = float(np.mean(errors)) if errors else None
+        out[f"{name}_boundary_median_s"] = float(np.median(errors)) if errors else None
+        out[f"{name}_matched_words"] = len(errors) // 2
+    return out
+
+
+def run_model(args, lm_text: list[str], phrases: list[str], heldout: list[str]) -> dict:
+    """The checkpoint's speed rows and the embedded model's word timing."""
+    from jobs.benchmark_data import flat_segments, load_recordings
+    from pipeline.config import load_config
+
+    quick = bool(getattr(args, "quick", False))
+    work = Path(tempfile.mkdtemp(prefix="bench-ctc-model-"))
+    model = resolve_model(args.model, lm_text, work)
+    recordings, _ = load_recordings(getattr(args, "manifest", None), limit=16 if quick else 48)
+    flat, _ = flat_segments(recordings)
+    beam_cfg = load_config("ctc_beam").beam
+    speed = model_speed(model, [a for _, a in flat], lm_text, phrases, work, rounds=2 if quick else 3,
+                        alpha=args.alpha, beam_cfg=beam_cfg)
+    timing = word_timing(heldout[: 6 if quick else 20], args.seed)
+    return {"model": speed, "word_timing": timing}
