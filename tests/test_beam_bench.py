@@ -80,3 +80,46 @@ def test_quick_bench_runs_end_to_end_with_the_contract_keys(tmp_path, capsys):
     assert s["wer_beam_lm"] <= s["wer_greedy"]
     assert s["boost_fscore"] >= s["boost_fscore_without"]
     assert out.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_boundary_errors_pair_the_same_words_in_order():
+    from jobs.bench_ctc_model import boundary_errors
+
+    predicted = [{"word": "Hello,", "start": 0.1, "end": 0.5}, {"word": "wurld", "start": 0.6, "end": 0.9},
+                 {"word": "again", "start": 1.0, "end": 1.2}]
+    truth = [("hello", 0.12, 0.5), ("world", 0.6, 1.0), ("again", 1.1, 1.2)]
+    assert sorted(round(e, 3) for e in boundary_errors(predicted, truth)) == [0.0, 0.0, 0.02, 0.1]
+
+
+def test_speech_span_finds_a_tone_between_silences():
+    import numpy as np
+
+    from jobs.bench_ctc_model import speech_span
+
+    audio = np.zeros(16000, np.float32)
+    audio[4000:9600] = 0.3 * np.sin(np.arange(5600) * 0.2)
+    assert speech_span(audio) == (4000, 9600)
+    assert speech_span(np.zeros(800, np.float32)) is None
+
+
+def test_model_bench_on_a_tiny_checkpoint(tmp_path, sample_audio):
+    """`bench ctc-beam --model` at reduced sizes: a tiny random Parakeet CTC checkpoint in
+    its own 35-piece vocabulary against flashlight and pyctcdecode, and word timing on the
+    embedded model, whose boundaries on one clip of separately rendered words must be
+    within a few frames. No speed is asserted."""
+    from jobs.bench_ctc_model import model_speed, word_timing
+    from pipeline.config import load_config
+    from pipeline.lm.sample_text import pydoc_sentences
+    from test_ctc_family import saved_checkpoint
+
+    saved_checkpoint("parakeet", tmp_path / "m")
+    clips = [sample_audio[c] for c in sorted(sample_audio)[:3]]
+    out = model_speed(str(tmp_path / "m"), clips, pydoc_sentences()[:400], ["the"], tmp_path, rounds=1,
+                      alpha=0.5, beam_cfg=load_config("ctc_beam").beam)
+    assert out["vocab_size"] == 35 and out["blank"] == 34 and out["frame_stride_s"] == 0.08
+    for key in ("ours", "ours_flop", "flashlight", "pyctcdecode", "greedy"):
+        assert out["decoder_ms_per_utt"][key] > 0
+    assert out["rtfx_beam_vs_greedy"] == out["rtfx_beam_lm_100_phrases"] / out["rtfx_greedy"]
+    timing = word_timing(["Check the pump before the valve opens."], seed=0)
+    assert timing["greedy_matched_words"] >= 3
+    assert timing["greedy_boundary_mae_s"] < 0.15
