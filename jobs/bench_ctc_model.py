@@ -7,9 +7,13 @@ For the checkpoint (``--model DIR``, or ``random:parakeet-ctc-0.6b``: that archi
 transformers' ParakeetCTCConfig defaults, with random weights and a 1024-piece unigram
 tokenizer trained here on the LM text), on the manifest's audio:
 
-- decoder only, beam 8, token LM on: ms/utterance of ours (batch 32; FLToP off and on)
-  against flashlight-text's lexicon-free decoder on the same token-level ARPA and
-  pyctcdecode with a word-level KenLM from the same text, timed in turn;
+- decoder only, beam 8, token LM on: ms/utterance of ours (batch 32; FLToP off and on;
+  the LM as the search gets it by default, a back-off graph when its dense table would
+  pass ``dense_fusion_max_bytes``, and folded into one dense table, which the native CPU
+  loop needs) against flashlight-text's lexicon-free decoder on the same token-level
+  ARPA and pyctcdecode with a word-level KenLM from the same text, timed in turn; on the
+  checkpoint's own frames, and on CTC-like frames simulated in its vocabulary from
+  held-out text (with WER), since random weights give flat or constant frames;
 - full model: RTFx of encoder + greedy against encoder + beam 8 + LM + 100 boosted
   phrases with the shipped ``ctc_beam`` settings (FLToP on), from one encoder pass timed
   per round and each decoder timed on its output (the encoder is common to both).
@@ -86,15 +90,102 @@ def _encode_all(adapter, audios, batch: int):
     return timed(run, device=adapter.device)
 
 
-def model_speed(model: str, audios: list[np.ndarray], lm_text: list[str], phrases: list[str], work: Path,
-                rounds: int, alpha: float, beam_cfg) -> dict:
+def simulate_in_vocabulary(texts: list[str], vocab, seed: int):
+    """CTC-like posteriors in the checkpoint's own vocabulary for ``texts`` spelt by its
+    tokenizer (``benchmark_data``'s alignment model: 0-2 blanks before each token, 1-2
+    frames per token, a random rival on a quarter of the token frames that sometimes
+    wins): a random-weight checkpoint's own frames are flat or constant, which no trained
+    model's are, and the decoders' speeds depend on that shape."""
     import torch
 
+    from jobs.benchmark_data import _ctc_alignment, pad_log_probs
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for text in texts:
+        ids = vocab.ctc_ids(text)
+        internal = _ctc_alignment(rng, [i + 1 for i in range(len(ids))])   # 0 = blank, k = k-th token
+        labels = [vocab.blank if k == 0 else ids[k - 1] for k in internal] + [vocab.blank]
+        logits = rng.normal(0.0, 1.0, size=(len(labels), vocab.size))
+        for i, y in enumerate(labels):
+            logits[i, y] += rng.normal(10.0, 1.0) if y == vocab.blank else rng.normal(9.0, 1.5)
+            if y != vocab.blank and rng.random() < 0.25:
+                rival = int(rng.integers(0, vocab.size - 1))
+                rival += rival >= vocab.blank
+                logits[i, rival] = logits[i, y] + rng.normal(-0.5, 1.5)
+        rows.append(torch.log_softmax(torch.tensor(logits, dtype=torch.float32), -1))
+    return pad_log_probs(rows)
+
+
+def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float, rounds: int,
+                     refs: list[str] | None = None) -> dict:
+    """ms/utterance (and WER against ``refs``) of ours, flashlight-text and pyctcdecode at
+    beam 8 with the token LM (pyctcdecode: the word LM), timed in turn."""
     from jobs.bench_ctc_beam import decode_ours
-    from jobs.benchmark_data import interleaved_ms_per_utt, pad_log_probs
+    from jobs.benchmark_data import interleaved_ms_per_utt
     from pipeline.decoding.ctc_beam import CTCBeamSearch
     from pipeline.decoding.ctc_greedy import ctc_greedy
     from pipeline.decoding.reference_decoders import FlashlightCTC, PyCTCDecode
+    from pipeline.metrics import corpus_wer_lowercase
+
+    n = len(lengths)
+    np_lp = [lp[i, :int(lengths[i])].numpy() for i in range(n)]
+    common = dict(blank=vocab.blank, lm=lms["ngpu"], alpha_lm=alpha, prune_threshold=beam_cfg.prune_threshold)
+    flop = dict(flop_top_n=beam_cfg.flop_top_n, flop_ratio=beam_cfg.flop_ratio)
+    searches = {
+        "ours": CTCBeamSearch(BEAM, **common),
+        # the LM folded into one dense table (native CPU loop) whatever its size
+        "ours_dense": CTCBeamSearch(BEAM, dense_fusion_max_bytes=4 * 2 ** 30, **common),
+        "ours_flop": CTCBeamSearch(BEAM, **common, **flop),
+        "ours_flop_dense": CTCBeamSearch(BEAM, dense_fusion_max_bytes=4 * 2 ** 30, **common, **flop),
+        "ours_flop_100_phrases": CTCBeamSearch(BEAM, beta=beam_cfg.beta, alpha_boost=beam_cfg.alpha_boost,
+                                               **common, **flop),
+    }
+    boosts = {"ours_flop_100_phrases": tree}
+    silence = vocab.tokenizer.convert_tokens_to_ids("▁")
+    if not isinstance(silence, int) or silence == vocab.tokenizer.unk_token_id:
+        silence = vocab.ctc_ids("a b")[1] if len(vocab.ctc_ids("a b")) == 3 else vocab.blank
+    fl = FlashlightCTC(vocab.size, vocab.blank, BEAM, space=silence, arpa_path=lms["arpa"], lm_weight=alpha,
+                       beam_threshold=beam_cfg.prune_threshold)
+    labels = ["" if i == vocab.blank else p for i, p in
+              enumerate(vocab.tokenizer.convert_ids_to_tokens(list(range(vocab.size))))]
+    py = PyCTCDecode(labels, kenlm_path=lms["word_arpa"], alpha=alpha)
+    n_py = min(n, 8)
+    outputs = {}
+
+    def ours(name):
+        def run():
+            outputs[name] = decode_ours(searches[name], lp, lengths, BATCH, boost=boosts.get(name))[0]
+        return run
+
+    for name, search in searches.items():     # warm-up: dense tables, the native build
+        decode_ours(search, lp[:2], lengths[:2], 2, boost=boosts.get(name))
+    contenders = {name: (n, ours(name)) for name in searches}
+    contenders["greedy"] = (n, lambda: outputs.__setitem__("greedy", ctc_greedy(lp, lengths, blank=vocab.blank).tokens))
+    contenders["flashlight"] = (n, lambda: outputs.__setitem__("flashlight", [fl.decode(x)[0] for x in np_lp]))
+    contenders["pyctcdecode"] = (n_py, lambda: outputs.__setitem__("pyctcdecode", [
+        py.decode(x, BEAM, beam_prune_logp=-beam_cfg.prune_threshold, token_min_logp=-5.0) for x in np_lp[:n_py]]))
+    ms = interleaved_ms_per_utt(contenders, rounds=rounds)
+    out = {"ms_per_utt": ms, "utterances": n, "mean_frames": float(lengths.float().mean()),
+           "loops": {name: s.last_loop for name, s in searches.items()},
+           "speedup_vs_pyctcdecode": ms["pyctcdecode"] / ms["ours"],
+           "speedup_vs_flashlight": ms["flashlight"] / ms["ours"],
+           "speedup_vs_pyctcdecode_flop": ms["pyctcdecode"] / ms["ours_flop"],
+           "speedup_vs_flashlight_flop": ms["flashlight"] / ms["ours_flop"],
+           "speedup_vs_pyctcdecode_dense": ms["pyctcdecode"] / ms["ours_dense"],
+           "speedup_vs_flashlight_dense": ms["flashlight"] / ms["ours_dense"],
+           "speedup_vs_pyctcdecode_flop_dense": ms["pyctcdecode"] / ms["ours_flop_dense"],
+           "speedup_vs_flashlight_flop_dense": ms["flashlight"] / ms["ours_flop_dense"]}
+    if refs is not None:
+        text = {k: ([vocab.decode(t) for t in v] if k != "pyctcdecode" else v) for k, v in outputs.items()}
+        out["wer"] = {k: corpus_wer_lowercase(refs[:len(v)], v) for k, v in text.items()}
+    return out
+
+
+def model_speed(model: str, audios: list[np.ndarray], lm_text: list[str], heldout: list[str], phrases: list[str],
+                work: Path, rounds: int, alpha: float, beam_cfg, seed: int = 0) -> dict:
+    import torch
+
     from pipeline.lm.boosting import BoostingTree
     from pipeline.lm.build import build_lm, run_lmplz
     from pipeline.lm.ngpu_lm import NGramLM
@@ -105,10 +196,10 @@ def model_speed(model: str, audios: list[np.ndarray], lm_text: list[str], phrase
     vocab = TokenizerVocabulary.from_pretrained(model)
     (work / "lm_text.txt").write_text("\n".join(lm_text) + "\n")
     build_lm([str(work / "lm_text.txt")], 4, model, str(work / "token_lm"))
-    arpa = str(work / "token_lm" / "lm.arpa")
-    lm = NGramLM.load(str(work / "token_lm" / "lm.ngpu.safetensors"))
     (work / "words.txt").write_text("\n".join(s.lower() for s in lm_text) + "\n")
     run_lmplz(work / "words.txt", work / "words.arpa", order=4)
+    ngpu = NGramLM.load(str(work / "token_lm" / "lm.ngpu.safetensors"))
+    lms = {"ngpu": ngpu, "arpa": str(work / "token_lm" / "lm.arpa"), "word_arpa": str(work / "words.arpa")}
     tree = BoostingTree.from_phrases([phrases], vocab.size - 1, tokenize=vocab.lm_token_ids,
                                      context_score=beam_cfg.context_score, depth_scaling=beam_cfg.depth_scaling)
 
@@ -116,46 +207,21 @@ def model_speed(model: str, audios: list[np.ndarray], lm_text: list[str], phrase
     for _ in range(rounds - 1):
         encoded, t = _encode_all(adapter, audios, 8)
         t_enc = min(t_enc, t)
+    from jobs.benchmark_data import pad_log_probs
+
     lp, lengths = pad_log_probs(encoded)
-    np_lp = [x.numpy() for x in encoded]
     n, audio_s = len(encoded), sum(len(a) for a in audios) / 16000
-    exact = CTCBeamSearch(BEAM, blank=vocab.blank, lm=lm, alpha_lm=alpha, prune_threshold=beam_cfg.prune_threshold)
-    shipped = CTCBeamSearch(BEAM, blank=vocab.blank, lm=lm, alpha_lm=alpha, prune_threshold=beam_cfg.prune_threshold,
-                            flop_top_n=beam_cfg.flop_top_n, flop_ratio=beam_cfg.flop_ratio)
-    boosted = CTCBeamSearch(BEAM, blank=vocab.blank, beta=beam_cfg.beta, lm=lm, alpha_lm=alpha,
-                            alpha_boost=beam_cfg.alpha_boost, prune_threshold=beam_cfg.prune_threshold,
-                            flop_top_n=beam_cfg.flop_top_n, flop_ratio=beam_cfg.flop_ratio)
-    silence = vocab.tokenizer.convert_tokens_to_ids("▁")
-    silence = silence if isinstance(silence, int) and silence != vocab.tokenizer.unk_token_id else vocab.blank
-    fl = FlashlightCTC(vocab.size, vocab.blank, BEAM, space=silence, arpa_path=arpa, lm_weight=alpha,
-                       beam_threshold=beam_cfg.prune_threshold)
-    labels = ["" if i == vocab.blank else p for i, p in
-              enumerate(vocab.tokenizer.convert_ids_to_tokens(list(range(vocab.size))))]
-    py = PyCTCDecode(labels, kenlm_path=str(work / "words.arpa"), alpha=alpha)
-    n_py = min(n, 8)
-    for s in (exact, shipped, boosted):     # warm-up: dense tables, native build
-        decode_ours(s, lp[:2], lengths[:2], 2, boost=tree if s is boosted else None)
-    ms = interleaved_ms_per_utt({
-        "ours": (n, lambda: decode_ours(exact, lp, lengths, BATCH)),
-        "ours_flop": (n, lambda: decode_ours(shipped, lp, lengths, BATCH)),
-        "ours_flop_100_phrases": (n, lambda: decode_ours(boosted, lp, lengths, BATCH, boost=tree)),
-        "greedy": (n, lambda: ctc_greedy(lp, lengths)),
-        "flashlight": (n, lambda: [fl.decode(x) for x in np_lp]),
-        "pyctcdecode": (n_py, lambda: [py.decode(x, BEAM, beam_prune_logp=-beam_cfg.prune_threshold,
-                                                 token_min_logp=-5.0) for x in np_lp[:n_py]]),
-    }, rounds=rounds)
+    own = compare_decoders(lp, lengths, vocab, lms, tree, beam_cfg, alpha, rounds)
+    sim_lp, sim_len = simulate_in_vocabulary(heldout, vocab, seed)
+    simulated = compare_decoders(sim_lp, sim_len, vocab, lms, tree, beam_cfg, alpha, rounds, refs=heldout)
     enc_ms = 1000.0 * t_enc / n
-    greedy_s = (enc_ms + ms["greedy"]) * n / 1000.0
-    beam_s = (enc_ms + ms["ours_flop_100_phrases"]) * n / 1000.0
+    greedy_s = (enc_ms + own["ms_per_utt"]["greedy"]) * n / 1000.0
+    beam_s = (enc_ms + own["ms_per_utt"]["ours_flop_100_phrases"]) * n / 1000.0
     return {
         "model": model, "vocab_size": vocab.size, "blank": vocab.blank, "utterances": n,
-        "audio_seconds": audio_s, "frame_stride_s": adapter.frame_stride_s,
-        "mean_frames": float(lengths.float().mean()), "threads": torch.get_num_threads(),
-        "decoder_ms_per_utt": ms, "encoder_ms_per_utt": enc_ms,
-        "speedup_vs_pyctcdecode": ms["pyctcdecode"] / ms["ours"],
-        "speedup_vs_flashlight": ms["flashlight"] / ms["ours"],
-        "speedup_vs_pyctcdecode_flop": ms["pyctcdecode"] / ms["ours_flop"],
-        "speedup_vs_flashlight_flop": ms["flashlight"] / ms["ours_flop"],
+        "audio_seconds": audio_s, "frame_stride_s": adapter.frame_stride_s, "threads": torch.get_num_threads(),
+        "lm": json.loads(ngpu.describe()),
+        "own_frames": own, "simulated_frames": simulated, "encoder_ms_per_utt": enc_ms,
         "rtfx_greedy": audio_s / greedy_s, "rtfx_beam_lm_100_phrases": audio_s / beam_s,
         "rtfx_beam_vs_greedy": greedy_s / beam_s,
     }
@@ -252,7 +318,7 @@ def run_model(args, lm_text: list[str], phrases: list[str], heldout: list[str]) 
     recordings, _ = load_recordings(getattr(args, "manifest", None), limit=16 if quick else 48)
     flat, _ = flat_segments(recordings)
     beam_cfg = load_config("ctc_beam").beam
-    speed = model_speed(model, [a for _, a in flat], lm_text, phrases, work, rounds=2 if quick else 3,
-                        alpha=args.alpha, beam_cfg=beam_cfg)
+    speed = model_speed(model, [a for _, a in flat], lm_text, heldout[:32 if quick else 96], phrases, work,
+                        rounds=2 if quick else 3, alpha=args.alpha, beam_cfg=beam_cfg, seed=args.seed)
     timing = word_timing(heldout[: 6 if quick else 20], args.seed)
     return {"model": speed, "word_timing": timing}

@@ -114,11 +114,18 @@ def test_model_bench_on_a_tiny_checkpoint(tmp_path, sample_audio):
 
     saved_checkpoint("parakeet", tmp_path / "m")
     clips = [sample_audio[c] for c in sorted(sample_audio)[:3]]
-    out = model_speed(str(tmp_path / "m"), clips, pydoc_sentences()[:400], ["the"], tmp_path, rounds=1,
+    text = pydoc_sentences()
+    out = model_speed(str(tmp_path / "m"), clips, text[:400], text[400:406], ["the"], tmp_path, rounds=1,
                       alpha=0.5, beam_cfg=load_config("ctc_beam").beam)
     assert out["vocab_size"] == 35 and out["blank"] == 34 and out["frame_stride_s"] == 0.08
-    for key in ("ours", "ours_flop", "flashlight", "pyctcdecode", "greedy"):
-        assert out["decoder_ms_per_utt"][key] > 0
+    for part in ("own_frames", "simulated_frames"):
+        for key in ("ours", "ours_dense", "ours_flop", "flashlight", "pyctcdecode", "greedy"):
+            assert out[part]["ms_per_utt"][key] > 0
+        assert out[part]["loops"]["ours_dense"] == "native"
+    wer = out["simulated_frames"]["wer"]
+    # in-vocabulary posteriors of the held-out text: the LM search reads back at least what
+    # greedy does, and the dense table is the same LM
+    assert wer["ours"] <= wer["greedy"] < 1.0 and wer["ours"] == wer["ours_dense"]
     assert out["rtfx_beam_vs_greedy"] == out["rtfx_beam_lm_100_phrases"] / out["rtfx_greedy"]
     timing = word_timing(["Check the pump before the valve opens."], seed=0)
     assert timing["greedy_matched_words"] >= 3
