@@ -169,3 +169,51 @@ def test_native_loop_on_real_log_probs_with_a_kenlm_built_lm(tmp_path):
         for u in range(2):
             pairs = lambda r: sorted(zip(r.nbest_scores[u].tolist(), map(tuple, r.nbest_tokens[u])))  # noqa: E731
             assert pairs(native) == pairs(eager)
+
+
+@pytest.fixture(scope="module")
+def token_arpa(tmp_path_factory):
+    """A 4-gram over 12 tokens (KenLM's lmplz) from random token text with repeated
+    patterns, so that its back-off graph has explicit arcs at every order."""
+    import random
+
+    from pipeline.lm.arpa import tokens_line
+    from pipeline.lm.build import find_lmplz, run_lmplz
+
+    find_lmplz(build=False)
+    rng = random.Random(5)
+    patterns = [[rng.randrange(12) for _ in range(rng.randint(2, 6))] for _ in range(15)]
+    out = tmp_path_factory.mktemp("graph-lm")
+    with open(out / "corpus.txt", "w") as fh:
+        for _ in range(400):
+            fh.write(tokens_line([t for _ in range(rng.randint(1, 5)) for t in rng.choice(patterns)]) + "\n")
+    run_lmplz(out / "corpus.txt", out / "lm.arpa", order=4)
+    return str(out / "lm.arpa")
+
+
+@pytest.mark.parametrize("blank", [0, 12])
+@pytest.mark.parametrize("flop", [False, True])
+@pytest.mark.parametrize("boost", [False, True])
+def test_native_loop_reads_back_off_graphs_like_the_torch_step(token_arpa, blank, flop, boost):
+    """An LM (and a boosting tree) kept as back-off graphs, as a token n-gram too large for
+    a dense table is (``dense_fusion_max_bytes=0`` here): the native loop's binary-search
+    lookup gives the torch step's scores bit for bit, on inputs where the LM changes the
+    best path."""
+    from pipeline.lm.boosting import BoostingTree
+    from pipeline.lm.ngpu_lm import NGramLM
+
+    g = torch.Generator().manual_seed(blank + 2 * flop + 4 * boost)
+    lp = (2.0 * torch.randn(5, 40, 13, generator=g)).log_softmax(-1)
+    lengths = torch.tensor([40, 33, 7, 40, 21])
+    lm = NGramLM.from_arpa(token_arpa, 12)
+    kw = dict(beam_size=6, blank=blank, beta=0.3, lm=lm, alpha_lm=0.8, prune_threshold=8.0, track_beams=True,
+              nbest=4, dense_fusion_max_bytes=0)
+    if flop:
+        kw.update(flop_top_n=5, flop_ratio=0.01)
+    if boost:
+        kw.update(boost=BoostingTree.from_phrases([[[1, 2, 3], [4, 5]]], vocab_size=12, context_score=1.5),
+                  alpha_boost=0.7)
+    native, eager = _both(kw, lp, lengths)
+    _same(native, eager)
+    plain = CTCBeamSearch(**{k: v for k, v in kw.items() if k not in ("lm", "alpha_lm")})(lp, lengths)
+    assert plain.tokens != native.tokens

@@ -15,6 +15,12 @@
  *     pruning applied before the expansion instead of after it).
  *   - blank and repeat candidates use the tables' identity column (score 0, same row),
  *     so they are scored and advanced without reading the tables.
+ * A fusion model too large for a dense table (a token n-gram over a 1024-piece
+ * vocabulary) is read from its NGPU-LM back-off graph instead (FlexCTC §II-D; the
+ * arrays of pipeline/lm/backoff_graph.py): the state's explicit arc for the label, found
+ * by binary search, else its back-off, down to the root's dense row; the same sums in
+ * the same order as BackoffGraph.advance_labels, then alpha * score + beta as
+ * fusion.py's GenericLookup computes them.
  * Viable columns are enumerated best first for the few best (a sorted head) and in any
  * order after it, which can only reorder candidates of exactly equal score.
  * Dead slots are filled the way the torch step leaves them: score -inf, never a parent.
@@ -42,6 +48,17 @@ typedef struct {
     float score;
     int32_t next;
 } entry_t;
+
+/* a back-off graph lookup (fusion.py's GenericLookup over a BackoffGraph) */
+typedef struct {
+    const int64_t *arc_start;   /* [S + 1] CSR offsets; arcs sorted by label per state */
+    const int32_t *arc_label, *arc_to;
+    const float *arc_w;
+    const int32_t *backoff_to, *root_row, *root_to;
+    const float *backoff_w, *root_w;
+    int64_t depth;
+    float alpha, beta;
+} graph_t;
 
 typedef struct {
     float score;
@@ -77,8 +94,9 @@ static inline void insert_top(cand_t *top, int64_t *n, int64_t cap, cand_t c) {
 /* One (frame, utterance) pair's view of the search inputs. */
 typedef struct {
     const int64_t *tk, *lt;    /* the frame's token ids (NULL: column = id) and LM ids */
-    const entry_t *const *tab; /* the fusion tables */
-    const int64_t *states;     /* [n_lookups, B, K] row offsets */
+    const entry_t *const *tab; /* the fusion tables (NULL: a graph) */
+    const graph_t *const *gr;  /* the back-off graphs (NULL: a table) */
+    const int64_t *states;     /* [n_lookups, B, K] row offsets (tables) or states (graphs) */
     int64_t n_lookups, B, K, b, V;
     int has_beta_only;
     float beta_only;
@@ -92,8 +110,36 @@ static inline int64_t fusion_column(const pair_t *p, int64_t c, int64_t last) {
     return token_of(p, c) != last ? p->lt[c] : p->V;
 }
 
-static inline const entry_t *entry(const pair_t *p, int64_t l, int64_t j, int64_t lmcol) {
-    return &p->tab[l][p->states[(l * p->B + p->b) * p->K + j] + lmcol];
+static entry_t graph_entry(const graph_t *g, int64_t V, int64_t state, int64_t label) {
+    float acc = 0.0f;
+    int64_t cur = state;
+    for (int64_t d = 0; d < g->depth; d++) {
+        int64_t lo = g->arc_start[cur], hi = g->arc_start[cur + 1];
+        const int64_t end = hi;
+        while (lo < hi) {
+            const int64_t mid = (lo + hi) >> 1;
+            if (g->arc_label[mid] < label) lo = mid + 1; else hi = mid;
+        }
+        if (lo < end && g->arc_label[lo] == label) {
+            const float raw = acc + g->arc_w[lo];
+            const float scaled = raw * g->alpha;
+            entry_t e = {scaled + g->beta, g->arc_to[lo]};
+            return e;
+        }
+        acc = acc + g->backoff_w[cur];
+        cur = g->backoff_to[cur];
+    }
+    const int64_t at = (int64_t)g->root_row[state] * V + label;
+    const float raw = g->root_w[at] + acc;
+    const float scaled = raw * g->alpha;
+    entry_t e = {scaled + g->beta, g->root_to[at]};
+    return e;
+}
+
+static inline entry_t entry(const pair_t *p, int64_t l, int64_t j, int64_t lmcol) {
+    const int64_t st = p->states[(l * p->B + p->b) * p->K + j];
+    if (p->gr[l]) return graph_entry(p->gr[l], p->V, st, lmcol);
+    return p->tab[l][st + lmcol];
 }
 
 /* eq. 1 for one candidate, summed in the torch step's order. The identity column V
@@ -102,7 +148,7 @@ static inline const entry_t *entry(const pair_t *p, int64_t l, int64_t j, int64_
 static inline float candidate_score(const pair_t *p, float sj, float xc, int64_t j, int64_t lmcol) {
     float cs = sj + xc;
     if (lmcol == p->V) return cs;
-    for (int64_t l = 0; l < p->n_lookups; l++) cs = cs + entry(p, l, j, lmcol)->score;
+    for (int64_t l = 0; l < p->n_lookups; l++) cs = cs + entry(p, l, j, lmcol).score;
     if (p->has_beta_only) cs = cs + p->beta_only;
     return cs;
 }
@@ -115,7 +161,8 @@ static inline void prefetch_column(const pair_t *p, const float *sc, const int64
         if (sc[j] == -INFINITY) continue;
         const int64_t lmcol = fusion_column(p, c, la[j]);
         if (lmcol == p->V) continue;
-        for (int64_t l = 0; l < p->n_lookups; l++) __builtin_prefetch(entry(p, l, j, lmcol));
+        for (int64_t l = 0; l < p->n_lookups; l++)
+            if (!p->gr[l]) __builtin_prefetch(&p->tab[l][p->states[(l * p->B + p->b) * p->K + j] + lmcol]);
     }
 }
 
@@ -135,7 +182,8 @@ int ctc_beam_loop(
     const float *weights,     /* [S, B] frames a step stands for (alive counting) */
     int64_t n_lookups,
     const entry_t *const *tab,        /* per lookup: [states * (V+1)] (alpha*score (+beta),
-                                         next state's row offset) */
+                                         next state's row offset), or NULL */
+    const graph_t *const *gr,         /* per lookup: a back-off graph, or NULL */
     const float *bonus_max,           /* per lookup: the table's largest entry */
     int has_beta_only, float beta_only, /* no fusion model: beta on new tokens */
     float *scores, int64_t *last, int64_t *key, /* [B, K] in/out */
@@ -158,7 +206,7 @@ int ctc_beam_loop(
             const int64_t fb = s * B + b;
             const float *x = values + fb * W;
             const pair_t pr = {tokens ? tokens + fb * W : NULL, tokens ? lm_tokens + fb * W : lm_tokens,
-                               tab, states, n_lookups, B, K, b, V, has_beta_only, beta_only};
+                               tab, gr, states, n_lookups, B, K, b, V, has_beta_only, beta_only};
             const float th = thresholds[fb];
             float *sc = scores + b * K;
             int64_t *la = last + b * K, *ky = key + b * K;
@@ -270,7 +318,7 @@ int ctc_beam_loop(
                 for (int64_t l = 0; l < n_lookups; l++)
                     new_states[l][kept] = cd.score == -INFINITY ? 0
                                           : cd.lmcol == V ? states[(l * B + b) * K + parent]
-                                                          : entry(&pr, l, parent, cd.lmcol)->next;
+                                                          : entry(&pr, l, parent, cd.lmcol).next;
                 choices[fb * K + kept] = parent * W + cd.col;
                 kept++;
             }

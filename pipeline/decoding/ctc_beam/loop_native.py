@@ -18,8 +18,9 @@ compiler is available the search runs the torch step (``available()`` is False, 
 reason is logged once).
 
 Supported: max merge, fusion lookups over dense tables (every character LM and boosting
-tree the pipeline builds) or the insertion bonus alone, on CPU tensors. Anything else
-returns None and the caller uses the torch loop.
+tree the pipeline builds), over NGPU-LM back-off graphs (a model too large for a dense
+table: a token n-gram over a subword vocabulary), or the insertion bonus alone, on CPU
+tensors. Anything else returns None and the caller uses the torch loop.
 """
 from __future__ import annotations
 
@@ -33,15 +34,16 @@ from pathlib import Path
 import torch
 
 from pipeline.decoding import native_build
-from pipeline.decoding.ctc_beam.fusion import BetaOnly, DenseLookup
+from pipeline.decoding.ctc_beam.fusion import BetaOnly, DenseLookup, GenericLookup
 from pipeline.decoding.ctc_beam.state import Beams, Frames
 from pipeline.decoding.ctc_beam.step import FrameStep
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("loop_native.c")
-# No -ffast-math: the loop relies on IEEE -inf and on the torch step's summation order.
-CFLAGS = ("-O3", "-g", "-shared", "-fPIC", "-std=gnu99")
+# No -ffast-math: the loop relies on IEEE -inf and on the torch step's summation order,
+# and no contraction into fused multiply-adds (torch rounds alpha * score before + beta).
+CFLAGS = ("-O3", "-g", "-shared", "-fPIC", "-std=gnu99", "-ffp-contract=off")
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 # lookup -> its tables packed for the C loop, built once per lookup
@@ -62,7 +64,7 @@ def _library():
         log.warning("native CTC beam loop unavailable (%s); using the torch frame step", exc)
         return None
     lib.ctc_beam_loop.restype = ctypes.c_int
-    lib.ctc_beam_loop.argtypes = [_I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _P,
+    lib.ctc_beam_loop.argtypes = [_I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _P, _I, _P, _P, _P,
                                   ctypes.c_int, ctypes.c_float, _P, _P, _P, _P, _P, _P]
     lib.ctc_flop_prune.restype = None
     lib.ctc_flop_prune.argtypes = [_I, _I, _I, _I, _I, _P, _P, ctypes.c_int, ctypes.c_float, _P, _P]
@@ -103,6 +105,39 @@ def packed_table(lookup: DenseLookup) -> tuple[torch.Tensor, float] | None:
     return packed
 
 
+class _Graph(ctypes.Structure):
+    """The C ``graph_t``: a back-off graph's arrays and the lookup's alpha and beta."""
+
+    _fields_ = [("arc_start", _P), ("arc_label", _P), ("arc_to", _P), ("arc_w", _P), ("backoff_to", _P),
+                ("root_row", _P), ("root_to", _P), ("backoff_w", _P), ("root_w", _P), ("depth", _I),
+                ("alpha", ctypes.c_float), ("beta", ctypes.c_float)]
+
+
+_GRAPH_DTYPES = {"arc_start": torch.int64, "arc_label": torch.int32, "arc_to": torch.int32,
+                 "arc_w": torch.float32, "backoff_to": torch.int32, "root_row": torch.int32,
+                 "root_to": torch.int32, "backoff_w": torch.float32, "root_w": torch.float32}
+
+
+def packed_graph(lookup: GenericLookup, vocab: int):
+    """``(struct, bonus bound, arrays)`` of a lookup over a back-off graph of ``vocab``
+    labels, or None for any other model (or a negative weight: the bound below assumes
+    alpha >= 0). The bound is alpha x (largest arc or root weight + depth x largest
+    positive back-off) + beta: no lookup can score more."""
+    graph = getattr(lookup.model, "graph", None)
+    if graph is None or not hasattr(graph, "arc_start") or graph.vocab_size != vocab or lookup.alpha < 0:
+        return None
+    packed = _PACKED.get(lookup)
+    if packed is None:
+        arrays = {name: getattr(graph, name).to("cpu", dtype).contiguous() for name, dtype in _GRAPH_DTYPES.items()}
+        struct = _Graph(**{name: t.data_ptr() for name, t in arrays.items()}, depth=graph.depth,
+                        alpha=lookup.alpha, beta=lookup.beta)
+        top = max(float(arrays["arc_w"].max()) if arrays["arc_w"].numel() else -math.inf,
+                  float(arrays["root_w"].max()))
+        bound = lookup.alpha * (top + graph.depth * max(0.0, float(arrays["backoff_w"].max()))) + lookup.beta
+        packed = _PACKED[lookup] = (struct, bound, arrays)
+    return packed
+
+
 def run_loop(step: FrameStep, frames: Frames, beams: Beams, lookups: list, track_beams: bool):
     """The frame loop of ``step`` over ``frames`` from ``beams``: ``(beams, choices
     [S, B, K], alive)`` as :func:`pipeline.decoding.ctc_beam.loop_eager.eager_loop` returns
@@ -114,13 +149,21 @@ def run_loop(step: FrameStep, frames: Frames, beams: Beams, lookups: list, track
     _, b, w = values.shape
     k = beams.scores.shape[1]
     v1 = step.vocab + 1
-    tables, bmax, beta_only = [], [], None
+    tables, graphs, bmax, beta_only = [], [], [], None
     for lookup in lookups:
         if isinstance(lookup, DenseLookup) and lookup.width == v1:
             packed = packed_table(lookup)
             if packed is None:
                 return None
             tables.append(packed[0])
+            graphs.append(None)
+            bmax.append(packed[1])
+        elif isinstance(lookup, GenericLookup):
+            packed = packed_graph(lookup, step.vocab)
+            if packed is None:
+                return None
+            tables.append(None)
+            graphs.append(packed[0])
             bmax.append(packed[1])
         elif isinstance(lookup, BetaOnly):
             beta_only = float(lookup.beta)
@@ -137,13 +180,14 @@ def run_loop(step: FrameStep, frames: Frames, beams: Beams, lookups: list, track
     choices = torch.empty((steps, b, k), dtype=torch.int64)
     alive = torch.zeros(b) if track_beams else None
     n = len(tables)
-    tab_arr = (ctypes.c_void_p * max(n, 1))(*[t.data_ptr() for t in tables])
+    tab_arr = (ctypes.c_void_p * max(n, 1))(*[None if t is None else t.data_ptr() for t in tables])
+    gr_arr = (ctypes.c_void_p * max(n, 1))(*[None if g is None else ctypes.addressof(g) for g in graphs])
     bmax_arr = (ctypes.c_float * max(n, 1))(*bmax)
     rc = lib.ctc_beam_loop(
         steps, b, k, w, v1 - 1, m,
         _ptr(_ready(values, torch.float32)), _ptr(tokens), _ptr(lm_tokens),
         _ptr(_ready(frames.thresholds, torch.float32)), _ptr(_ready(frames.weights, torch.float32)),
-        n, ctypes.cast(tab_arr, ctypes.c_void_p),
+        n, ctypes.cast(tab_arr, ctypes.c_void_p), ctypes.cast(gr_arr, ctypes.c_void_p),
         ctypes.cast(bmax_arr, ctypes.c_void_p),
         int(beta_only is not None), float(beta_only or 0.0),
         _ptr(scores), _ptr(last), _ptr(key), _ptr(states), _ptr(choices), _ptr(alive))
