@@ -93,7 +93,7 @@ def _transcribe(args, cfg, rows, todo, job_hash, formats) -> int:
         console = log.console
         print(f"shardscribe: transcribing {len(todo)} recordings with config {cfg.name} ({args.runner} runner)"
               + ("" if args.verbose else f"; Ray and worker output: {log.url}"), file=console, flush=True)
-        start = time.perf_counter()
+        start, started_at = time.perf_counter(), time.time()
         progress = Progress(len(todo), console, interval_s=args.progress_interval)
         try:
             if todo:
@@ -108,7 +108,8 @@ def _transcribe(args, cfg, rows, todo, job_hash, formats) -> int:
         wall = time.perf_counter() - start
         summary = summarize(args.output, [r["id"] for r in rows], {
             "config": cfg.name, "config_hash": job_hash, "runner": args.runner, "run_rows": len(todo),
-            "skipped_existing": len(rows) - len(todo), "wall_seconds": wall, "log": log.url,
+            "skipped_existing": len(rows) - len(todo), "started_at": started_at, "wall_seconds": wall,
+            "log": log.url,
         }, run_ids={r["id"] for r in todo})
         progress.close(*_run_counts(args.output, {r["id"] for r in todo}))
         written = _write_formats(args.output, formats) if formats else []
