@@ -75,7 +75,9 @@ class JobLog:
 
 
 def _hours(seconds: float) -> str:
-    return f"{seconds / 3600:.2f} h" if seconds >= 36 else f"{seconds:.0f} s"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _clock(seconds: float) -> str:
@@ -110,7 +112,7 @@ class Progress:
 
             self.bar = tqdm(total=total, unit="rec", file=stream, dynamic_ncols=True, smoothing=0.05,
                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} rec [{elapsed}<{remaining}, "
-                                       "{rate_fmt}] {postfix}", desc="transcribe")
+                                       "{rate_fmt}]{postfix}", desc="transcribe")
 
     def _stats(self) -> str:
         rows, audio_s, errors = self.state
