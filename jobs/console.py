@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from pipeline.output import SIDECAR_DIR
+from pipeline.output import SIDECAR_DIR, sidecar_path
 
 
 class JobLog:
@@ -28,7 +28,7 @@ class JobLog:
         import fsspec
 
         self.verbose = verbose
-        self.url = f"{dst.rstrip('/')}/{SIDECAR_DIR}/{name}"
+        self.url = sidecar_path(dst, name)
         fs, path = fsspec.core.url_to_fs(self.url)
         from fsspec.implementations.local import LocalFileSystem
 
@@ -106,6 +106,7 @@ class Progress:
         self.start = time.monotonic()
         self._last_line = self.start
         self.state = (0, 0.0, 0)
+        self._printed = None  # the state of the last line written
         self.bar = None
         if self.tty:
             from tqdm import tqdm
@@ -145,6 +146,7 @@ class Progress:
         print(f"transcribe: {rows}/{self.total} rec ({pct:.0f}%), {rate:.2f} rec/s, {self._stats()}, "
               f"elapsed {_clock(elapsed)}{eta}", file=self.stream, flush=True)
         self._last_line = time.monotonic()
+        self._printed = self.state
 
     def close(self, rows: int, audio_s: float, errors: int) -> None:
         """The final counts (from the written output, not the running tally)."""
@@ -153,7 +155,7 @@ class Progress:
             self.bar.n = self.state[0]
             self.bar.set_postfix_str(self._stats(), refresh=False)
             self.bar.close()
-        else:
+        elif self._printed != self.state:
             self._line()
 
 

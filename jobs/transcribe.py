@@ -94,7 +94,7 @@ def _transcribe(args, cfg, rows, todo, job_hash, formats) -> int:
         print(f"shardscribe: transcribing {len(todo)} recordings with config {cfg.name} ({args.runner} runner)"
               + ("" if args.verbose else f"; Ray and worker output: {log.url}"), file=console, flush=True)
         start, started_at = time.perf_counter(), time.time()
-        progress = Progress(len(todo), console, interval_s=args.progress_interval)
+        progress = Progress(len(todo), console, interval_s=args.progress_interval) if todo else None
         try:
             if todo:
                 _run(args.runner, todo, cfg, args.output, progress)
@@ -111,7 +111,8 @@ def _transcribe(args, cfg, rows, todo, job_hash, formats) -> int:
             "skipped_existing": len(rows) - len(todo), "started_at": started_at, "wall_seconds": wall,
             "log": log.url,
         }, run_ids={r["id"] for r in todo})
-        progress.close(*_run_counts(args.output, {r["id"] for r in todo}))
+        if progress is not None:
+            progress.close(*_run_counts(args.output, {r["id"] for r in todo}))
         written = _write_formats(args.output, formats) if formats else []
     for line in summary_table(summary):
         print(line)

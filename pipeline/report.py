@@ -14,7 +14,7 @@ import posixpath
 from collections import Counter, defaultdict
 
 from pipeline.metrics import corpus_wer
-from pipeline.output import SIDECAR_DIR, SUMMARY_NAME, error_kind, read_output
+from pipeline.output import SIDECAR_DIR, SUMMARY_NAME, error_kind, read_output, sidecar_path
 
 REPORT_NAME = "report.html"
 DURATION_BUCKETS = [(0, 5), (5, 10), (10, 30), (30, 60), (60, float("inf"))]
@@ -195,4 +195,4 @@ def write_report(dst: str) -> str:
     page = render_html(dst, data, summary, _plots(data, save))
     with fs.open(posixpath.join(side, REPORT_NAME), "w") as fh:
         fh.write(page)
-    return f"{dst.rstrip('/')}/{SIDECAR_DIR}/{REPORT_NAME}"
+    return sidecar_path(dst, REPORT_NAME)

@@ -78,12 +78,3 @@ def test_a_preset_named_in_a_yaml_is_taken_whole(tmp_path):
     shipped = load_config("ssd", ["ssd.preset=high_rtfx", "ssd.presets.high_rtfx.gate_verify_tau=null"])
     assert shipped.ssd.packs_gate() is True and shipped.ssd.gate_verify_threshold() is None
 
-
-def test_the_last_line_prints_only_what_was_measured():
-    from jobs.transcribe import summary_line
-
-    ran = {"rows_out": 7, "errors": 0, "run_rows": 7, "rtfx": 1.691, "wer": 0.015151515151515152, "wer_rows": 7}
-    assert summary_line(ran) == "7 rows, 0 errors, RTFx 1.69, WER 1.5% over 7 rows"
-    rerun = dict(ran, run_rows=0, rtfx=0.0)
-    assert summary_line(rerun) == "7 rows, 0 errors, WER 1.5% over 7 rows"
-    assert summary_line(dict(ran, wer=None)) == "7 rows, 0 errors, RTFx 1.69"

@@ -44,6 +44,12 @@ def test_progress_lines_off_a_terminal():
     assert lines[0].startswith("transcribe: 4/10 rec (40%)") and "2.00 h audio" in lines[0] and "1 errors" in lines[0]
     assert "ETA" in lines[0] and "RTFx" in lines[0]
     assert lines[1].startswith("transcribe: 10/10 rec (100%)") and "5.00 h audio" in lines[1]
+    # A last update that already showed the final counts is not repeated by close().
+    again = io.StringIO()
+    p = Progress(3, again, interval_s=0.0, tty=False)
+    p.update(3, 60.0, 0)
+    p.close(3, 60.0, 0)
+    assert len(again.getvalue().splitlines()) == 1
 
 
 def test_summary_table_shows_what_was_measured():
