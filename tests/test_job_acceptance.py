@@ -46,9 +46,16 @@ def job(tmp_path_factory, samples_dir, sample_manifest, model_cache):
             "overrides": overrides}
 
 
-def test_console_is_quiet_and_ends_with_the_table(job):
+def _succeeded(job):
     proc = job["proc"]
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = job["dst"] / SIDECAR_DIR / "transcribe.log"
+    detail = log.read_text()[-3000:] if log.exists() else ""
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:], detail)
+    return proc
+
+
+def test_console_is_quiet_and_ends_with_the_table(job):
+    proc = _succeeded(job)
     console = proc.stdout + proc.stderr
     lines = console.splitlines()
     assert len(lines) < 30, console
@@ -68,6 +75,7 @@ def test_console_is_quiet_and_ends_with_the_table(job):
 def test_standard_readers_load_every_row_with_one_schema(job, tmp_path, monkeypatch):
     import datasets
 
+    _succeeded(job)
     dst, n = job["dst"], job["n"]
     assert len(pd.read_parquet(dst)) == n
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -85,6 +93,7 @@ def test_standard_readers_load_every_row_with_one_schema(job, tmp_path, monkeypa
 
 
 def test_subtitles_and_manifest_are_written(job):
+    _succeeded(job)
     side = job["dst"] / SIDECAR_DIR
     rows = pd.read_parquet(job["dst"]).set_index("id")
     for rid in rows.index:
@@ -98,6 +107,7 @@ def test_subtitles_and_manifest_are_written(job):
 
 
 def test_a_rerun_with_another_config_is_refused_unless_asked(job):
+    _succeeded(job)
     dst, args = job["dst"], job["args"]
     refused = _cli(*args, "--config", "ctc_greedy")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
