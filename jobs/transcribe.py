@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, FormatError, ModelError, SourceError) as exc:
         print(f"shardscribe: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the filesystem behind SRC (permissions, credentials, network)
+        print(f"shardscribe: error: input {args.input}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     job_hash = config_hash(cfg)
     if args.overwrite:
         clear_output(args.output)
