@@ -10,9 +10,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from actors.registrations import adopt
-from pipeline.config import config_from_dict
+from pipeline.config import config_from_dict, config_hash
 from pipeline.decoders import decoder_kind
-from pipeline.records import OUTPUT_SCHEMA, table
+from pipeline.records import OUTPUT_SCHEMA, stamp, table
 from pipeline.segment_runner import complete_pending
 
 
@@ -20,9 +20,10 @@ class Finisher:
     def __init__(self, config: dict, kind=None, family=None, first_stage=None):
         adopt(kind, family)
         self.cfg = config_from_dict(config)
+        self.config_hash = config_hash(self.cfg)
         self.kind = kind or decoder_kind(self.cfg.decoder.kind)
         self.stage = self.kind.build_second_stage(self.cfg, first_stage)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = complete_pending(batch.to_pylist(), self.stage, self.cfg.batching.max_tokens)
-        return table(rows, OUTPUT_SCHEMA)
+        return table(stamp(rows, self.config_hash), OUTPUT_SCHEMA)

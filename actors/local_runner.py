@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 
 def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int = 1024, progress: bool = True,
-              kind=None) -> int:
-    """Transcribe manifest ``rows`` into Parquet parts under ``dst``; returns rows written."""
+              kind=None, on_batch=None) -> int:
+    """Transcribe manifest ``rows`` into Parquet parts under ``dst``; returns rows written.
+    ``on_batch(table)`` sees every batch of finished output rows (the job's progress bar)."""
     kind = kind or decoder_kind(cfg.decoder.kind)
     if kind.name != cfg.decoder.kind:
         raise ValueError(f"decoder kind {kind.name!r} given for a config of decoder.kind={cfg.decoder.kind}")
@@ -58,6 +59,8 @@ def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int = 1024, progre
         assert out.schema == OUTPUT_SCHEMA
         pending.append(out)
         written += out.num_rows
+        if on_batch is not None:
+            on_batch(out)
         if sum(t.num_rows for t in pending) >= rows_per_part:
             flush()
         if progress:

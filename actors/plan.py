@@ -32,10 +32,11 @@ def init_ray(cfg) -> None:
         ray.init(num_cpus=num_cpus, **kwargs)
 
 
-def build_dataset(rows: list[dict], cfg, kind=None):
+def build_dataset(rows: list[dict], cfg, kind=None, tally=None):
     """The plan for ``rows``. The decoder kind (default: the registry's entry for
     decoder.kind) and the model family travel to every actor, so a kind or family
-    registered only in the driver works in the workers."""
+    registered only in the driver works in the workers. A ``tally``
+    (actors.progress.RayTally) counts the finished rows for the console."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -73,9 +74,9 @@ def build_dataset(rows: list[dict], cfg, kind=None):
                             batch_size=per_block, batch_format="pyarrow",
                             compute=ActorPoolStrategy(size=cfg.ray.fallback_actors),
                             num_cpus=cfg.ray.fallback_actor_cpus, **extra)
-    return ds
+    return tally.attach(ds) if tally is not None else ds
 
 
-def run_ray(rows: list[dict], cfg, dst: str, kind=None) -> None:
+def run_ray(rows: list[dict], cfg, dst: str, kind=None, tally=None) -> None:
     init_ray(cfg)
-    build_dataset(rows, cfg, kind).write_parquet(dst)
+    build_dataset(rows, cfg, kind, tally=tally).write_parquet(dst)

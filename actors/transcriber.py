@@ -9,10 +9,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 from actors.registrations import adopt
-from pipeline.config import config_from_dict
+from pipeline.config import config_from_dict, config_hash
 from pipeline.decoders import decoder_kind
 from pipeline.models import load_model
-from pipeline.records import INTERMEDIATE_SCHEMA, OUTPUT_SCHEMA, prepared_rows, table
+from pipeline.records import INTERMEDIATE_SCHEMA, OUTPUT_SCHEMA, prepared_rows, stamp, table
 from pipeline.segment_runner import transcribe_prepared
 
 
@@ -20,6 +20,7 @@ class Transcriber:
     def __init__(self, config: dict, kind=None, family=None):
         adopt(kind, family)
         self.cfg = config_from_dict(config)
+        self.config_hash = config_hash(self.cfg)
         self.kind = kind or decoder_kind(self.cfg.decoder.kind)
         # A kind that needs no model capability (it reads the audio alone) loads no model.
         self.adapter = load_model(self.cfg.model) if self.kind.needs else None
@@ -28,4 +29,4 @@ class Transcriber:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = transcribe_prepared(prepared_rows(batch), self.decoder, self.cfg.batching.max_tokens)
-        return table(rows, self.schema)
+        return table(stamp(rows, self.config_hash), self.schema)

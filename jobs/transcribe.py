@@ -1,18 +1,21 @@
 """Transcribe audio into Parquet: `shardscribe transcribe --input SRC --output DST`.
 
 SRC is a folder or glob of audio files, a JSONL manifest or a Parquet table, on any
-fsspec filesystem. DST gets one Parquet row per recording and a summary.json. A rerun
-into the same DST skips recordings that already have a row.
+fsspec filesystem. DST gets one Parquet row per recording; the summary, the job log and
+any `--format` files go to DST/__shardscribe__/, a folder every Parquet reader skips. A
+rerun into the same DST skips recordings that already have a row; a rerun with another
+config is refused unless --overwrite (redo all) or --resume (keep the rows, add the rest).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
+import threading
 import time
 
 COMMAND = "transcribe"
+LOG_NAME = "transcribe.log"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,56 +29,171 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a config key, e.g. --set decoder.max_new_tokens=128")
     parser.add_argument("--runner", choices=["ray", "local"], default="ray",
                         help="Ray Data plan (default) or in-process without Ray")
+    parser.add_argument("--format", default="", metavar="LIST",
+                        help="also write srt,vtt,json,tsv per recording and/or nemo (a manifest with "
+                             "pred_text), comma-separated, into DST/__shardscribe__/")
+    rerun = parser.add_mutually_exclusive_group()
+    rerun.add_argument("--overwrite", action="store_true",
+                       help="remove DST's rows and transcribe everything again")
+    rerun.add_argument("--resume", action="store_true",
+                       help="keep DST's rows even if another config made them; add the missing ones")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show Ray's and the workers' output on the console instead of only in the log")
+    parser.add_argument("--progress-interval", type=float, default=10.0, metavar="S",
+                        help="seconds between progress lines when the console is not a terminal")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.config import ConfigError, load_config
-    from pipeline.output import existing_ids, summarize
+    from pipeline.config import ConfigError, config_hash, load_config
+    from pipeline.formats import FormatError, parse_formats
+    from pipeline.models.preflight import ModelError, check_model
+    from pipeline.output import clear_output, existing_config_hashes, existing_ids
     from pipeline.sources import SourceError, read_source
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
+        formats = parse_formats(args.format)
         cfg = load_config(args.config, args.overrides, model=args.model)
+        check_model(cfg.model)
         rows = read_source(args.input)
-    except (ConfigError, SourceError) as exc:
+    except (ConfigError, FormatError, ModelError, SourceError) as exc:
         print(f"shardscribe: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the filesystem behind SRC (permissions, credentials, network)
+        print(f"shardscribe: error: input {args.input}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    job_hash = config_hash(cfg)
+    if args.overwrite:
+        clear_output(args.output)
+    else:
+        refusal = _other_config(existing_config_hashes(args.output), job_hash, args)
+        if refusal:
+            print(f"shardscribe: error: {refusal}", file=sys.stderr)
+            return 2
     done = existing_ids(args.output)
     todo = [r for r in rows if r["id"] not in done]
     if done:
         print(f"shardscribe: resuming: {len(rows) - len(todo)} of {len(rows)} recordings already in "
               f"{args.output}", file=sys.stderr)
-    start = time.perf_counter()
-    if todo:
-        if args.runner == "local":
-            from actors.local_runner import run_local
+    return _transcribe(args, cfg, rows, todo, job_hash, formats)
 
-            run_local(todo, cfg, args.output)
-        else:
-            from actors.plan import run_ray
 
-            run_ray(todo, cfg, args.output)
-    wall = time.perf_counter() - start
-    summary = summarize(args.output, [r["id"] for r in rows], {
-        "config": cfg.name, "runner": args.runner, "run_rows": len(todo),
-        "skipped_existing": len(rows) - len(todo), "wall_seconds": wall,
-    }, run_ids={r["id"] for r in todo})
-    print(json.dumps(summary, indent=2))
+def _other_config(hashes: dict, job_hash: str, args) -> str | None:
+    """The refusal message when DST holds rows of another config and neither --resume nor
+    --overwrite says what to do with them."""
+    other = {h: n for h, n in hashes.items() if h != job_hash}
+    if not other or args.resume:
+        return None
+    made_by = ", ".join(f"{n} by config {h or '(unrecorded)'}" for h, n in other.items())
+    return (f"{args.output} already holds rows made by another config ({made_by}); this job's config is "
+            f"{job_hash}. Pass --overwrite to transcribe everything again, or --resume to keep those rows "
+            "and add only the missing recordings")
+
+
+def _transcribe(args, cfg, rows, todo, job_hash, formats) -> int:
+    from jobs.console import JobLog, Progress, output_lines, summary_table
+    from pipeline.output import SUMMARY_NAME, summarize
+
+    with JobLog(args.output, LOG_NAME, verbose=args.verbose) as log:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                            force=True)
+        console = log.console
+        print(f"shardscribe: transcribing {len(todo)} recordings with config {cfg.name} ({args.runner} runner)"
+              + ("" if args.verbose else f"; Ray and worker output: {log.url}"), file=console, flush=True)
+        start, started_at = time.perf_counter(), time.time()
+        progress = Progress(len(todo), console, interval_s=args.progress_interval) if todo else None
+        try:
+            if todo:
+                _run(args.runner, todo, cfg, args.output, progress)
+        except Exception as exc:
+            logging.getLogger("shardscribe").exception("the job stopped")
+            print(f"\nshardscribe: error: the job stopped: {_last_line(exc)} (details: {log.url})",
+                  file=console, flush=True)
+            _release_ray(args.runner)
+            return 1
+        _release_ray(args.runner)
+        wall = time.perf_counter() - start
+        summary = summarize(args.output, [r["id"] for r in rows], {
+            "config": cfg.name, "config_hash": job_hash, "runner": args.runner, "run_rows": len(todo),
+            "skipped_existing": len(rows) - len(todo), "started_at": started_at, "wall_seconds": wall,
+            "log": log.url,
+        }, run_ids={r["id"] for r in todo})
+        if progress is not None:
+            progress.close(*_run_counts(args.output, {r["id"] for r in todo}))
+        written = _write_formats(args.output, formats) if formats else []
+    for line in summary_table(summary):
+        print(line)
+    for line in output_lines(args.output, log.url):
+        print(line)
+    if written:
+        print(f"Formats: {', '.join(written)}")
     if summary["rows_out"] != summary["rows_in"] or summary["duplicate_rows"]:
         print(f"shardscribe: error: rows in {summary['rows_in']} != rows out {summary['rows_out']} "
-              f"(duplicates {summary['duplicate_rows']}, missing e.g. {summary['missing_ids'][:5]})",
-              file=sys.stderr)
+              f"(duplicates {summary['duplicate_rows']}, missing e.g. {summary['missing_ids'][:5]}; "
+              f"see {args.output}/{SUMMARY_NAME})", file=sys.stderr)
         return 1
-    print(f"shardscribe: {summary_line(summary)}", file=sys.stderr)
     return 0
 
 
-def summary_line(summary: dict) -> str:
-    """The job's last line: counts, then speed and WER only where they were measured (a
-    rerun with nothing left to do has no speed; a source without references has no WER)."""
-    parts = [f"{summary['rows_out']} rows", f"{summary['errors']} errors"]
-    if summary.get("run_rows") and summary.get("rtfx"):
-        parts.append(f"RTFx {summary['rtfx']:.2f}")
-    if summary.get("wer") is not None:
-        parts.append(f"WER {100 * summary['wer']:.1f}% over {summary.get('wer_rows', 0)} rows")
-    return ", ".join(parts)
+def _run(runner: str, todo: list[dict], cfg, dst: str, progress) -> None:
+    if runner == "local":
+        from actors.local_runner import run_local
+        from actors.progress import block_counts
+
+        totals = [0, 0.0, 0]
+
+        def on_batch(out):
+            for i, v in enumerate(block_counts(out)):
+                totals[i] += v
+            progress.update(*totals)
+
+        run_local(todo, cfg, dst, progress=False, on_batch=on_batch)
+        return
+    from actors.plan import init_ray, run_ray
+    from actors.progress import RayTally
+
+    init_ray(cfg)
+    tally = RayTally()
+    stop = threading.Event()
+
+    def poll():
+        while not stop.wait(0.5):
+            totals = tally.totals()
+            if totals is not None:
+                progress.update(*totals)
+
+    watcher = threading.Thread(target=poll, name="progress", daemon=True)
+    watcher.start()
+    try:
+        run_ray(todo, cfg, dst, tally=tally)
+    finally:
+        stop.set()
+        watcher.join()
+
+
+def _release_ray(runner: str) -> None:
+    if runner == "ray":
+        from actors.progress import shutdown_ray
+
+        shutdown_ray()
+
+
+def _run_counts(dst: str, run_ids: set[str]) -> tuple[int, float, int]:
+    from pipeline.output import read_output
+
+    out = read_output(dst, ["id", "duration_s", "error"])
+    rows = [r for r in (out.to_pylist() if out is not None else []) if r["id"] in run_ids]
+    return len(rows), sum(r["duration_s"] or 0.0 for r in rows), sum(1 for r in rows if r["error"])
+
+
+def _write_formats(dst: str, formats: list[str]) -> list[str]:
+    from pipeline.formats import write_formats
+
+    return write_formats(dst, formats)
+
+
+def _last_line(exc: BaseException) -> str:
+    """The line of an exception that names the cause: a Ray error carries the worker's
+    whole traceback, whose last line is the original exception."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else type(exc).__name__
+    return text[:400]

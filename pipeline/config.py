@@ -389,7 +389,8 @@ def use_model(data: dict, source: str) -> None:
     checkpoint's architecture (pipeline.models.family_of_checkpoint), no Whisper CTC head
     on another family, and no window packing where the family cannot pack, so a named
     config (``--config ctc_beam``) runs its decoder kind on any model that can."""
-    from pipeline.models import FAMILIES, family_of_checkpoint
+    from pipeline.models import FAMILIES
+    from pipeline.models.preflight import family_of_checkpoint
 
     try:
         family = family_of_checkpoint(source)
@@ -417,3 +418,28 @@ def _over_defaults(data: dict) -> dict:
 def config_from_dict(data: dict) -> JobConfig:
     """Rebuild a JobConfig shipped to a worker as a plain dict (validated again)."""
     return _build(JobConfig, data, "").validate()
+
+
+# Keys that change how a job runs but not what it writes (where and how fast it runs,
+# where checkpoints are cached): a rerun that changes only these is the same config.
+_EXECUTION_KEYS = {"name", "ray", "batching", "model.cache_dir", "model.num_threads",
+                   "model.encoder_micro_batch", "model.device", "beam.use_cuda_graphs", "beam.native"}
+
+
+def config_hash(cfg: JobConfig) -> str:
+    """A short stable id of what decides a job's transcripts: the config without the
+    execution-only keys, as canonical JSON, hashed (SHA-256, first 12 hex digits)."""
+    import hashlib
+    import json
+
+    def strip(node: dict, prefix: str) -> dict:
+        out = {}
+        for key, value in node.items():
+            dotted = f"{prefix}{key}"
+            if dotted in _EXECUTION_KEYS:
+                continue
+            out[key] = strip(value, dotted + ".") if isinstance(value, dict) and prefix == "" else value
+        return out
+
+    text = json.dumps(strip(cfg.to_dict(), ""), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]

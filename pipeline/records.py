@@ -6,6 +6,8 @@ keep blocks with only nulls or only errors compatible with the rest.
 """
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 
 # Per segment: the text, the stage that produced it (ar / ctc_greedy / ctc_gate /
@@ -40,6 +42,10 @@ OUTPUT_SCHEMA = pa.schema([
     ("stage", pa.string()), ("error", pa.string()), ("decoder", pa.string()),
     ("t_prepare_s", pa.float64()), ("t_encode_s", pa.float64()), ("t_decode_s", pa.float64()),
     ("t_fallback_s", pa.float64()),
+    # Which configuration made the row (pipeline.config.config_hash) and when it was
+    # finished (Unix seconds): a rerun with another config is told apart, and the report
+    # plots throughput over time from it.
+    ("config_hash", pa.string()), ("finished_at", pa.float64()),
 ])
 
 # Between a model pool and a second pool: the segments still waiting, each with its
@@ -87,6 +93,14 @@ def finalize_row(row: dict) -> dict:
     row["text"] = None if error else " ".join(sg["text"] for sg in segments if sg["text"])
     row["stage"] = recording_stage([sg["stage"] for sg in segments], error)
     return row
+
+
+def stamp(rows: list[dict], config_hash: str) -> list[dict]:
+    """Mark ``rows`` as made by the config ``config_hash``, finished now."""
+    now = time.time()
+    for row in rows:
+        row["config_hash"], row["finished_at"] = config_hash, now
+    return rows
 
 
 def clear_pending(row: dict) -> None:

@@ -26,6 +26,8 @@ done
 APT_PACKAGES=(gcc g++ libc6-dev libsndfile1 espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox cmake
   libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev
   libeigen3-dev zlib1g-dev libbz2-dev liblzma-dev)
+# Tests only: headless Chromium renders the job report (tests/test_report.py).
+[ "$WITH_TEST" = 1 ] && APT_PACKAGES+=(chromium)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

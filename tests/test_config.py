@@ -79,11 +79,17 @@ def test_a_preset_named_in_a_yaml_is_taken_whole(tmp_path):
     assert shipped.ssd.packs_gate() is True and shipped.ssd.gate_verify_threshold() is None
 
 
-def test_the_last_line_prints_only_what_was_measured():
-    from jobs.transcribe import summary_line
 
-    ran = {"rows_out": 7, "errors": 0, "run_rows": 7, "rtfx": 1.691, "wer": 0.015151515151515152, "wer_rows": 7}
-    assert summary_line(ran) == "7 rows, 0 errors, RTFx 1.69, WER 1.5% over 7 rows"
-    rerun = dict(ran, run_rows=0, rtfx=0.0)
-    assert summary_line(rerun) == "7 rows, 0 errors, WER 1.5% over 7 rows"
-    assert summary_line(dict(ran, wer=None)) == "7 rows, 0 errors, RTFx 1.69"
+def test_config_hash_names_what_decides_the_transcripts():
+    from pipeline.config import config_from_dict, config_hash
+
+    base = config_hash(load_config("ar"))
+    assert len(base) == 12
+    same = ["ray.num_cpus=3", "batching.max_tokens=30000", "model.cache_dir=/x", "model.device=cpu",
+            "model.num_threads=2"]
+    assert config_hash(load_config("ar", same)) == base
+    # A worker rebuilds the config from its dict and must stamp the driver's hash.
+    assert config_hash(config_from_dict(load_config("ar").to_dict())) == base
+    for other in (["decoder.max_new_tokens=100"], ["model.source=/some/whisper"], ["audio.vad_threshold=0.4"]):
+        assert config_hash(load_config("ar", other)) != base, other
+    assert config_hash(load_config("ssd")) != base

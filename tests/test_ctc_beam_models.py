@@ -28,6 +28,7 @@ from conftest import ROOT, manifest_with_random_bytes
 from pipeline.config import load_config
 from pipeline.decoders.base import SegmentResult
 from pipeline.decoders.ctc_beam import BeamPending, build_search
+from pipeline.output import SUMMARY_NAME
 from pipeline.text.ctc_vocabulary import lm_index
 from test_ctc_family import saved_checkpoint
 
@@ -178,7 +179,7 @@ def test_cli_beam_with_lm_on_a_ctc_checkpoint(checkpoint, lm_dir, manifest, tmp_
                            "--set", "ray.num_cpus=4"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((dst / "summary.json").read_text())
+    summary = json.loads((dst / SUMMARY_NAME).read_text())
     rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
     assert summary["rows_in"] == summary["rows_out"] == len(lines) == len(rows)
     assert summary["errors"] == 2

@@ -21,6 +21,7 @@ from conftest import ROOT, manifest_with_random_bytes
 from pipeline.audio import decode_audio
 from pipeline.config import ConfigError, load_config
 from pipeline.models.ctc.adapter import load_ctc_adapter
+from pipeline.output import SUMMARY_NAME
 
 CHARS = ["<pad>", "<unk>", "|"] + list("abcdefghijklmnopqrstuvwxyz'")
 PIECES = ["<unk>", "▁", "▁the", "▁a", "th", "er", "in"] + list("abcdefghijklmnopqrstuvwxyz'") + ["<pad>"]
@@ -198,7 +199,7 @@ def test_cli_transcribes_with_a_ctc_checkpoint(checkpoint, manifest, tmp_path):
                            "--set", "batching.recordings_per_batch=3"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((dst / "summary.json").read_text())
+    summary = json.loads((dst / SUMMARY_NAME).read_text())
     rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
     assert summary["rows_in"] == summary["rows_out"] == len(lines) == len(rows)
     assert summary["errors"] == 1 and rows["random"]["error"] and rows["random"]["text"] is None

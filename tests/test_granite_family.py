@@ -21,6 +21,7 @@ import torch
 from conftest import ROOT
 from pipeline.audio import decode_audio
 from pipeline.models.granite_speech.features import GraniteFeatures
+from pipeline.output import SUMMARY_NAME
 from test_granite_adapter import CTC_VOCAB, FEATURE_DIM, _model, _reference_ar, _reference_prompt, _tokenizer
 
 N_MELS = FEATURE_DIM // 2   # two mel frames per encoder frame
@@ -89,7 +90,7 @@ def _transcribe(manifest_path, dst, *sets):
     proc = subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((dst / "summary.json").read_text())
+    summary = json.loads((dst / SUMMARY_NAME).read_text())
     rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
     return summary, rows
 

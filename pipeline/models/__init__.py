@@ -36,6 +36,7 @@ class ModelFamily:
     # transformers architecture names (or, starting with "*", name suffixes) it loads, so
     # ``--model DIR`` finds the family from the checkpoint's config.json
     architectures: tuple[str, ...] = ()
+    has_embedded: bool = False      # model.source: embedded names a model shipped with the package
 
     def load(self, model_config, device: str, dtype):
         return importlib.import_module(self.module).load(model_config, device=device, dtype=dtype)
@@ -66,38 +67,6 @@ def model_family(name: str) -> ModelFamily:
         raise KeyError(f"no model family {name!r} (known: {', '.join(sorted(FAMILIES))})") from None
 
 
-def checkpoint_architectures(source: str) -> list[str]:
-    """The ``architectures`` of a checkpoint's config (a local directory, or a Hugging Face
-    id in the local cache: nothing is downloaded)."""
-    import json
-    from pathlib import Path
-
-    path = Path(source).expanduser()
-    if path.is_dir():
-        try:
-            return list(json.loads((path / "config.json").read_text()).get("architectures") or [])
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"--model: {source} has no readable config.json ({type(exc).__name__})") from None
-    try:
-        from transformers import AutoConfig
-
-        return list(AutoConfig.from_pretrained(source, local_files_only=True).architectures or [])
-    except (OSError, ValueError):
-        raise ValueError(f"--model: no model at {source} (not a directory, nor a model in the local "
-                         "Hugging Face cache; nothing is downloaded)") from None
-
-
-def family_of_checkpoint(source: str) -> str:
-    """The registered family whose ``architectures`` name the checkpoint's."""
-    archs = checkpoint_architectures(source)
-    for family in FAMILIES.values():
-        for arch in archs:
-            if any(arch == a or (a.startswith("*") and arch.endswith(a[1:])) for a in family.architectures):
-                return family.name
-    raise ValueError(f"--model: no model family loads {source} (architectures {archs or 'not named'}; "
-                     f"known families: {', '.join(sorted(FAMILIES))})")
-
-
 def load_model(model_config):
     """The adapter for ``model_config`` (a pipeline.config.ModelConfig), on its device."""
     import torch
@@ -119,7 +88,7 @@ register_family(ModelFamily(
     hint=lambda cap: "set model.ctc_head (embedded, or a head directory)" if cap in (CTC, BEAM_VOCABULARY) else "",
     # every head this family loads, embedded or a directory, is over the character set
     vocabulary="pipeline.text.ctc_vocabulary:embedded_vocabulary",
-    architectures=("WhisperForConditionalGeneration",)))
+    architectures=("WhisperForConditionalGeneration",), has_embedded=True))
 register_family(ModelFamily(
     "granite_speech", "pipeline.models.granite_speech",
     capabilities=lambda m: frozenset({ATTENTION_DECODER} | ({CTC} if m.ctc_vocab else set())),
@@ -140,4 +109,4 @@ register_family(ModelFamily(
     hint=lambda cap: ("use --config ctc_model_greedy or ctc_model_beam, or --set decoder.pack_windows=false"
                       if cap == PACKABLE else ""),
     vocabulary="pipeline.models.ctc:ctc_vocabulary",
-    architectures=("*ForCTC",)))
+    architectures=("*ForCTC",), has_embedded=True))

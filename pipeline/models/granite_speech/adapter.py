@@ -213,8 +213,8 @@ class GraniteSpeechAdapter:
         else:
             embeds = embed(input_ids)
         out = self.language_model(inputs_embeds=embeds, attention_mask=attention_mask,
-                                  position_ids=position_ids, past_key_values=cache, use_cache=True)
-        return out.last_hidden_state, out.past_key_values
+                                  position_ids=position_ids, cache=cache, use_cache=True)
+        return out.last_hidden_state, out.cache
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return (self.lm_head(hidden) / self.logits_scaling).float()

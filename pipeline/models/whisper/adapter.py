@@ -164,9 +164,8 @@ class WhisperAdapter:
                        position_ids=None):
         out = self.model.model.decoder(
             input_ids=input_ids, encoder_hidden_states=encoder_states,
-            past_key_values=cache, attention_mask=attention_mask, position_ids=position_ids,
-            use_cache=True)
-        return out.last_hidden_state, out.past_key_values
+            cache=cache, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+        return out.last_hidden_state, out.cache
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.proj_out(hidden).float()

@@ -1,0 +1,192 @@
+"""What a transcription job shows a person: one progress bar, a log file for everything
+else, and a short closing table.
+
+- ``JobLog`` sends everything the process and its Ray workers print (Ray's own lines, the
+  workers' forwarded output, C++ core-worker lines, warnings) to a log file in the output
+  folder, by pointing file descriptors 1 and 2 at it, and hands the console a stream on
+  the original terminal. ``verbose`` leaves the descriptors alone.
+- ``Progress`` is a tqdm bar in recordings with audio hours, rows/s, RTFx, errors and an
+  ETA in a terminal; elsewhere (a log, CI) it writes one line every ``interval_s``.
+- ``summary_table`` is the closing table.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+from pipeline.output import SIDECAR_DIR, sidecar_path
+
+
+class JobLog:
+    """Context manager: inside it, fds 1 and 2 write to ``path`` (unless ``verbose``);
+    ``console`` writes to the terminal either way. A remote DST gets the log copied to
+    ``url`` on exit."""
+
+    def __init__(self, dst: str, name: str, verbose: bool = False):
+        import fsspec
+
+        self.verbose = verbose
+        self.url = sidecar_path(dst, name)
+        fs, path = fsspec.core.url_to_fs(self.url)
+        from fsspec.implementations.local import LocalFileSystem
+
+        self.local = isinstance(fs, LocalFileSystem)
+        if self.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self.path = path
+        else:
+            self.path = os.path.join(tempfile.mkdtemp(prefix="shardscribe-log-"), name)
+        self._fs, self._remote = fs, path
+        self.console = sys.stderr
+        self._saved: list[int] = []
+
+    def __enter__(self) -> "JobLog":
+        self._file = open(self.path, "a", buffering=1)
+        if self.verbose:
+            return self
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._saved = [os.dup(1), os.dup(2)]
+        self.console = os.fdopen(os.dup(self._saved[1]), "w", buffering=1)
+        for fd in (1, 2):
+            os.dup2(self._file.fileno(), fd)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self._saved:
+            for fd, saved in zip((1, 2), self._saved):
+                os.dup2(saved, fd)
+                os.close(saved)
+            self._saved = []
+            self.console.flush()
+            self.console.close()
+            self.console = sys.stderr
+        self._file.close()
+        if not self.local:
+            self._fs.put_file(self.path, self._remote)
+
+    def write(self, line: str) -> None:
+        """A line for the log file only (the job's own record of what it did)."""
+        self._file.write(line.rstrip("\n") + "\n")
+
+
+def _hours(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}" if seconds >= 3600 \
+        else f"{seconds // 60}:{seconds % 60:02d}"
+
+
+# A log gets a line when rows were finished and interval_s has passed, and a line after
+# this many intervals (at least HEARTBEAT_S) without a finished row (a model still
+# loading, a long recording).
+HEARTBEAT_INTERVALS = 6
+HEARTBEAT_S = 60.0
+
+
+class Progress:
+    """Progress of ``total`` recordings, updated with running totals (rows, audio seconds,
+    errors). A terminal gets a live tqdm bar; any other stream a line at most every
+    ``interval_s`` seconds while rows finish, and one at the end."""
+
+    def __init__(self, total: int, stream, interval_s: float = 10.0, tty: bool | None = None):
+        self.total = total
+        self.stream = stream
+        self.interval_s = interval_s
+        self.tty = stream.isatty() if tty is None else tty
+        self.start = time.monotonic()
+        self._last_line = self.start
+        self.state = (0, 0.0, 0)
+        self._printed = None  # the state of the last line written
+        self.bar = None
+        if self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="rec", file=stream, dynamic_ncols=True, smoothing=0.05,
+                            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} rec [{elapsed}<{remaining}, "
+                                       "{rate_fmt}]{postfix}", desc="transcribe")
+
+    def _stats(self) -> str:
+        rows, audio_s, errors = self.state
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        parts = [f"{_hours(audio_s)} audio", f"RTFx {audio_s / elapsed:.1f}", f"{errors} errors"]
+        return ", ".join(parts)
+
+    def update(self, rows: int, audio_s: float, errors: int) -> None:
+        rows = min(rows, self.total)
+        if (rows, audio_s, errors) == self.state:
+            if self.bar is not None:
+                self.bar.refresh()  # keeps the elapsed time moving
+            elif time.monotonic() - self._last_line >= max(HEARTBEAT_S, HEARTBEAT_INTERVALS * self.interval_s):
+                self._line()  # still alive, nothing finished
+            return
+        self.state = (rows, audio_s, errors)
+        if self.bar is not None:
+            self.bar.n = rows
+            self.bar.set_postfix_str(self._stats(), refresh=False)
+            self.bar.refresh()
+        elif time.monotonic() - self._last_line >= self.interval_s:
+            self._line()
+
+    def _line(self) -> None:
+        rows = self.state[0]
+        elapsed = time.monotonic() - self.start
+        rate = rows / elapsed if elapsed > 0 else 0.0
+        eta = f", ETA {_clock((self.total - rows) / rate)}" if 0 < rows < self.total and rate > 0 else ""
+        pct = 100 * rows / self.total if self.total else 100.0
+        print(f"transcribe: {rows}/{self.total} rec ({pct:.0f}%), {rate:.2f} rec/s, {self._stats()}, "
+              f"elapsed {_clock(elapsed)}{eta}", file=self.stream, flush=True)
+        self._last_line = time.monotonic()
+        self._printed = self.state
+
+    def close(self, rows: int, audio_s: float, errors: int) -> None:
+        """The final counts (from the written output, not the running tally)."""
+        self.state = (min(rows, self.total), audio_s, errors)
+        if self.bar is not None:
+            self.bar.n = self.state[0]
+            self.bar.set_postfix_str(self._stats(), refresh=False)
+            self.bar.close()
+        elif self._printed != self.state:
+            self._line()
+
+
+def _counts(mapping: dict, limit: int = 4) -> str:
+    items = list(mapping.items())
+    text = ", ".join(f"{k} {v}" for k, v in items[:limit])
+    return text + (f", {len(items) - limit} more kinds" if len(items) > limit else "")
+
+
+def summary_table(summary: dict) -> list[str]:
+    """The job's closing table: rows, errors by kind, stages, audio, wall time, RTFx and
+    WER as a percentage, each only where it was measured."""
+    rows = [("rows", f"{summary['rows_out']} of {summary['rows_in']}"
+                     + (f" ({summary['run_rows']} this run, {summary['skipped_existing']} already there)"
+                        if summary.get("skipped_existing") else ""))]
+    errors = summary.get("errors", 0)
+    rows.append(("errors", f"{errors}" + (f": {_counts(summary.get('errors_by_kind') or {})}" if errors else "")))
+    rows.append(("stages", _counts(summary.get("stages") or {}, limit=6) or "-"))
+    rows.append(("audio", _hours(summary.get("audio_seconds") or 0.0)))
+    rows.append(("wall time", _clock(summary.get("wall_seconds") or 0.0)))
+    if summary.get("run_rows") and summary.get("rtfx"):
+        rows.append(("RTFx", f"{summary['rtfx']:.1f} (audio / wall time of this run)"))
+    if summary.get("wer") is not None:
+        rows.append(("WER", f"{100 * summary['wer']:.1f} % over {summary.get('wer_rows', 0)} rows with a reference"))
+    width = max(len(k) for k, _ in rows)
+    return [f"  {k:<{width}}  {v}" for k, v in rows]
+
+
+def output_lines(dst: str, log_url: str | None) -> list[str]:
+    """Where the output is, and one line on how to read it."""
+    lines = [f"Output: {dst}  (Parquet parts; summary" + (", log" if log_url else "")
+             + f" and extras in {SIDECAR_DIR}/)"]
+    lines.append(f'Read it: pandas.read_parquet("{dst}") or datasets.load_dataset("parquet", data_dir="{dst}")')
+    return lines

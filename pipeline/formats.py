@@ -1,0 +1,234 @@
+"""Per-recording transcript files (SRT, WebVTT, JSON, TSV) and a NeMo manifest with
+``pred_text``, written from a finished output folder.
+
+Captions follow the usual subtitle limits: a cue is cut at segment boundaries and at word
+boundaries (preferably where a sentence ends), holds at most ``MAX_LINES`` lines of at most ``MAX_CHARS`` characters and
+lasts at most ``MAX_CUE_S`` seconds; cues are in time order and never overlap.
+
+Word times: a segment that carries ``words`` ([{word, start, end}], e.g. from a CTC
+decoder's frame alignment) is cut at those times. A segment without them (Whisper's
+attention decoder here) gets its words' times by splitting the segment's span in
+proportion to each word's characters (the word plus one space): an approximation, good
+to a fraction of a second on steady speech, which the JSON output marks with
+``"word_times": "proportional"``.
+"""
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+
+FORMATS = ("srt", "vtt", "json", "tsv", "nemo")
+MAX_CHARS = 42
+MAX_LINES = 2
+MAX_CUE_S = 7.0
+MIN_SENTENCE_CUE = 16  # characters a cue needs before a sentence end closes it
+NEMO_MANIFEST = "manifest.nemo.jsonl"
+
+
+class FormatError(ValueError):
+    """An unknown ``--format`` name."""
+
+
+def parse_formats(spec: str | None) -> list[str]:
+    names = [n.strip().lower() for n in (spec or "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in FORMATS]
+    if unknown:
+        raise FormatError(f"--format {unknown[0]}: expected a comma-separated list of {', '.join(FORMATS)}")
+    return list(dict.fromkeys(names))
+
+
+@dataclass
+class Cue:
+    start: float
+    end: float
+    lines: list[str]
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def segment_words(segment: dict) -> tuple[list[tuple[str, float, float]], bool]:
+    """(word, start, end) of a segment and whether the times were measured (False: split
+    in proportion to characters)."""
+    words = [w for w in (segment.get("words") or []) if (w.get("word") or "").strip()]
+    if words:
+        return [(w["word"].strip(), float(w["start"]), float(w["end"])) for w in words], True
+    tokens = (segment.get("text") or "").split()
+    if not tokens:
+        return [], False
+    start, end = float(segment["start"]), float(segment["end"])
+    total = sum(len(t) + 1 for t in tokens)
+    out, t = [], start
+    for tok in tokens:
+        step = (end - start) * (len(tok) + 1) / total
+        out.append((tok, t, t + step))
+        t += step
+    return out, False
+
+
+def _sentence_end(lines: list[str], min_chars: int) -> bool:
+    """A cue of at least ``min_chars`` that ends a sentence ends there (a new sentence
+    reads better on a fresh caption than after a line break)."""
+    return bool(lines) and sum(map(len, lines)) >= min_chars and lines[-1][-1:] in ".?!"
+
+
+def _pieces(word: str, start: float, end: float):
+    """A word longer than a line, cut into line-sized pieces with proportional times."""
+    if len(word) <= MAX_CHARS:
+        yield word, start, end
+        return
+    n = -(-len(word) // MAX_CHARS)
+    step = (end - start) / n
+    for i in range(n):
+        yield word[i * MAX_CHARS:(i + 1) * MAX_CHARS], start + i * step, start + (i + 1) * step
+
+
+def captions(segments: list[dict]) -> list[Cue]:
+    """Cues of a recording's segments under the length limits, in time order, no overlap."""
+    cues: list[Cue] = []
+    for seg in sorted(segments or [], key=lambda s: s["start"]):
+        if seg.get("error"):
+            continue
+        words, _ = segment_words(seg)
+        lines: list[str] = []
+        start = end = None
+
+        def flush():
+            nonlocal lines, start, end
+            if lines:
+                cues.append(Cue(start, min(end, start + MAX_CUE_S), lines))
+            lines, start, end = [], None, None
+
+        for word, ws, we in words:
+            for piece, ps, pe in _pieces(word, ws, we):
+                if start is not None and (pe - start > MAX_CUE_S or _sentence_end(lines, MIN_SENTENCE_CUE)):
+                    flush()
+                if lines and len(lines[-1]) + 1 + len(piece) <= MAX_CHARS:
+                    lines[-1] += " " + piece
+                elif len(lines) < MAX_LINES:
+                    lines.append(piece)
+                else:
+                    flush()
+                    lines.append(piece)
+                if start is None:
+                    start = ps
+                end = pe
+        flush()
+    for cur, nxt in zip(cues, cues[1:]):
+        cur.end = min(cur.end, nxt.start)
+    return [c for c in cues if c.end > c.start]
+
+
+def _stamp(seconds: float, sep: str) -> str:
+    ms = int(round(max(seconds, 0.0) * 1000))
+    h, rest = divmod(ms, 3_600_000)
+    m, rest = divmod(rest, 60_000)
+    s, ms = divmod(rest, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def to_srt(cues: list[Cue]) -> str:
+    return "".join(f"{i}\n{_stamp(c.start, ',')} --> {_stamp(c.end, ',')}\n{c.text}\n\n"
+                   for i, c in enumerate(cues, 1))
+
+
+def to_vtt(cues: list[Cue]) -> str:
+    return "WEBVTT\n\n" + "".join(f"{_stamp(c.start, '.')} --> {_stamp(c.end, '.')}\n{c.text}\n\n" for c in cues)
+
+
+def to_tsv(row: dict) -> str:
+    """Segments as start and end in milliseconds and text, one per line, with a header."""
+    lines = ["start\tend\ttext"]
+    for seg in row.get("segments") or []:
+        text = re.sub(r"\s+", " ", seg.get("text") or "").strip()
+        lines.append(f"{int(round(seg['start'] * 1000))}\t{int(round(seg['end'] * 1000))}\t{text}")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(row: dict) -> str:
+    segments = []
+    measured = True
+    for seg in row.get("segments") or []:
+        words, real = segment_words(seg)
+        measured = measured and (real or not words)
+        segments.append({"start": seg["start"], "end": seg["end"], "text": seg.get("text"),
+                         "stage": seg.get("stage"),
+                         "words": [{"word": w, "start": round(s, 3), "end": round(e, 3)} for w, s, e in words]})
+    doc = {"id": row["id"], "audio": row.get("audio"), "duration_s": row.get("duration_s"),
+           "text": row.get("text"), "error": row.get("error"), "segments": segments,
+           "word_times": "measured" if measured else "proportional"}
+    return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
+
+
+def nemo_line(row: dict) -> str:
+    """A NeMo manifest line: the audio, its duration, the reference as ``text`` and the
+    transcript as ``pred_text`` (empty, with ``error``, where the row failed)."""
+    line = {"audio_filepath": row.get("audio"), "duration": row.get("duration_s"),
+            "text": row.get("reference") or "", "pred_text": row.get("text") or "", "id": row["id"]}
+    for key in ("offset",):
+        if row.get(key) is not None:
+            line[key] = row[key]
+    if row.get("error"):
+        line["error"] = row["error"]
+    return json.dumps(line, ensure_ascii=False)
+
+
+def safe_name(row_id: str, taken: set[str]) -> str:
+    """A file name for a recording id (ids may hold folders, '#offset' or any character),
+    unique among ``taken``."""
+    base = re.sub(r"[^\w.-]+", "_", row_id).strip("._") or "recording"
+    base = base[:120]
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    taken.add(name)
+    return name
+
+
+def _rows(dst: str):
+    import fsspec
+    import pyarrow.dataset as ds
+
+    fs, path = fsspec.core.url_to_fs(dst)
+    columns = ["id", "audio", "duration_s", "text", "reference", "segments", "error"]
+    dataset = ds.dataset(path, filesystem=fs, format="parquet")
+    extra = [c for c in ("offset",) if c in dataset.schema.names]
+    for batch in dataset.to_batches(columns=columns + extra):
+        yield from batch.to_pylist()
+
+
+def write_formats(dst: str, formats: list[str]) -> list[str]:
+    """Write ``formats`` for every row of the output folder ``dst`` into its sidecar folder;
+    returns the folders and files written (relative to ``dst``)."""
+    import fsspec
+
+    from pipeline.output import SIDECAR_DIR
+
+    fs, path = fsspec.core.url_to_fs(dst)
+    root = posixpath.join(path, SIDECAR_DIR)
+    per_file = [f for f in formats if f != "nemo"]
+    for fmt in per_file:
+        fs.makedirs(posixpath.join(root, fmt), exist_ok=True)
+    taken: set[str] = set()
+    nemo = fs.open(posixpath.join(root, NEMO_MANIFEST), "w") if "nemo" in formats else None
+    try:
+        for row in _rows(dst):
+            if nemo is not None:
+                nemo.write(nemo_line(row) + "\n")
+            if not per_file:
+                continue
+            name = safe_name(row["id"], taken)
+            cues = captions(row.get("segments") or []) if not row.get("error") else []
+            render = {"srt": lambda: to_srt(cues), "vtt": lambda: to_vtt(cues),
+                      "json": lambda: to_json(row), "tsv": lambda: to_tsv(row)}
+            for fmt in per_file:
+                with fs.open(posixpath.join(root, fmt, f"{name}.{fmt}"), "w") as fh:
+                    fh.write(render[fmt]())
+    finally:
+        if nemo is not None:
+            nemo.close()
+    return [f"{SIDECAR_DIR}/{f}/" for f in per_file] + ([f"{SIDECAR_DIR}/{NEMO_MANIFEST}"] if nemo else [])

@@ -1,0 +1,130 @@
+"""`shardscribe report DST`: the page and its plots from an output folder, WER per stage and
+duration bucket against jiwer on the same rows, the errors table; and, where Debian's
+Chromium is installed, the page rendered headless to a screenshot."""
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import jiwer
+import pyarrow.parquet as pq
+import pytest
+
+from jobs.cli import main
+from pipeline.output import SIDECAR_DIR
+from pipeline.records import OUTPUT_SCHEMA, table
+
+VOCAB = "the pump valve tank was checked drained cleaned before after lunch".split()
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _rows(seed=0):
+    rng = random.Random(seed)
+    rows, t = [], 1_700_000_000.0
+    for i in range(40):
+        ref = " ".join(rng.choice(VOCAB) for _ in range(rng.randint(3, 9)))
+        words = ref.split()
+        if rng.random() < 0.4:
+            words[rng.randrange(len(words))] = rng.choice(VOCAB)
+        stage = rng.choice(["ctc_gate", "llm_verify", "ar_fallback"])
+        duration = rng.choice([2.0, 7.0, 20.0, 45.0])
+        t += rng.uniform(0.1, 2.0)
+        row = {"id": f"r{i:02d}", "audio": f"/a/r{i}.wav", "duration_s": duration, "text": " ".join(words),
+               "reference": ref, "stage": stage, "error": None, "t_prepare_s": 0.01, "t_encode_s": 0.1,
+               "t_decode_s": 0.2, "t_fallback_s": 0.0, "finished_at": t,
+               "segments": [{"start": 0.0, "end": duration, "text": " ".join(words), "stage": stage}]}
+        rows.append(row)
+    for i, message in enumerate(["file not found: /a/x.wav", "file not found: /a/y.wav",
+                                 "cannot decode audio: Format not recognised"]):
+        rows.append({"id": f"bad{i}", "audio": f"/a/bad{i}.wav", "stage": "error", "error": message,
+                     "segments": [], "finished_at": t})
+    return rows
+
+
+class _Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.images, self.cells, self._cell = [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+        if tag == "td":
+            self._cell = ""
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+    def handle_endtag(self, tag):
+        if tag == "td":
+            self.cells.append(self._cell)
+            self._cell = None
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    dst = tmp_path_factory.mktemp("report") / "out"
+    dst.mkdir()
+    rows = _rows()
+    pq.write_table(table(rows[:25], OUTPUT_SCHEMA), dst / "part-0.parquet")
+    pq.write_table(table(rows[25:], OUTPUT_SCHEMA), dst / "part-1.parquet")
+    assert main(["report", str(dst)]) == 0
+    return dst, rows
+
+
+def test_page_plots_and_tables(report):
+    dst, rows = report
+    side = dst / SIDECAR_DIR
+    page = _Page()
+    page.feed((side / "report.html").read_text())
+    assert page.images == ["report_throughput.png", "report_stages.png", "report_durations.png", "report_wer.png"]
+    for name in page.images:
+        data = (side / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000
+    cells = page.cells
+    ok = [r for r in rows if not r["error"]]
+    # WER per stage and per duration bucket, each against jiwer on that group alone.
+    for stage in ("ctc_gate", "llm_verify", "ar_fallback"):
+        group = [r for r in ok if r["stage"] == stage]
+        wer = jiwer.wer([r["reference"] for r in group], [r["text"] for r in group])
+        i = cells.index(stage)
+        assert cells[i + 1] == f"{100 * wer:.1f} %" and cells[i + 2] == str(len(group))
+    for name, low, high in (("0-5 s", 0, 5), ("5-10 s", 5, 10), ("10-30 s", 10, 30), ("30-60 s", 30, 60)):
+        group = [r for r in ok if low <= r["duration_s"] < high]
+        wer = jiwer.wer([r["reference"] for r in group], [r["text"] for r in group])
+        i = cells.index(name)
+        assert cells[i + 1] == f"{100 * wer:.1f} %" and cells[i + 2] == str(len(group))
+    i = cells.index("file not found")
+    assert cells[i + 1:i + 3] == ["2", "bad0, bad1"]
+    i = cells.index("cannot decode audio")
+    assert cells[i + 1] == "1"
+    assert cells[cells.index("rows") + 1] == str(len(rows))
+
+
+def test_not_an_output_folder_is_one_line(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no Parquet parts" in capsys.readouterr().err
+
+
+CHROMIUM = shutil.which("chromium")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
+def test_page_renders_in_headless_chromium(report, tmp_path):
+    dst, _ = report
+    shot = tmp_path / "shot.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,1400", f"--screenshot={shot}",
+                    (dst / SIDECAR_DIR / "report.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    from PIL import Image
+
+    image = Image.open(shot).convert("L")
+    assert image.size == (1000, 1400)
+    # The plots rendered: a good share of the page is not white.
+    dark = sum(image.histogram()[:200])
+    assert dark > 0.02 * image.size[0] * image.size[1]
