@@ -1,8 +1,10 @@
 """Transcribe audio into Parquet: `shardscribe transcribe --input SRC --output DST`.
 
 SRC is a folder or glob of audio files, a JSONL manifest or a Parquet table, on any
-fsspec filesystem. DST gets one Parquet row per recording and a summary.json. A rerun
-into the same DST skips recordings that already have a row.
+fsspec filesystem. DST gets one Parquet row per recording, then `_summary.json` and, when
+every input row has exactly one output row, `_SUCCESS` (pipeline.output: the folder's
+commit protocol). A rerun into the same DST skips recordings that already have a row; a
+second job into a DST that a live job holds is refused.
 """
 from __future__ import annotations
 
@@ -27,17 +29,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.config import ConfigError, load_config
-    from pipeline.output import existing_ids, summarize
+    from pipeline.output import OutputBusy
     from pipeline.sources import SourceError, read_source
+    from pipeline.storage import StorageError
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(args.config, args.overrides)
+        use_storage(cfg, args)
         rows = read_source(args.input)
-    except (ConfigError, SourceError) as exc:
+        lock = hold_output(args.output, cfg)
+    except (ConfigError, SourceError, StorageError, OutputBusy) as exc:
         print(f"shardscribe: error: {exc}", file=sys.stderr)
         return 2
-    done = existing_ids(args.output)
+    try:
+        return _run_locked(args, cfg, rows, lock.job_id)
+    finally:
+        lock.release()
+
+
+def use_storage(cfg, args) -> None:
+    """storage.options for the input and output protocols; a missing backend (s3fs,
+    gcsfs) or an unreachable store is one line here, before any worker starts."""
+    from pipeline.storage import check_reachable, use_options
+
+    use_options(cfg.storage.options, [args.input, args.output])
+    for url in (args.input, args.output):
+        check_reachable(url, cfg.storage.options)
+
+
+def hold_output(dst: str, cfg):
+    """Take the output folder's lock and open it for this job (pipeline.output)."""
+    from pipeline.output import OutputLock, begin_job, new_job_id
+
+    lock = OutputLock(dst, new_job_id(), cfg.storage.options).acquire()
+    try:
+        begin_job(dst, lock.job_id, cfg.storage.options)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def commit(dst: str, cfg, summary: dict) -> bool:
+    """The job commit: the summary, then the success marker when rows in == rows out."""
+    from pipeline.output import commit_job
+
+    ok = summary["rows_out"] == summary["rows_in"] and not summary["duplicate_rows"]
+    commit_job(dst, summary, ok, cfg.storage.options)
+    return ok
+
+
+def _run_locked(args, cfg, rows: list[dict], job_id: str) -> int:
+    from pipeline.output import existing_ids, summarize
+
+    done = existing_ids(args.output, job_id, cfg.storage.options)
     todo = [r for r in rows if r["id"] not in done]
     if done:
         print(f"shardscribe: resuming: {len(rows) - len(todo)} of {len(rows)} recordings already in "
@@ -47,18 +93,23 @@ def run(args: argparse.Namespace) -> int:
         if args.runner == "local":
             from actors.local_runner import run_local
 
-            run_local(todo, cfg, args.output)
+            run_local(todo, cfg, args.output, job_id=job_id)
         else:
-            from actors.plan import run_ray
+            from actors.plan import JobStalled, run_ray
 
-            run_ray(todo, cfg, args.output)
+            try:
+                run_ray(todo, cfg, args.output, job_id=job_id)
+            except JobStalled as exc:
+                print(f"shardscribe: error: {exc}", file=sys.stderr)
+                return 3
     wall = time.perf_counter() - start
     summary = summarize(args.output, [r["id"] for r in rows], {
         "config": cfg.name, "runner": args.runner, "run_rows": len(todo),
         "skipped_existing": len(rows) - len(todo), "wall_seconds": wall,
-    }, run_ids={r["id"] for r in todo})
+    }, run_ids={r["id"] for r in todo}, options=cfg.storage.options)
+    ok = commit(args.output, cfg, summary)
     print(json.dumps(summary, indent=2))
-    if summary["rows_out"] != summary["rows_in"] or summary["duplicate_rows"]:
+    if not ok:
         print(f"shardscribe: error: rows in {summary['rows_in']} != rows out {summary['rows_out']} "
               f"(duplicates {summary['duplicate_rows']}, missing e.g. {summary['missing_ids'][:5]})",
               file=sys.stderr)

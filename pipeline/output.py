@@ -1,57 +1,288 @@
-"""Output directory: resume by input id, reconciliation and `summary.json`.
+"""The output folder's commit protocol: parts, lock, resume, quarantine and job commit.
 
-Parquet parts are written with fresh names on every run, so a rerun must not decode a
-recording that already has a row: we read the `id` column of the parts already in DST and
-skip those ids. A part that cannot be read (a run killed mid-write) is moved aside to
-`<name>.corrupt` and its rows are redone.
+- A part is written under a temporary name (``.tmp-<job>-<part>``) and renamed when
+  complete, so a part that exists under its final name is whole.
+- Its name is a hash of the ids it holds (``part-<sha256>.parquet``): a write task that
+  Ray retries, or a block redone after a crash, writes the same rows under the same name
+  and replaces its own part instead of adding a second copy.
+- One job at a time holds ``_LOCK`` (job id, host, pid, heartbeat). A second job into
+  the same folder is refused; a lock whose process is gone (same host) or whose heartbeat
+  stopped is stale and taken over.
+- Resume reads every part whole (all columns, page checksums verified); a part that
+  fails is moved to ``_quarantine/`` and its rows are redone. Only final part names are
+  ever moved: temporary files belong to the job that holds the lock, and leftovers of a
+  dead job are removed only by the job that took its lock over.
+- The job commit writes ``_summary.json`` and then ``_SUCCESS``, last; a job starting in
+  the folder removes ``_SUCCESS`` first, so the marker never outlives a change.
+
+Every name that is not a part starts with ``_`` or ``.``, which pyarrow, pandas and
+datasets skip when they read the folder as a dataset.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import posixpath
+import socket
+import threading
+import time
+import uuid
 
-import fsspec
+import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.metrics import corpus_wer
+from pipeline.storage import redact_uri, url_to_fs
 
 log = logging.getLogger(__name__)
-SUMMARY_NAME = "summary.json"
+SUMMARY_NAME = "_summary.json"
+SUCCESS_NAME = "_SUCCESS"
+LOCK_NAME = "_LOCK"
+QUARANTINE_DIR = "_quarantine"
+TMP_PREFIX = ".tmp-"
+PART_PREFIX = "part-"
+HEARTBEAT_S = 5.0
+STALE_AFTER_S = 60.0
+
+
+class OutputBusy(RuntimeError):
+    """Another live job holds the output folder."""
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def part_name(ids) -> str:
+    """The part's name: a function of the set of ids it holds, nothing else."""
+    digest = hashlib.sha256("\0".join(sorted(ids)).encode("utf-8", "backslashreplace")).hexdigest()
+    return f"{PART_PREFIX}{digest[:32]}.parquet"
+
+
+def _is_part(path: str) -> bool:
+    name = posixpath.basename(path)
+    return name.endswith(".parquet") and not name.startswith(("_", "."))
 
 
 def _parts(fs, path: str) -> list[str]:
+    """Committed parts directly under ``path`` (not in _quarantine/, no temporary files)."""
     if not fs.exists(path):
         return []
-    return sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+    return sorted(p for p in fs.ls(path, detail=False) if _is_part(p))
 
 
-def existing_ids(dst: str) -> set[str]:
-    fs, path = fsspec.core.url_to_fs(dst)
+def write_part(table: pa.Table, dst: str, job_id: str, options: dict | None = None) -> str:
+    """Write ``table`` as one part of ``dst``: temporary name, then rename. Returns the
+    part's name. Page checksums let resume tell a page-corrupt part from a good one."""
+    fs, path = url_to_fs(dst, options)
+    name = part_name(table.column("id").to_pylist())
+    tmp = posixpath.join(path, f"{TMP_PREFIX}{job_id}-{name}")
+    with fs.open(tmp, "wb") as fh:
+        pq.write_table(table, fh, write_page_checksum=True)
+    fs.mv(tmp, posixpath.join(path, name))
+    return name
+
+
+def read_part(fs, part: str) -> pa.Table:
+    """A part read whole (every column, every page checksum): raises if any of it is bad."""
+    with fs.open(part, "rb") as fh:
+        return pq.read_table(fh, page_checksum_verification=True)
+
+
+def _quarantine(fs, path: str, part: str, job_id: str, reason: Exception) -> None:
+    target = posixpath.join(path, QUARANTINE_DIR, f"{posixpath.basename(part)}.{job_id}")
+    log.warning("unreadable output part %s (%s: %s); moved to %s and its rows will be redone",
+                posixpath.basename(part), type(reason).__name__, str(reason)[:200], target)
+    fs.makedirs(posixpath.dirname(target), exist_ok=True)
+    fs.mv(part, target)
+
+
+def existing_ids(dst: str, job_id: str | None = None, options: dict | None = None,
+                 columns: list[str] | None = None) -> set[str]:
+    """Ids of the rows already committed in ``dst``; a part that fails to read whole is
+    quarantined first (call this only while holding the folder's lock)."""
+    from pipeline.records import OUTPUT_SCHEMA
+
+    fs, path = url_to_fs(dst, options)
+    wanted = set(columns or OUTPUT_SCHEMA.names)
     ids: set[str] = set()
     for part in _parts(fs, path):
         try:
-            ids.update(pq.read_table(part, columns=["id"], filesystem=fs).column("id").to_pylist())
+            table = read_part(fs, part)
+            missing = wanted - set(table.column_names)
+            if missing:
+                raise ValueError(f"columns missing: {sorted(missing)}")
         except Exception as exc:
-            log.warning("unreadable output part %s (%s); moving it aside and redoing its rows", part, exc)
-            fs.mv(part, part + ".corrupt")
+            _quarantine(fs, path, part, job_id or new_job_id(), exc)
+            continue
+        ids.update(table.column("id").to_pylist())
     return ids
 
 
-def read_output(dst: str, columns: list[str]):
-    import pyarrow as pa
-
-    fs, path = fsspec.core.url_to_fs(dst)
-    tables = [pq.read_table(p, columns=columns, filesystem=fs) for p in _parts(fs, path)]
+def read_output(dst: str, columns: list[str], options: dict | None = None):
+    fs, path = url_to_fs(dst, options)
+    tables = []
+    for p in _parts(fs, path):
+        with fs.open(p, "rb") as fh:
+            tables.append(pq.read_table(fh, columns=columns))
     return pa.concat_tables(tables) if tables else None
 
 
-def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | None = None) -> dict:
-    """Reconcile DST against the input and write summary.json; returns the summary.
+# -- the folder lock -------------------------------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_is_stale(info: dict, now: float | None = None) -> bool:
+    """A lock is stale when its heartbeat stopped, or (on this host) its process is gone."""
+    now = time.time() if now is None else now
+    if now - float(info.get("heartbeat", 0)) > STALE_AFTER_S:
+        return True
+    return info.get("host") == socket.gethostname() and not _pid_alive(int(info.get("pid", -1)))
+
+
+class OutputLock:
+    """``_LOCK`` in the output folder, held for the job's life with a heartbeat thread."""
+
+    def __init__(self, dst: str, job_id: str, options: dict | None = None):
+        self.fs, self.path = url_to_fs(dst, options)
+        self.dst, self.job_id = dst, job_id
+        self.lock = posixpath.join(self.path, LOCK_NAME)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _info(self) -> dict:
+        return {"job": self.job_id, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
+
+    def _read(self) -> dict | None:
+        try:
+            with self.fs.open(self.lock, "rb") as fh:
+                return json.loads(fh.read() or b"{}")
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return {}   # half-written by a process that died: no heartbeat, so stale
+
+    def _write(self, exclusive: bool) -> None:
+        data = json.dumps(self._info()).encode()
+        if isinstance(self.fs, LocalFileSystem):
+            if exclusive:
+                # O_EXCL: of two jobs racing for a free folder, exactly one creates the lock.
+                fd = os.open(self.lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                return
+            tmp = posixpath.join(self.path, f".{LOCK_NAME}.{self.job_id}")
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, self.lock)
+            return
+        # Object stores have no exclusive create here: write, then read back that the lock
+        # is ours (a racing job that wrote last wins and the other is refused).
+        with self.fs.open(self.lock, "wb") as fh:
+            fh.write(data)
+
+    def acquire(self) -> "OutputLock":
+        self.fs.makedirs(self.path, exist_ok=True)
+        for _ in range(3):
+            info = self._read()
+            if info is not None and not lock_is_stale(info):
+                if info.get("job") == self.job_id:
+                    break
+                age = time.time() - float(info.get("heartbeat", 0))
+                raise OutputBusy(
+                    f"output {redact_uri(self.dst)} is in use by job {info.get('job')} (pid {info.get('pid')} "
+                    f"on {info.get('host')}, heartbeat {age:.0f} s ago); wait for it to finish, or write elsewhere")
+            if info is not None:
+                log.warning("taking over a stale lock on %s (job %s, pid %s on %s)", redact_uri(self.dst),
+                            info.get("job"), info.get("pid"), info.get("host"))
+                # Rename first: of two jobs taking over one stale lock, only one rename works.
+                aside = posixpath.join(self.path, f"{LOCK_NAME}.stale-{self.job_id}")
+                try:
+                    self.fs.mv(self.lock, aside)
+                    self.fs.rm(aside)
+                except FileNotFoundError:
+                    continue
+            try:
+                self._write(exclusive=True)
+            except FileExistsError:
+                continue
+            if (self._read() or {}).get("job") == self.job_id:
+                break
+        else:
+            raise OutputBusy(f"output {redact_uri(self.dst)}: could not take the folder's lock")
+        self._thread = threading.Thread(target=self._beat, name="output-lock-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self._write(exclusive=False)
+            except Exception as exc:   # a missed beat only ages the lock
+                log.warning("lock heartbeat on %s failed: %s", redact_uri(self.dst), exc)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if (self._read() or {}).get("job") == self.job_id:
+            self.fs.rm(self.lock)
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def begin_job(dst: str, job_id: str, options: dict | None = None) -> None:
+    """With the lock held: the folder is about to change, so its success marker goes, and
+    temporary files of dead jobs (no other job can be live here) are removed."""
+    fs, path = url_to_fs(dst, options)
+    marker = posixpath.join(path, SUCCESS_NAME)
+    if fs.exists(marker):
+        fs.rm(marker)
+    for p in fs.ls(path, detail=False) if fs.exists(path) else []:
+        name = posixpath.basename(p)
+        if name.startswith(TMP_PREFIX) and not name.startswith(f"{TMP_PREFIX}{job_id}-"):
+            fs.rm(p)
+
+
+def _write_atomic(fs, path: str, data: bytes) -> None:
+    tmp = posixpath.join(posixpath.dirname(path), f"{TMP_PREFIX}{posixpath.basename(path)}")
+    with fs.open(tmp, "wb") as fh:
+        fh.write(data)
+    fs.mv(tmp, path)
+
+
+def commit_job(dst: str, summary: dict, success: bool, options: dict | None = None) -> None:
+    """The job commit: ``_summary.json``, then ``_SUCCESS`` (only when every input row has
+    exactly one output row), last."""
+    fs, path = url_to_fs(dst, options)
+    fs.makedirs(path, exist_ok=True)
+    _write_atomic(fs, posixpath.join(path, SUMMARY_NAME), json.dumps(summary, indent=2).encode())
+    if success:
+        _write_atomic(fs, posixpath.join(path, SUCCESS_NAME), b"")
+
+
+def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | None = None,
+              options: dict | None = None) -> dict:
+    """Reconcile DST against the input; returns the summary (``commit_job`` writes it).
 
     ``run`` holds this run's facts (``wall_seconds`` among them); the RTFx of the run is
     the audio of the rows it decoded (``run_ids``) over that wall time."""
-    out = read_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"])
+    out = read_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"], options)
     rows = out.to_pylist() if out is not None else []
     wanted = set(input_ids)
     out_ids = [r["id"] for r in rows if r["id"] in wanted]
@@ -76,8 +307,4 @@ def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | Non
     wall = run.get("wall_seconds") or 0.0
     summary["run_audio_seconds"] = run_audio
     summary["rtfx"] = run_audio / wall if run_ids and wall > 0 else None
-    fs, path = fsspec.core.url_to_fs(dst)
-    fs.makedirs(path, exist_ok=True)
-    with fs.open(posixpath.join(path, SUMMARY_NAME), "w") as fh:
-        json.dump(summary, fh, indent=2)
     return summary

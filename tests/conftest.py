@@ -72,5 +72,4 @@ def espeak(text: str, path: Path, voice: str = "en-us", speed: int = 160) -> Pat
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_env():
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     yield

@@ -183,7 +183,7 @@ def test_cli_transcribes_with_a_ctc_checkpoint(checkpoint, manifest, tmp_path):
                            "--set", "batching.recordings_per_batch=3"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((dst / "summary.json").read_text())
+    summary = json.loads((dst / "_summary.json").read_text())
     rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
     assert summary["rows_in"] == summary["rows_out"] == len(lines) == len(rows)
     assert summary["errors"] == 1 and rows["random"]["error"] and rows["random"]["text"] is None

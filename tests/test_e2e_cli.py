@@ -56,7 +56,7 @@ def test_ray_job_end_to_end_with_broken_files(mixed_input, tmp_path, sample_mani
     dst = tmp_path / "out"
     proc = _run_cli("transcribe", "--input", str(manifest), "--output", str(dst), "--config", "ar")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((dst / "summary.json").read_text())
+    summary = json.loads((dst / "_summary.json").read_text())
     assert summary["rows_in"] == summary["rows_out"] == n
     rows = {r["id"]: r for r in _rows(dst)}
     assert len(rows) == n
@@ -81,7 +81,7 @@ def test_ray_job_end_to_end_with_broken_files(mixed_input, tmp_path, sample_mani
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming" in again.stderr
     assert len(_rows(dst)) == n
-    assert json.loads((dst / "summary.json").read_text())["rows_out"] == n
+    assert json.loads((dst / "_summary.json").read_text())["rows_out"] == n
 
     # The in-process runner gives the same transcripts.
     local = tmp_path / "local"
@@ -107,7 +107,7 @@ def test_two_stage_kinds_keep_the_prepare_errors(mixed_input, tmp_path, model_ca
             "--set", f"model.cache_dir={model_cache}"] + (["--config", config] if config else [])
     proc = _run_cli(*args)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((dst / "summary.json").read_text())
+    summary = json.loads((dst / "_summary.json").read_text())
     rows = {r["id"]: r for r in _rows(dst)}
     assert summary["rows_in"] == summary["rows_out"] == len(rows) == n
     for bad, message in BROKEN:

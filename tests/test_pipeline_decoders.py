@@ -89,7 +89,7 @@ def test_ssd_two_pool_ray_plan_takes_all_three_stages(ssd_adapter, varied_manife
         assert seg["text"] == exp.text, line["id"]
         if exp.stage == "ar_fallback":
             assert seg["prefix_len"] == len(exp.prefix) and seg["generated"] == exp.generated
-    summary = json.loads((dst / "summary.json").read_text())
+    summary = json.loads((dst / "_summary.json").read_text())
     assert summary["rows_in"] == summary["rows_out"] == len(lines) and summary["errors"] == 0
     assert set(summary["stages"]) == {"ctc_gate", "llm_verify", "ar_fallback"}
 
