@@ -69,6 +69,8 @@ def _is_part(path: str) -> bool:
 
 def _parts(fs, path: str) -> list[str]:
     """Committed parts directly under ``path`` (not in _quarantine/, no temporary files)."""
+    # Object-store listings are cached per filesystem; other processes wrote the parts.
+    fs.invalidate_cache(path)
     if not fs.exists(path):
         return []
     return sorted(p for p in fs.ls(path, detail=False) if _is_part(p))

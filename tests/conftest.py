@@ -73,3 +73,41 @@ def espeak(text: str, path: Path, voice: str = "en-us", speed: int = 160) -> Pat
 def _quiet_env():
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     yield
+
+
+# The fault suite's report (tests/faults): rows in / rows out / duplicates / errors per
+# case, printed at the end of the run, with -q too. Under xdist the workers append to one
+# file that the controlling process (which made it, before the workers started) prints.
+FAULT_REPORT_ENV = "SHARDSCRIBE_FAULT_REPORT"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="shardscribe-faults-", suffix=".tsv")
+        os.close(fd)
+        os.environ[FAULT_REPORT_ENV] = path
+
+
+@pytest.fixture
+def fault_report():
+    def add(case: str, rows_in: int, rows_out: int, duplicates: int, errors: int) -> None:
+        with open(os.environ[FAULT_REPORT_ENV], "a") as fh:
+            fh.write(f"{case}\t{rows_in}\t{rows_out}\t{duplicates}\t{errors}\n")
+    return add
+
+
+def pytest_terminal_summary(terminalreporter):
+    path = Path(os.environ.get(FAULT_REPORT_ENV, "/nonexistent"))
+    if not path.is_file():
+        return
+    lines = [line.split("\t") for line in path.read_text().splitlines() if line]
+    path.unlink()
+    if lines:
+        terminalreporter.section("fault suite: rows per case")
+        terminalreporter.write_line(f"{'case':<48} {'in':>5} {'out':>5} {'dup':>5} {'errors':>6}")
+        for case, *counts in lines:
+            terminalreporter.write_line(f"{case:<48} " + " ".join(f"{c:>5}" for c in counts[:3])
+                                        + f" {counts[3]:>6}")
