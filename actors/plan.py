@@ -81,8 +81,10 @@ def build_dataset(rows: list[dict], cfg, kind=None):
     if hasattr(ctx, "execution_no_progress_timeout_s"):
         ctx.execution_no_progress_timeout_s = cfg.ray.no_progress_timeout_s
     per_block = max(1, cfg.batching.recordings_per_batch)
-    ds = ray.data.from_arrow(table(rows, INPUT_SCHEMA))
-    ds = ds.repartition(max(1, -(-len(rows) // per_block)))
+    # Blocks of one batch each, made on the driver: no all-to-all repartition, which would
+    # also switch off Ray Data's no-progress guard (the job's watchdog).
+    ds = ray.data.from_arrow([table(rows[i:i + per_block], INPUT_SCHEMA)
+                              for i in range(0, len(rows), per_block)] or [table([], INPUT_SCHEMA)])
     config = cfg.to_dict()
     kind = kind or decoder_kind(cfg.decoder.kind)
     if kind.name != cfg.decoder.kind:
