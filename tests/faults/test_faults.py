@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -256,6 +257,55 @@ def test_s3_input_and_output_through_moto(cluster, corpus, tmp_path, fault_repor
         assert not fs.exists("corpus/out/_LOCK")
     finally:
         server.stop()
+
+
+class SilentServer:
+    """A TCP server on loopback that accepts connections and never answers: a remote read
+    that never finishes."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self):
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_read_that_never_finishes(cluster, tmp_path, fault_report, capsys):
+    """Under audio.read_timeout_s it is an error row; with the read timeout above the job
+    watchdog, the watchdog ends the job in one line (exit 3) instead of a stall."""
+    server = SilentServer()
+    try:
+        names = [p.name for p in sorted(SAMPLES.glob("*.flac"))[:3]]
+        lines = [{"id": n, "audio": str(SAMPLES / n)} for n in names]
+        lines.append({"id": "hung", "audio": f"http://127.0.0.1:{server.port}/never.wav?token=SECRET"})
+        manifest = tmp_path / "manifest.jsonl"
+        manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        dst = tmp_path / "timeout"
+        assert transcribe(manifest, dst, "audio.read_timeout_s=3") == 0
+        rows = {r["id"]: r for r in _check(dst, set(names) | {"hung"}, "remote read that never answers",
+                                           fault_report, errors_expected=1)}
+        assert "read timeout" in rows["hung"]["error"] and "SECRET" not in rows["hung"]["error"]
+        assert rows["hung"]["audio"] == f"http://127.0.0.1:{server.port}/never.wav"
+        capsys.readouterr()
+        stalled = tmp_path / "stalled"
+        assert transcribe(manifest, stalled, "audio.read_timeout_s=600", "ray.no_progress_timeout_s=4") == 3
+        assert "no progress for ray.no_progress_timeout_s=4 s" in capsys.readouterr().err
+        assert not (stalled / "_SUCCESS").exists() and not (stalled / "_LOCK").exists()
+        fault_report("same, job watchdog (ray.no_progress_timeout_s)", len(lines), 0, 0, 0)
+    finally:
+        server.close()
 
 
 def test_worker_node_removed_mid_job(cluster, corpus, tmp_path, fault_report):
