@@ -82,12 +82,13 @@ def commit(dst: str, cfg, summary: dict) -> bool:
 
 def _run_locked(args, cfg, rows: list[dict], job_id: str) -> int:
     from pipeline.output import existing_ids, summarize
+    from pipeline.storage import redact_uri
 
     done = existing_ids(args.output, job_id, cfg.storage.options)
     todo = [r for r in rows if r["id"] not in done]
     if done:
         print(f"shardscribe: resuming: {len(rows) - len(todo)} of {len(rows)} recordings already in "
-              f"{args.output}", file=sys.stderr)
+              f"{redact_uri(args.output)}", file=sys.stderr)
     start = time.perf_counter()
     if todo:
         if args.runner == "local":

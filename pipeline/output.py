@@ -81,6 +81,7 @@ def write_part(table: pa.Table, dst: str, job_id: str, options: dict | None = No
     part's name. Page checksums let resume tell a page-corrupt part from a good one."""
     fs, path = url_to_fs(dst, options)
     name = part_name(table.column("id").to_pylist())
+    fs.makedirs(path, exist_ok=True)
     tmp = posixpath.join(path, f"{TMP_PREFIX}{job_id}-{name}")
     with fs.open(tmp, "wb") as fh:
         pq.write_table(table, fh, write_page_checksum=True)
