@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import os
 import subprocess
 import sys
@@ -152,3 +153,19 @@ def test_storage_options_refuse_credentials_and_a_missing_backend_is_one_line():
             url_to_fs("gs://bucket/x")
         else:
             raise StorageError("pip install 'shardscribe[gcs]' (gcsfs present: nothing to check)")
+
+
+def test_an_unreachable_endpoint_is_one_line(monkeypatch):
+    from pipeline.storage import check_reachable
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = {"endpoint_url": f"http://127.0.0.1:{port}", "config_kwargs": {"retries": {"max_attempts": 1}}}
+    with pytest.raises(StorageError) as exc:
+        check_reachable("s3://user:pw@bucket/out?sig=1", options)
+    message = str(exc.value)
+    assert message.startswith("s3://bucket/out: storage not reachable") and "\n" not in message
+    assert "pw" not in message and "sig" not in message
