@@ -76,19 +76,28 @@ def _quiet_env():
 
 
 # The fault suite's report (tests/faults): rows in / rows out / duplicates / errors per
-# case, printed at the end of the run, with -q too. Under xdist the workers append to one
-# file that the controlling process (which made it, before the workers started) prints.
+# case, printed at the end of the run, with -q too. Under xdist the workers append to the
+# controlling process's file (handed to them in their workerinput), which it prints.
 FAULT_REPORT_ENV = "SHARDSCRIBE_FAULT_REPORT"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    if not hasattr(config, "workerinput"):
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and FAULT_REPORT_ENV in workerinput:
+        os.environ[FAULT_REPORT_ENV] = workerinput[FAULT_REPORT_ENV]
+    elif workerinput is None:
         import tempfile
 
         fd, path = tempfile.mkstemp(prefix="shardscribe-faults-", suffix=".tsv")
         os.close(fd)
         os.environ[FAULT_REPORT_ENV] = path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist: hand each worker the controlling process's report file."""
+    node.workerinput[FAULT_REPORT_ENV] = os.environ[FAULT_REPORT_ENV]
 
 
 @pytest.fixture
@@ -100,6 +109,8 @@ def fault_report():
 
 
 def pytest_terminal_summary(terminalreporter):
+    if hasattr(terminalreporter.config, "workerinput"):   # an xdist worker's reporter prints nowhere
+        return
     path = Path(os.environ.get(FAULT_REPORT_ENV, "/nonexistent"))
     if not path.is_file():
         return
