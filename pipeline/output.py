@@ -205,7 +205,8 @@ class OutputLock:
                 age = time.time() - float(info.get("heartbeat", 0))
                 raise OutputBusy(
                     f"output {redact_uri(self.dst)} is in use by job {info.get('job')} (pid {info.get('pid')} "
-                    f"on {info.get('host')}, heartbeat {age:.0f} s ago); wait for it to finish, or write elsewhere")
+                    f"on {info.get('host')}, heartbeat {age:.0f} s ago); wait for it to finish, or write elsewhere "
+                    f"(a lock whose heartbeat is over {STALE_AFTER_S:g} s old is taken over)")
             if info is not None:
                 log.warning("taking over a stale lock on %s (job %s, pid %s on %s)", redact_uri(self.dst),
                             info.get("job"), info.get("pid"), info.get("host"))

@@ -82,7 +82,7 @@ def test_broken_inputs_under_every_config_on_ray(config, manifest, ray_session, 
     from jobs.transcribe import add_arguments, run
 
     path, good, n = manifest
-    sets = [f"model.cache_dir={model_cache}", "batching.recordings_per_batch=4", "audio.read_timeout_s=60"]
+    sets = [f"model.cache_dir={model_cache}", "batching.recordings_per_batch=16", "audio.read_timeout_s=60"]
     if config.startswith("ctc_model"):
         sets.append(f"model.source={ctc_checkpoint}")
     parser = argparse.ArgumentParser()
