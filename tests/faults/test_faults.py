@@ -206,12 +206,17 @@ def test_actor_killed_mid_job_and_a_second_job_refused(cluster, corpus, tmp_path
 
 
 def test_driver_killed_mid_job_then_rerun(cluster, corpus, tmp_path, fault_report):
+    """The driver is a process of its own that joins the cluster (as a submitted job's
+    driver does); it is SIGKILLed once a first part is committed, the cluster stays, and
+    the same command is run again."""
+    c, _, _ = cluster
     dst = tmp_path / "out"
     script = ("import sys, fault_toy; fault_toy.register(); from jobs.cli import main; "
               "sys.exit(main(sys.argv[1:]))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(FAULTS)])}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen([sys.executable, "-c", script, *_args(corpus, dst)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", script, *_args(corpus, dst, f"ray.address={c.address}")],
+                            cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for(lambda: any(dst.glob("part-*.parquet")) or proc.poll() is not None, timeout=240,
@@ -220,7 +225,7 @@ def test_driver_killed_mid_job_then_rerun(cluster, corpus, tmp_path, fault_repor
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
-        # The Ray processes that driver started share its session: end them too.
+        # Whatever that driver started shares its session: end it too.
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
