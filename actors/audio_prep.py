@@ -11,7 +11,7 @@ from pipeline.config import config_from_dict
 from pipeline.prepare import TIMEOUT_ERROR, prepare_row_within
 from pipeline.records import PREPARED_SCHEMA, table
 from pipeline.segment import VadSegmenter
-from pipeline.storage import BACKENDS, use_options
+from pipeline.storage import use_options
 
 
 class AudioPrep:
@@ -22,8 +22,7 @@ class AudioPrep:
         torch.set_num_threads(1)
         adopt(kind, family)
         cfg = config_from_dict(config)
-        # Audio may live on any remote protocol; the options hold for whichever it is.
-        use_options(cfg.storage.options, [f"{p}://" for p in BACKENDS])
+        self.storage_options = cfg.storage.options
         self.quality = cfg.audio.resample_quality
         self.timeout_s = cfg.audio.read_timeout_s
         self.new_segmenter = lambda: VadSegmenter(cfg.audio.max_segment_s, cfg.audio.vad_threshold,
@@ -32,7 +31,11 @@ class AudioPrep:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = []
-        for r in batch.to_pylist():
+        items = batch.to_pylist()
+        # The options hold for the protocols of the audio the job reads (a no-op once set;
+        # workers of a cluster started before the job have not inherited them).
+        use_options(self.storage_options, [r["audio"] for r in items if r.get("audio")])
+        for r in items:
             rows.append(prepare_row_within(r, self.segmenter, self.quality, self.timeout_s))
             if (rows[-1]["error"] or "").startswith(TIMEOUT_ERROR):
                 # The timed-out call may still reach the VAD later: the next rows get their own.

@@ -33,9 +33,13 @@ def init_ray(cfg) -> None:
     if cfg.ray.address:
         import ray
 
+        from pipeline.storage import options_environment
+
         # Token and TLS settings come from Ray's own chain (RAY_AUTH_MODE,
-        # RAY_AUTH_TOKEN[_PATH], ~/.ray/auth_token), as for any Ray client.
-        ray.init(address=cfg.ray.address, **_INIT_KWARGS)
+        # RAY_AUTH_TOKEN[_PATH], ~/.ray/auth_token), as for any Ray client. The cluster's
+        # workers get the job's storage options through the job's runtime environment.
+        env = options_environment()
+        ray.init(address=cfg.ray.address, **({"runtime_env": {"env_vars": env}} if env else {}), **_INIT_KWARGS)
         return
     _loopback_environment()
     import ray

@@ -4,6 +4,8 @@ credentials and query tokens from URIs before they reach an output row or a log 
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 from urllib.parse import urlsplit, urlunsplit
 
@@ -58,15 +60,25 @@ def protocol_of(url: str) -> str:
 
 
 def use_options(options: dict | None, urls) -> None:
-    """Make ``options`` the defaults of the remote protocols of ``urls`` in this process,
-    so every fsspec open of the job (the source's reader, the audio it names, Ray's
-    readers) sees the same endpoint and settings as the output's writer. Called once per
-    process of the job (the driver, each actor); it sets only fsspec's per-protocol
-    defaults, which a job's processes do not share with anything else."""
+    """Make ``options`` the defaults of the remote protocols of ``urls``, in this process
+    (fsspec's per-protocol config) and in the processes it starts (fsspec reads
+    ``FSSPEC_<PROTOCOL>`` from the environment when imported), so every fsspec open of the
+    job, the source's reader, the audio it names, Ray's readers and the output's writer,
+    sees the same endpoint and settings. The options hold no credentials (config.py
+    refuses them), so the environment may carry them."""
     if not options:
         return
     for protocol in {protocol_of(u) for u in urls if u} - {"file", "local"}:
+        if fsspec.config.conf.get(protocol, {}).items() >= options.items():
+            continue
         fsspec.config.conf.setdefault(protocol, {}).update(options)
+        os.environ[f"FSSPEC_{protocol.upper()}"] = json.dumps(fsspec.config.conf[protocol])
+
+
+def options_environment() -> dict[str, str]:
+    """The ``FSSPEC_<PROTOCOL>`` variables ``use_options`` set: for a cluster's workers,
+    which do not inherit this process's environment."""
+    return {k: v for k, v in os.environ.items() if k.startswith("FSSPEC_") and k[7:8] != "_"}
 
 
 def check_reachable(url: str, options: dict | None = None) -> None:

@@ -169,3 +169,19 @@ def test_an_unreachable_endpoint_is_one_line(monkeypatch):
     message = str(exc.value)
     assert message.startswith("s3://bucket/out: storage not reachable") and "\n" not in message
     assert "pw" not in message and "sig" not in message
+
+
+def test_storage_options_reach_this_process_and_the_processes_it_starts(monkeypatch):
+    import fsspec
+
+    from pipeline.storage import options_environment, use_options
+
+    monkeypatch.setattr(fsspec.config, "conf", {})
+    monkeypatch.delenv("FSSPEC_S3", raising=False)
+    options = {"endpoint_url": "http://127.0.0.1:9", "client_kwargs": {"region_name": "eu-west-3"}}
+    use_options(options, ["s3://bucket/in/", "/local/out", None])
+    assert fsspec.config.conf == {"s3": options}
+    assert options_environment() == {"FSSPEC_S3": json.dumps(options)}
+    child = subprocess.run([sys.executable, "-c", "import fsspec, json; print(json.dumps(fsspec.config.conf['s3']))"],
+                           capture_output=True, text=True, check=True)
+    assert json.loads(child.stdout) == options

@@ -262,6 +262,11 @@ def test_s3_input_and_output_through_moto(cluster, corpus, tmp_path, fault_repor
         assert not fs.exists("corpus/out/_LOCK")
     finally:
         server.stop()
+        # The job made its storage options this process's s3 defaults: not for later tests.
+        import fsspec
+
+        os.environ.pop("FSSPEC_S3", None)
+        fsspec.config.conf.pop("s3", None)
 
 
 class SilentServer:
