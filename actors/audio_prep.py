@@ -8,9 +8,10 @@ import pyarrow as pa
 
 from actors.registrations import adopt
 from pipeline.config import config_from_dict
-from pipeline.prepare import prepare_row
+from pipeline.prepare import TIMEOUT_ERROR, prepare_row_within
 from pipeline.records import PREPARED_SCHEMA, table
 from pipeline.segment import VadSegmenter
+from pipeline.storage import use_options
 
 
 class AudioPrep:
@@ -21,9 +22,22 @@ class AudioPrep:
         torch.set_num_threads(1)
         adopt(kind, family)
         cfg = config_from_dict(config)
+        self.storage_options = cfg.storage.options
         self.quality = cfg.audio.resample_quality
-        self.segmenter = VadSegmenter(cfg.audio.max_segment_s, cfg.audio.vad_threshold, cfg.audio.vad_pad_s)
+        self.timeout_s = cfg.audio.read_timeout_s
+        self.new_segmenter = lambda: VadSegmenter(cfg.audio.max_segment_s, cfg.audio.vad_threshold,
+                                                  cfg.audio.vad_pad_s)
+        self.segmenter = self.new_segmenter()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = [prepare_row(r, self.segmenter, self.quality) for r in batch.to_pylist()]
+        rows = []
+        items = batch.to_pylist()
+        # The options hold for the protocols of the audio the job reads (a no-op once set;
+        # workers of a cluster started before the job have not inherited them).
+        use_options(self.storage_options, [r["audio"] for r in items if r.get("audio")])
+        for r in items:
+            rows.append(prepare_row_within(r, self.segmenter, self.quality, self.timeout_s))
+            if (rows[-1]["error"] or "").startswith(TIMEOUT_ERROR):
+                # The timed-out call may still reach the VAD later: the next rows get their own.
+                self.segmenter = self.new_segmenter()
         return table(rows, PREPARED_SCHEMA)

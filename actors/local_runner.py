@@ -1,31 +1,30 @@
 """In-process runner: the same actors and stages as the Ray plan, without Ray.
 
 Serves benchmarks, debugging and machines without Ray (the lent GPU machine). Output
-parts are written with pyarrow through fsspec, the same schema as the Ray path.
+parts go through the same commit protocol as the Ray path (pipeline.output.write_part:
+``output.rows_per_part`` rows per part, temporary name then rename).
 """
 from __future__ import annotations
 
 import logging
-import posixpath
 import sys
 import time
-import uuid
 
-import fsspec
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from actors.audio_prep import AudioPrep
 from actors.finisher import Finisher
 from actors.transcriber import Transcriber
 from pipeline.decoders import decoder_kind
+from pipeline.output import new_job_id, write_part
 from pipeline.records import INPUT_SCHEMA, OUTPUT_SCHEMA, table
+from pipeline.storage import url_to_fs
 
 log = logging.getLogger(__name__)
 
 
-def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int = 1024, progress: bool = True,
-              kind=None, on_batch=None) -> int:
+def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int | None = None, progress: bool = True,
+              kind=None, job_id: str | None = None, on_batch=None) -> int:
     """Transcribe manifest ``rows`` into Parquet parts under ``dst``; returns rows written.
     ``on_batch(table)`` sees every batch of finished output rows (the job's progress bar)."""
     kind = kind or decoder_kind(cfg.decoder.kind)
@@ -35,20 +34,19 @@ def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int = 1024, progre
     model = Transcriber(cfg.to_dict(), kind)
     # A second stage shares the first stage's model in-process (no second copy).
     second = Finisher(cfg.to_dict(), kind, first_stage=model.decoder) if kind.two_stage else None
-    fs, path = fsspec.core.url_to_fs(dst)
+    fs, path = url_to_fs(dst, cfg.storage.options)
     fs.makedirs(path, exist_ok=True)
-    run_id = uuid.uuid4().hex[:12]
+    job_id = job_id or new_job_id()
+    rows_per_part = rows_per_part or cfg.output.rows_per_part
     pending: list[pa.Table] = []
-    written = part = 0
+    written = 0
     step = cfg.batching.recordings_per_batch
     start = time.perf_counter()
 
     def flush():
-        nonlocal pending, part
+        nonlocal pending
         if pending:
-            with fs.open(posixpath.join(path, f"local-{run_id}-{part:05d}.parquet"), "wb") as fh:
-                pq.write_table(pa.concat_tables(pending), fh)
-            part += 1
+            write_part(pa.concat_tables(pending), dst, job_id, cfg.storage.options)
             pending = []
 
     for i in range(0, len(rows), step):

@@ -9,6 +9,8 @@ it forever instead of failing.
 from __future__ import annotations
 
 import os
+import secrets
+import sys
 
 from pipeline.device import resolve_device
 from pipeline.decoders import decoder_kind
@@ -17,19 +19,54 @@ from pipeline.records import INPUT_SCHEMA, table
 
 
 def init_ray(cfg) -> None:
+    """Join ``ray.address``, or start a local instance that listens on loopback only and
+    requires a token (Ray's token authentication, 2.5x+).
+
+    The local instance: Ray derives its node address, and so the address every server
+    binds, from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` (off: loopback; on, the Linux
+    default: the host's routable address, bound on all interfaces). A fresh random token
+    per job lives only in this process's environment, inherited by the Ray processes it
+    starts. ``address="local"`` keeps ray.init from joining whatever cluster another user
+    of this machine left in /tmp/ray."""
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        return
+    if cfg.ray.address:
+        import ray
+
+        from pipeline.storage import options_environment
+
+        # Token and TLS settings come from Ray's own chain (RAY_AUTH_MODE,
+        # RAY_AUTH_TOKEN[_PATH], ~/.ray/auth_token), as for any Ray client. The cluster's
+        # workers get the job's storage options through the job's runtime environment.
+        env = options_environment()
+        ray.init(address=cfg.ray.address, **({"runtime_env": {"env_vars": env}} if env else {}), **_INIT_KWARGS)
+        return
+    _loopback_environment()
     import ray
 
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    kwargs = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
-    if cfg.ray.address:
-        ray.init(address=cfg.ray.address, **kwargs)
-    else:
-        # More logical CPUs than cores, so the CPU stage and the model actors fit together
-        # on small machines; the OS shares the real cores.
-        num_cpus = cfg.ray.num_cpus or max(4, 2 * (os.cpu_count() or 1))
-        ray.init(num_cpus=num_cpus, **kwargs)
+    # More logical CPUs than cores, so the CPU stage and the model actors fit together
+    # on small machines; the OS shares the real cores.
+    num_cpus = cfg.ray.num_cpus or max(4, 2 * (os.cpu_count() or 1))
+    ray.init(address="local", num_cpus=num_cpus, **_INIT_KWARGS)
+
+
+_INIT_KWARGS = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
+
+
+def _loopback_environment() -> None:
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    explicit = {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(os.environ)
+    if not explicit:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    if "ray" in sys.modules:
+        # Ray read both settings when it was imported: update what it read (ray.init's
+        # own token switch does the same Config refresh).
+        from ray._private import ray_constants
+        from ray._raylet import Config
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        Config.initialize("")
 
 
 def build_dataset(rows: list[dict], cfg, kind=None, tally=None):
@@ -49,8 +86,10 @@ def build_dataset(rows: list[dict], cfg, kind=None, tally=None):
     if hasattr(ctx, "execution_no_progress_timeout_s"):
         ctx.execution_no_progress_timeout_s = cfg.ray.no_progress_timeout_s
     per_block = max(1, cfg.batching.recordings_per_batch)
-    ds = ray.data.from_arrow(table(rows, INPUT_SCHEMA))
-    ds = ds.repartition(max(1, -(-len(rows) // per_block)))
+    # Blocks of one batch each, made on the driver: no all-to-all repartition, which would
+    # also switch off Ray Data's no-progress guard (the job's watchdog).
+    ds = ray.data.from_arrow([table(rows[i:i + per_block], INPUT_SCHEMA)
+                              for i in range(0, len(rows), per_block)] or [table([], INPUT_SCHEMA)])
     config = cfg.to_dict()
     kind = kind or decoder_kind(cfg.decoder.kind)
     if kind.name != cfg.decoder.kind:
@@ -77,6 +116,27 @@ def build_dataset(rows: list[dict], cfg, kind=None, tally=None):
     return tally.attach(ds) if tally is not None else ds
 
 
-def run_ray(rows: list[dict], cfg, dst: str, kind=None, tally=None) -> None:
+def write_output(ds, cfg, dst: str, job_id: str) -> None:
+    """The write side: parts committed one by one under the output protocol; a stalled
+    plan ends in one line naming the watchdog's setting."""
+    from ray.data.exceptions import ExecutionTimeoutError
+
+    from actors.sink import PartsDatasink
+
+    sink = PartsDatasink(dst, job_id, cfg.output.rows_per_part, cfg.storage.options)
+    try:
+        ds.write_datasink(sink)
+    except ExecutionTimeoutError as exc:
+        raise JobStalled(f"no progress for ray.no_progress_timeout_s={cfg.ray.no_progress_timeout_s:g} s; "
+                         "parts written so far are kept and a rerun resumes after them") from exc
+
+
+class JobStalled(RuntimeError):
+    """The plan made no progress within ray.no_progress_timeout_s."""
+
+
+def run_ray(rows: list[dict], cfg, dst: str, kind=None, job_id: str | None = None, tally=None) -> None:
+    from pipeline.output import new_job_id
+
     init_ray(cfg)
-    build_dataset(rows, cfg, kind, tally=tally).write_parquet(dst)
+    write_output(build_dataset(rows, cfg, kind, tally=tally), cfg, dst, job_id or new_job_id())

@@ -1,10 +1,12 @@
 """Transcribe audio into Parquet: `shardscribe transcribe --input SRC --output DST`.
 
 SRC is a folder or glob of audio files, a JSONL manifest or a Parquet table, on any
-fsspec filesystem. DST gets one Parquet row per recording; the summary, the job log and
-any `--format` files go to DST/__shardscribe__/, a folder every Parquet reader skips. A
-rerun into the same DST skips recordings that already have a row; a rerun with another
-config is refused unless --overwrite (redo all) or --resume (keep the rows, add the rest).
+fsspec filesystem. DST gets one Parquet row per recording; the summary, the success
+marker, the lock, the job log and any `--format` files go to DST/__shardscribe__/, a
+folder every Parquet reader skips (pipeline.output: the folder's commit protocol). A rerun
+into the same DST skips recordings that already have a row; a rerun with another config
+is refused unless --overwrite (redo all) or --resume (keep the rows, add the rest); a
+second job into a DST that a live job holds is refused.
 """
 from __future__ import annotations
 
@@ -44,37 +46,85 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.config import ConfigError, config_hash, load_config
+    from pipeline.config import ConfigError, load_config
     from pipeline.formats import FormatError, parse_formats
     from pipeline.models.preflight import ModelError, check_model
-    from pipeline.output import clear_output, existing_config_hashes, existing_ids
+    from pipeline.output import OutputBusy
     from pipeline.sources import SourceError, read_source
+    from pipeline.storage import StorageError
 
     try:
         formats = parse_formats(args.format)
         cfg = load_config(args.config, args.overrides, model=args.model)
         check_model(cfg.model)
+        use_storage(cfg, args)
         rows = read_source(args.input)
-    except (ConfigError, FormatError, ModelError, SourceError) as exc:
+        lock = hold_output(args.output, cfg)
+    except (ConfigError, FormatError, ModelError, SourceError, StorageError, OutputBusy) as exc:
         print(f"shardscribe: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the filesystem behind SRC (permissions, credentials, network)
-        print(f"shardscribe: error: input {args.input}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        from pipeline.storage import redact_uri
+
+        print(f"shardscribe: error: input {redact_uri(args.input)}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    try:
+        return _run_locked(args, cfg, rows, lock.job_id, formats)
+    finally:
+        lock.release()
+
+
+def use_storage(cfg, args) -> None:
+    """storage.options for the input and output protocols; a missing backend (s3fs,
+    gcsfs) or an unreachable store is one line here, before any worker starts."""
+    from pipeline.storage import check_reachable, use_options
+
+    use_options(cfg.storage.options, [args.input, args.output])
+    for url in (args.input, args.output):
+        check_reachable(url, cfg.storage.options)
+
+
+def hold_output(dst: str, cfg):
+    """Take the output folder's lock and open it for this job (pipeline.output)."""
+    from pipeline.output import OutputLock, begin_job, new_job_id
+
+    lock = OutputLock(dst, new_job_id(), cfg.storage.options).acquire()
+    try:
+        begin_job(dst, lock.job_id, cfg.storage.options)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def commit(dst: str, cfg, summary: dict) -> bool:
+    """The job commit: the summary, then the success marker when rows in == rows out."""
+    from pipeline.output import commit_job
+
+    ok = summary["rows_out"] == summary["rows_in"] and not summary["duplicate_rows"]
+    commit_job(dst, summary, ok, cfg.storage.options)
+    return ok
+
+
+def _run_locked(args, cfg, rows: list[dict], job_id: str, formats: list[str]) -> int:
+    from pipeline.config import config_hash
+    from pipeline.output import clear_output, existing_config_hashes, existing_ids
+    from pipeline.storage import redact_uri
+
     job_hash = config_hash(cfg)
     if args.overwrite:
-        clear_output(args.output)
+        clear_output(args.output, cfg.storage.options)
     else:
-        refusal = _other_config(existing_config_hashes(args.output), job_hash, args)
+        refusal = _other_config(existing_config_hashes(args.output, cfg.storage.options), job_hash, args)
         if refusal:
             print(f"shardscribe: error: {refusal}", file=sys.stderr)
             return 2
-    done = existing_ids(args.output)
+    done = existing_ids(args.output, job_id, cfg.storage.options)
     todo = [r for r in rows if r["id"] not in done]
     if done:
         print(f"shardscribe: resuming: {len(rows) - len(todo)} of {len(rows)} recordings already in "
-              f"{args.output}", file=sys.stderr)
-    return _transcribe(args, cfg, rows, todo, job_hash, formats)
+              f"{redact_uri(args.output)}", file=sys.stderr)
+    return _transcribe(args, cfg, rows, todo, job_hash, formats, job_id)
 
 
 def _other_config(hashes: dict, job_hash: str, args) -> str | None:
@@ -89,7 +139,8 @@ def _other_config(hashes: dict, job_hash: str, args) -> str | None:
             "and add only the missing recordings")
 
 
-def _transcribe(args, cfg, rows, todo, job_hash, formats) -> int:
+def _transcribe(args, cfg, rows, todo, job_hash, formats, job_id: str) -> int:
+    from actors.plan import JobStalled
     from jobs.console import JobLog, Progress, output_lines, summary_table
     from pipeline.output import SUMMARY_NAME, summarize
 
@@ -103,7 +154,11 @@ def _transcribe(args, cfg, rows, todo, job_hash, formats) -> int:
         progress = Progress(len(todo), console, interval_s=args.progress_interval) if todo else None
         try:
             if todo:
-                _run(args.runner, todo, cfg, args.output, progress)
+                _run(args.runner, todo, cfg, args.output, progress, job_id)
+        except JobStalled as exc:
+            print(f"\nshardscribe: error: {exc}", file=console, flush=True)
+            _release_ray(args.runner)
+            return 3
         except Exception as exc:
             logging.getLogger("shardscribe").exception("the job stopped")
             print(f"\nshardscribe: error: the job stopped: {_last_line(exc)} (details: {log.url})",
@@ -116,7 +171,8 @@ def _transcribe(args, cfg, rows, todo, job_hash, formats) -> int:
             "config": cfg.name, "config_hash": job_hash, "runner": args.runner, "run_rows": len(todo),
             "skipped_existing": len(rows) - len(todo), "started_at": started_at, "wall_seconds": wall,
             "log": log.url,
-        }, run_ids={r["id"] for r in todo})
+        }, run_ids={r["id"] for r in todo}, options=cfg.storage.options)
+        commit(args.output, cfg, summary)
         if progress is not None:
             progress.close(*_run_counts(args.output, {r["id"] for r in todo}))
         written = _write_formats(args.output, formats) if formats else []
@@ -134,7 +190,7 @@ def _transcribe(args, cfg, rows, todo, job_hash, formats) -> int:
     return 0
 
 
-def _run(runner: str, todo: list[dict], cfg, dst: str, progress) -> None:
+def _run(runner: str, todo: list[dict], cfg, dst: str, progress, job_id: str) -> None:
     if runner == "local":
         from actors.local_runner import run_local
         from actors.progress import block_counts
@@ -146,7 +202,7 @@ def _run(runner: str, todo: list[dict], cfg, dst: str, progress) -> None:
                 totals[i] += v
             progress.update(*totals)
 
-        run_local(todo, cfg, dst, progress=False, on_batch=on_batch)
+        run_local(todo, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id)
         return
     from actors.plan import init_ray, run_ray
     from actors.progress import RayTally
@@ -164,7 +220,7 @@ def _run(runner: str, todo: list[dict], cfg, dst: str, progress) -> None:
     watcher = threading.Thread(target=poll, name="progress", daemon=True)
     watcher.start()
     try:
-        run_ray(todo, cfg, dst, tally=tally)
+        run_ray(todo, cfg, dst, tally=tally, job_id=job_id)
     finally:
         stop.set()
         watcher.join()

@@ -167,8 +167,13 @@ class AudioConfig:
     vad_threshold: float = 0.5        # silero-vad speech probability
     vad_pad_s: float = 0.2            # context kept around speech when cutting
     resample_quality: str = "HQ"      # soxr quality
+    # A read (or decode) of one recording that takes longer becomes that row's error: a
+    # FIFO, a hung network mount or a stalled object-store read must not stall the job.
+    read_timeout_s: float = 300.0
 
     def validate(self, key: str) -> None:
+        if self.read_timeout_s <= 0:
+            raise ConfigError(f"{key}.read_timeout_s: must be > 0, got {self.read_timeout_s}")
         if self.max_segment_s < 1.0:
             raise ConfigError(f"{key}.max_segment_s: must be >= 1, got {self.max_segment_s}")
         if not 0.0 < self.vad_threshold < 1.0:
@@ -197,15 +202,60 @@ class RayConfig:
     fallback_actor_cpus: float = 1.0
     audio_actors: int = 1             # decode/segment workers
     audio_actor_cpus: float = 0.5
+    # The job fails with a clear message when no block moves through the plan for this
+    # long (Ray Data's own no-progress guard); -1 switches the watchdog off.
     no_progress_timeout_s: float = 1800.0
 
     def validate(self, key: str) -> None:
+        if self.no_progress_timeout_s <= 0 and self.no_progress_timeout_s != -1:
+            raise ConfigError(f"{key}.no_progress_timeout_s: must be > 0 or -1 (off), got {self.no_progress_timeout_s}")
         _at_least(f"{key}.decode_actors", self.decode_actors, 1)
         _at_least(f"{key}.audio_actors", self.audio_actors, 1)
         if self.decode_actor_cpus <= 0 or self.audio_actor_cpus <= 0:
             raise ConfigError(f"{key}: actor CPU shares must be > 0")
         if self.num_cpus is not None:
             _at_least(f"{key}.num_cpus", self.num_cpus, 1)
+
+
+@dataclass
+class OutputConfig:
+    # Rows per Parquet part: one part is one commit (written under a temporary name, then
+    # renamed), so a crash redoes at most this many rows per writer; tens of thousands
+    # keep a million-row job at tens of files.
+    rows_per_part: int = 20000
+
+    def validate(self, key: str) -> None:
+        _at_least(f"{key}.rows_per_part", self.rows_per_part, 1)
+
+
+@dataclass
+class StorageConfig:
+    # fsspec storage options, applied to the input, the audio it names and the output alike
+    # (s3: endpoint_url, client_kwargs.region_name, anon, ...). Credentials come from each
+    # filesystem's standard chain (environment, profile files, instance metadata), never
+    # from here: a config file is copied into logs and job specs.
+    options: dict = field(default_factory=dict)
+
+    SECRET_KEYS = ("key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key",
+                   "aws_session_token", "access_key", "secret_key", "session_token")
+
+    def validate(self, key: str) -> None:
+        if not isinstance(self.options, dict):
+            raise ConfigError(f"{key}.options: expected a mapping of fsspec storage options")
+        secret = sorted(k for k in _flat_keys(self.options) if k.rsplit(".", 1)[-1].lower() in self.SECRET_KEYS)
+        if secret:
+            raise ConfigError(f"{key}.options.{secret[0]}: credentials are read from the standard chain "
+                              "(environment, profile, instance metadata), not from the config")
+
+
+def _flat_keys(mapping: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in mapping.items():
+        name = f"{prefix}{k}"
+        keys.append(name)
+        if isinstance(v, dict):
+            keys += _flat_keys(v, name + ".")
+    return keys
 
 
 @dataclass
@@ -218,6 +268,8 @@ class JobConfig:
     audio: AudioConfig = field(default_factory=AudioConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     def validate(self) -> "JobConfig":
         """Check every section, then the decoder kind and the model family against their

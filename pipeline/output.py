@@ -1,38 +1,84 @@
-"""Output directory: resume by input id, reconciliation and the job summary.
+"""The output folder's commit protocol: parts, lock, resume, quarantine and job commit.
 
-Parquet parts are written with fresh names on every run, so a rerun must not decode a
-recording that already has a row: we read the `id` column of the parts already in DST and
-skip those ids. A part that cannot be read (a run killed mid-write) is moved aside to
-`<name>.corrupt` and its rows are redone.
+- A part is written under a temporary name (``.tmp-<job>-<part>``) and renamed when
+  complete, so a part that exists under its final name is whole.
+- Its name is a hash of the ids it holds (``part-<sha256>.parquet``): a write task that
+  Ray retries, or a block redone after a crash, writes the same rows under the same name
+  and replaces its own part instead of adding a second copy.
+- One job at a time holds the lock (job id, host, pid, heartbeat). A second job into the
+  same folder is refused; a lock whose process is gone (same host) or whose heartbeat
+  stopped is stale and taken over.
+- Resume reads every part whole (all columns, page checksums verified); a part that
+  fails is moved to the quarantine folder and its rows are redone. Only final part names
+  are ever moved: temporary files belong to the job that holds the lock, and leftovers of
+  a dead job are removed only by the job that took its lock over.
+- The job commit writes the summary and then the success marker, last; a job starting in
+  the folder removes the marker first, so it never outlives a change.
 
-Everything that is not a Parquet part (the summary, the job log, subtitles, the report)
-lives in one folder, ``SIDECAR_DIR``, so that every standard reader opens DST as a
-dataset: pyarrow and pandas skip paths starting with ``_`` or ``.``, but Hugging Face
-``datasets.load_dataset("parquet", data_dir=DST)`` reads every file beside the parts
-(a top-level ``_summary.json`` or ``_SUCCESS`` breaks it) and skips only ``.`` names and
-folders whose name starts with ``__``.
+Everything that is not a part (summary, success marker, lock, quarantine, the job log,
+subtitles, the report) lives in one folder, ``SIDECAR_DIR``, and temporary parts start
+with ``.``: pyarrow and pandas skip ``_`` and ``.`` names, but Hugging Face
+``datasets.load_dataset("parquet", data_dir=DST)`` reads every file beside the parts (a
+top-level ``_SUCCESS`` breaks it) and skips only ``.`` names and ``__`` folders.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import posixpath
 import re
+import socket
+import threading
+import time
+import uuid
 
-import fsspec
+import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.metrics import corpus_wer
+from pipeline.storage import redact_uri, url_to_fs
 
 log = logging.getLogger(__name__)
 SIDECAR_DIR = "__shardscribe__"
 SUMMARY_NAME = f"{SIDECAR_DIR}/summary.json"
+SUCCESS_NAME = f"{SIDECAR_DIR}/_SUCCESS"
+LOCK_NAME = f"{SIDECAR_DIR}/LOCK"
+QUARANTINE_DIR = f"{SIDECAR_DIR}/quarantine"
+TMP_PREFIX = ".tmp-"
+PART_PREFIX = "part-"
+HEARTBEAT_S = 5.0
+STALE_AFTER_S = 60.0
+
+
+class OutputBusy(RuntimeError):
+    """Another live job holds the output folder."""
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def part_name(ids) -> str:
+    """The part's name: a function of the set of ids it holds, nothing else."""
+    digest = hashlib.sha256("\0".join(sorted(ids)).encode("utf-8", "backslashreplace")).hexdigest()
+    return f"{PART_PREFIX}{digest[:32]}.parquet"
+
+
+def _is_part(path: str) -> bool:
+    name = posixpath.basename(path)
+    return name.endswith(".parquet") and not name.startswith(("_", "."))
 
 
 def _parts(fs, path: str) -> list[str]:
+    """Committed parts directly under ``path`` (not in the sidecar folder, no temporary files)."""
+    # Object-store listings are cached per filesystem; other processes wrote the parts.
+    fs.invalidate_cache(path)
     if not fs.exists(path):
         return []
-    return sorted(p for p in fs.find(path) if p.endswith(".parquet") and f"/{SIDECAR_DIR}/" not in p)
+    return sorted(p for p in fs.ls(path, detail=False) if _is_part(p))
 
 
 def sidecar_path(dst: str, name: str) -> str:
@@ -40,17 +86,16 @@ def sidecar_path(dst: str, name: str) -> str:
     return posixpath.join(dst.rstrip("/"), SIDECAR_DIR, name)
 
 
-def existing_config_hashes(dst: str) -> dict[str | None, int]:
+def existing_config_hashes(dst: str, options: dict | None = None) -> dict[str | None, int]:
     """Rows already in DST per ``config_hash`` (None: parts written before the column)."""
-    fs, path = fsspec.core.url_to_fs(dst)
+    fs, path = url_to_fs(dst, options)
     counts: dict[str | None, int] = {}
     for part in _parts(fs, path):
         try:
-            schema = pq.read_schema(part, filesystem=fs)
-            if "config_hash" in schema.names:
-                values = pq.read_table(part, columns=["config_hash"], filesystem=fs).column(0).to_pylist()
-            else:
-                values = [None] * pq.read_metadata(part, filesystem=fs).num_rows
+            with fs.open(part, "rb") as fh:
+                table = pq.read_table(fh, columns=None)
+            values = (table.column("config_hash").to_pylist() if "config_hash" in table.column_names
+                      else [None] * table.num_rows)
         except Exception:
             continue  # existing_ids moves unreadable parts aside
         for v in values:
@@ -58,15 +103,18 @@ def existing_config_hashes(dst: str) -> dict[str | None, int]:
     return counts
 
 
-def clear_output(dst: str) -> int:
-    """Remove DST's parts and sidecar folder (``--overwrite``); returns the parts removed."""
-    fs, path = fsspec.core.url_to_fs(dst)
+def clear_output(dst: str, options: dict | None = None) -> int:
+    """Remove DST's parts and sidecar files (``--overwrite``), except the lock this job
+    holds; returns the parts removed."""
+    fs, path = url_to_fs(dst, options)
     parts = _parts(fs, path)
     for part in parts:
         fs.rm(part)
     side = posixpath.join(path, SIDECAR_DIR)
-    if fs.exists(side):
-        fs.rm(side, recursive=True)
+    lock = posixpath.join(path, LOCK_NAME)
+    for p in fs.ls(side, detail=False) if fs.exists(side) else []:
+        if p.rstrip("/") != lock:
+            fs.rm(p, recursive=True)
     return len(parts)
 
 
@@ -77,32 +125,217 @@ def error_kind(message: str) -> str:
     return head or "error"
 
 
-def existing_ids(dst: str) -> set[str]:
-    fs, path = fsspec.core.url_to_fs(dst)
+def write_part(table: pa.Table, dst: str, job_id: str, options: dict | None = None) -> str:
+    """Write ``table`` as one part of ``dst``: temporary name, then rename. Returns the
+    part's name. Page checksums let resume tell a page-corrupt part from a good one."""
+    fs, path = url_to_fs(dst, options)
+    name = part_name(table.column("id").to_pylist())
+    fs.makedirs(path, exist_ok=True)
+    tmp = posixpath.join(path, f"{TMP_PREFIX}{job_id}-{name}")
+    with fs.open(tmp, "wb") as fh:
+        pq.write_table(table, fh, write_page_checksum=True)
+    fs.mv(tmp, posixpath.join(path, name))
+    return name
+
+
+def read_part(fs, part: str) -> pa.Table:
+    """A part read whole (every column, every page checksum): raises if any of it is bad."""
+    with fs.open(part, "rb") as fh:
+        return pq.read_table(fh, page_checksum_verification=True)
+
+
+def _quarantine(fs, path: str, part: str, job_id: str, reason: Exception) -> None:
+    target = posixpath.join(path, QUARANTINE_DIR, f"{posixpath.basename(part)}.{job_id}")
+    log.warning("unreadable output part %s (%s: %s); moved to %s and its rows will be redone",
+                posixpath.basename(part), type(reason).__name__, str(reason)[:200], target)
+    fs.makedirs(posixpath.dirname(target), exist_ok=True)
+    fs.mv(part, target)
+
+
+def existing_ids(dst: str, job_id: str | None = None, options: dict | None = None,
+                 columns: list[str] | None = None) -> set[str]:
+    """Ids of the rows already committed in ``dst``; a part that fails to read whole is
+    quarantined first (call this only while holding the folder's lock)."""
+    from pipeline.records import OUTPUT_SCHEMA
+
+    fs, path = url_to_fs(dst, options)
+    wanted = set(columns or OUTPUT_SCHEMA.names)
     ids: set[str] = set()
     for part in _parts(fs, path):
         try:
-            ids.update(pq.read_table(part, columns=["id"], filesystem=fs).column("id").to_pylist())
+            table = read_part(fs, part)
+            missing = wanted - set(table.column_names)
+            if missing:
+                raise ValueError(f"columns missing: {sorted(missing)}")
         except Exception as exc:
-            log.warning("unreadable output part %s (%s); moving it aside and redoing its rows", part, exc)
-            fs.mv(part, part + ".corrupt")
+            _quarantine(fs, path, part, job_id or new_job_id(), exc)
+            continue
+        ids.update(table.column("id").to_pylist())
     return ids
 
 
-def read_output(dst: str, columns: list[str]):
-    import pyarrow as pa
-
-    fs, path = fsspec.core.url_to_fs(dst)
-    tables = [pq.read_table(p, columns=columns, filesystem=fs) for p in _parts(fs, path)]
+def read_output(dst: str, columns: list[str], options: dict | None = None):
+    fs, path = url_to_fs(dst, options)
+    tables = []
+    for p in _parts(fs, path):
+        with fs.open(p, "rb") as fh:
+            tables.append(pq.read_table(fh, columns=columns))
     return pa.concat_tables(tables) if tables else None
 
 
-def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | None = None) -> dict:
-    """Reconcile DST against the input and write summary.json; returns the summary.
+# -- the folder lock -------------------------------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_is_stale(info: dict, now: float | None = None) -> bool:
+    """A lock is stale when its heartbeat stopped, or (on this host) its process is gone."""
+    now = time.time() if now is None else now
+    if now - float(info.get("heartbeat", 0)) > STALE_AFTER_S:
+        return True
+    return info.get("host") == socket.gethostname() and not _pid_alive(int(info.get("pid", -1)))
+
+
+class OutputLock:
+    """The output folder's lock (``LOCK_NAME``), held for the job's life with a heartbeat thread."""
+
+    def __init__(self, dst: str, job_id: str, options: dict | None = None):
+        self.fs, self.path = url_to_fs(dst, options)
+        self.dst, self.job_id = dst, job_id
+        self.lock = posixpath.join(self.path, LOCK_NAME)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _info(self) -> dict:
+        return {"job": self.job_id, "host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
+
+    def _read(self) -> dict | None:
+        try:
+            with self.fs.open(self.lock, "rb") as fh:
+                return json.loads(fh.read() or b"{}")
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return {}   # half-written by a process that died: no heartbeat, so stale
+
+    def _write(self, exclusive: bool) -> None:
+        data = json.dumps(self._info()).encode()
+        if isinstance(self.fs, LocalFileSystem):
+            if exclusive:
+                # O_EXCL: of two jobs racing for a free folder, exactly one creates the lock.
+                fd = os.open(self.lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                return
+            tmp = posixpath.join(posixpath.dirname(self.lock), f".LOCK.{self.job_id}")
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, self.lock)
+            return
+        # Object stores have no exclusive create here: write, then read back that the lock
+        # is ours (a racing job that wrote last wins and the other is refused).
+        with self.fs.open(self.lock, "wb") as fh:
+            fh.write(data)
+
+    def acquire(self) -> "OutputLock":
+        self.fs.makedirs(posixpath.dirname(self.lock), exist_ok=True)
+        for _ in range(3):
+            info = self._read()
+            if info is not None and not lock_is_stale(info):
+                if info.get("job") == self.job_id:
+                    break
+                age = time.time() - float(info.get("heartbeat", 0))
+                raise OutputBusy(
+                    f"output {redact_uri(self.dst)} is in use by job {info.get('job')} (pid {info.get('pid')} "
+                    f"on {info.get('host')}, heartbeat {age:.0f} s ago); wait for it to finish, or write elsewhere "
+                    f"(a lock whose heartbeat is over {STALE_AFTER_S:g} s old is taken over)")
+            if info is not None:
+                log.warning("taking over a stale lock on %s (job %s, pid %s on %s)", redact_uri(self.dst),
+                            info.get("job"), info.get("pid"), info.get("host"))
+                # Rename first: of two jobs taking over one stale lock, only one rename works.
+                aside = posixpath.join(self.path, f"{LOCK_NAME}.stale-{self.job_id}")
+                try:
+                    self.fs.mv(self.lock, aside)
+                    self.fs.rm(aside)
+                except FileNotFoundError:
+                    continue
+            try:
+                self._write(exclusive=True)
+            except FileExistsError:
+                continue
+            if (self._read() or {}).get("job") == self.job_id:
+                break
+        else:
+            raise OutputBusy(f"output {redact_uri(self.dst)}: could not take the folder's lock")
+        self._thread = threading.Thread(target=self._beat, name="output-lock-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self._write(exclusive=False)
+            except Exception as exc:   # a missed beat only ages the lock
+                log.warning("lock heartbeat on %s failed: %s", redact_uri(self.dst), exc)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if (self._read() or {}).get("job") == self.job_id:
+            self.fs.rm(self.lock)
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def begin_job(dst: str, job_id: str, options: dict | None = None) -> None:
+    """With the lock held: the folder is about to change, so its success marker goes, and
+    temporary files of dead jobs (no other job can be live here) are removed."""
+    fs, path = url_to_fs(dst, options)
+    marker = posixpath.join(path, SUCCESS_NAME)
+    if fs.exists(marker):
+        fs.rm(marker)
+    for p in fs.ls(path, detail=False) if fs.exists(path) else []:
+        name = posixpath.basename(p)
+        if name.startswith(TMP_PREFIX) and not name.startswith(f"{TMP_PREFIX}{job_id}-"):
+            fs.rm(p)
+
+
+def _write_atomic(fs, path: str, data: bytes) -> None:
+    tmp = posixpath.join(posixpath.dirname(path), f"{TMP_PREFIX}{posixpath.basename(path)}")
+    with fs.open(tmp, "wb") as fh:
+        fh.write(data)
+    fs.mv(tmp, path)
+
+
+def commit_job(dst: str, summary: dict, success: bool, options: dict | None = None) -> None:
+    """The job commit: the summary, then the success marker (only when every input row has
+    exactly one output row), last."""
+    fs, path = url_to_fs(dst, options)
+    fs.makedirs(posixpath.join(path, SIDECAR_DIR), exist_ok=True)
+    _write_atomic(fs, posixpath.join(path, SUMMARY_NAME), json.dumps(summary, indent=2).encode())
+    if success:
+        _write_atomic(fs, posixpath.join(path, SUCCESS_NAME), b"")
+
+
+def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | None = None,
+              options: dict | None = None) -> dict:
+    """Reconcile DST against the input; returns the summary (``commit_job`` writes it).
 
     ``run`` holds this run's facts (``wall_seconds`` among them); the RTFx of the run is
     the audio of the rows it decoded (``run_ids``) over that wall time."""
-    out = read_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"])
+    out = read_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"], options)
     rows = out.to_pylist() if out is not None else []
     wanted = set(input_ids)
     out_ids = [r["id"] for r in rows if r["id"] in wanted]
@@ -128,15 +361,11 @@ def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | Non
     wall = run.get("wall_seconds") or 0.0
     summary["run_audio_seconds"] = run_audio
     summary["rtfx"] = run_audio / wall if run_ids and wall > 0 else None
-    fs, path = fsspec.core.url_to_fs(dst)
-    fs.makedirs(posixpath.join(path, SIDECAR_DIR), exist_ok=True)
-    with fs.open(posixpath.join(path, SUMMARY_NAME), "w") as fh:
-        json.dump(summary, fh, indent=2)
     return summary
 
 
-def read_summary(dst: str) -> dict:
-    fs, path = fsspec.core.url_to_fs(dst)
+def read_summary(dst: str, options: dict | None = None) -> dict:
+    fs, path = url_to_fs(dst, options)
     with fs.open(posixpath.join(path, SUMMARY_NAME)) as fh:
         return json.load(fh)
 

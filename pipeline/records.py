@@ -23,9 +23,12 @@ SEGMENT_TYPE = pa.struct([
     ("generated", pa.int32()), ("error", pa.string()), ("words", pa.list_(WORD_TYPE)),
 ])
 
+# error: what the source already knows is wrong with the row (a file name that is not
+# UTF-8); the row goes through the plan as an error row.
 INPUT_SCHEMA = pa.schema([
     ("id", pa.string()), ("audio", pa.string()), ("audio_bytes", pa.binary()),
     ("reference", pa.string()), ("key_phrases", pa.list_(pa.string())),
+    ("error", pa.string()),
 ])
 
 PREPARED_SCHEMA = pa.schema([

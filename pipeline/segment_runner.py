@@ -3,8 +3,9 @@
 Segments of all recordings in a batch are pooled, sorted by cost and packed under the
 padded-token budget (pipeline.batching; "sort by length, batch by a token budget" of
 "Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts", §3), decoded, then
-put back per recording. A failure while decoding one sub-batch retries its segments one
-at a time, so only the segment that really fails marks its recording with an `error`.
+put back per recording. A sub-batch whose decode raises is decoded again in halves, down
+to the segment that really fails, so only that segment's recording gets an `error`; the
+second stage isolates its failures the same way.
 
 A first stage may leave segments pending with its own state; ``complete_pending`` hands
 them to the kind's second stage, re-batched across rows by that stage's cost. Neither
@@ -22,20 +23,25 @@ from pipeline.records import clear_pending, finalize_row, segment_dict, shift_wo
 def decode_segments(decoder, audios: list[np.ndarray], max_tokens: int) -> list[SegmentResult]:
     results: list[SegmentResult | None] = [None] * len(audios)
     for batch in pack_by_budget([decoder.segment_cost(a) for a in audios], max_tokens):
-        try:
-            outs = decoder.decode([audios[i] for i in batch])
-        except Exception:
-            outs = [_decode_one(decoder, audios[i]) for i in batch]
-        for i, res in zip(batch, outs):
+        for i, res in zip(batch, _decode_isolating(decoder, audios, batch)):
             results[i] = res
     return results
 
 
-def _decode_one(decoder, audio: np.ndarray) -> SegmentResult:
+def _decode_isolating(decoder, audios: list[np.ndarray], batch: list[int]) -> list[SegmentResult]:
+    """Decode ``batch``; when the model raises, decode each half again, down to the one
+    segment that fails: one bad segment in a batch of n costs about 2 log2(n) extra calls
+    instead of n, and only that segment's recording gets the error."""
     try:
-        return decoder.decode([audio])[0]
+        outs = decoder.decode([audios[i] for i in batch])
+        if len(outs) != len(batch):
+            raise RuntimeError(f"decoder returned {len(outs)} results for {len(batch)} segments")
+        return outs
     except Exception as exc:
-        return SegmentResult("", "error", error=f"{type(exc).__name__} while decoding: {exc}")
+        if len(batch) == 1:
+            return [SegmentResult("", "error", error=f"{type(exc).__name__} while decoding: {exc}")]
+    half = len(batch) // 2
+    return _decode_isolating(decoder, audios, batch[:half]) + _decode_isolating(decoder, audios, batch[half:])
 
 
 def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict]:
@@ -72,6 +78,20 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict
     return out
 
 
+def _finish_isolating(finisher, items: list[SegmentResult], batch: list[int]):
+    """(indices, seconds) of ``items`` finished together; a batch that raises is finished
+    again in halves, so only the item that fails gets the error."""
+    try:
+        return [(batch, finisher.finish(items))]
+    except Exception as exc:
+        if len(items) == 1:
+            items[0].stage, items[0].error = "error", f"{type(exc).__name__} in {finisher.name}: {exc}"
+            return [(batch, 0.0)]
+    half = len(items) // 2
+    return (_finish_isolating(finisher, items[:half], batch[:half])
+            + _finish_isolating(finisher, items[half:], batch[half:]))
+
+
 def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
     """Finish every pending segment of ``rows`` with ``finisher`` (a second stage),
     re-batched across rows under the token budget; other segments and rows pass through
@@ -85,19 +105,14 @@ def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
                                 key_phrases=row.get("key_phrases"))
             work.append((r, s, res))
     for batch in pack_by_budget([finisher.cost(w[2]) for w in work], max_tokens):
-        items = [work[i][2] for i in batch]
-        try:
-            seconds = finisher.finish(items)
-        except Exception as exc:
-            seconds = 0.0
-            for item in items:
-                item.stage, item.error = "error", f"{type(exc).__name__} in {finisher.name}: {exc}"
-        for i in batch:
-            r, s, res = work[i]
-            seg = rows[r]["segments"][s]
-            seg.update(text=res.text, stage=res.stage, tokens=res.tokens, prefix_len=res.prefix_len,
-                       generated=res.generated, error=res.error, words=shift_words(res.words, seg["start"]))
-            rows[r]["t_fallback_s"] = (rows[r].get("t_fallback_s") or 0.0) + seconds / len(batch)
+        for part, seconds in _finish_isolating(finisher, [work[i][2] for i in batch], batch):
+            for i in part:
+                r, s, res = work[i]
+                seg = rows[r]["segments"][s]
+                seg.update(text=res.text, stage=res.stage, tokens=res.tokens, prefix_len=res.prefix_len,
+                           generated=res.generated, error=res.error,
+                           words=shift_words(res.words, seg["start"]))
+                rows[r]["t_fallback_s"] = (rows[r].get("t_fallback_s") or 0.0) + seconds / len(part)
     for row in rows:
         clear_pending(row)
         finalize_row(row)

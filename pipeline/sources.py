@@ -16,6 +16,8 @@ from collections import Counter
 
 import fsspec
 
+from pipeline.storage import utf8_name
+
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".opus", ".aiff", ".aif", ".au")
 MANIFEST_EXTENSIONS = (".jsonl", ".json", ".ndjson")
 
@@ -107,7 +109,12 @@ def list_audio_files(uri: str) -> list[dict]:
         files, root = fs.find(path), path
     files = sorted(f for f in files if f.lower().endswith(AUDIO_EXTENSIONS))
     prefix = "" if protocol in ("file", "local") else f"{protocol}://"
-    return [_row(posixpath.relpath(f, root), prefix + f) for f in files]
+    rows = []
+    for f in files:
+        (id_, bad), (uri, _) = utf8_name(posixpath.relpath(f, root)), utf8_name(prefix + f)
+        rows.append(_row(id_, uri))
+        rows[-1]["error"] = bad     # a name that is not UTF-8: an error row, not a crash
+    return rows
 
 
 def read_source(uri: str) -> list[dict]:

@@ -72,5 +72,53 @@ def espeak(text: str, path: Path, voice: str = "en-us", speed: int = 160) -> Pat
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_env():
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     yield
+
+
+# The fault suite's report (tests/faults): rows in / rows out / duplicates / errors per
+# case, printed at the end of the run, with -q too. Under xdist the workers append to the
+# controlling process's file (handed to them in their workerinput), which it prints.
+FAULT_REPORT_ENV = "SHARDSCRIBE_FAULT_REPORT"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and FAULT_REPORT_ENV in workerinput:
+        os.environ[FAULT_REPORT_ENV] = workerinput[FAULT_REPORT_ENV]
+    elif workerinput is None:
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="shardscribe-faults-", suffix=".tsv")
+        os.close(fd)
+        os.environ[FAULT_REPORT_ENV] = path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist: hand each worker the controlling process's report file."""
+    node.workerinput[FAULT_REPORT_ENV] = os.environ[FAULT_REPORT_ENV]
+
+
+@pytest.fixture
+def fault_report():
+    def add(case: str, rows_in: int, rows_out: int, duplicates: int, errors: int) -> None:
+        with open(os.environ[FAULT_REPORT_ENV], "a") as fh:
+            fh.write(f"{case}\t{rows_in}\t{rows_out}\t{duplicates}\t{errors}\n")
+    return add
+
+
+def pytest_terminal_summary(terminalreporter):
+    if hasattr(terminalreporter.config, "workerinput"):   # an xdist worker's reporter prints nowhere
+        return
+    path = Path(os.environ.get(FAULT_REPORT_ENV, "/nonexistent"))
+    if not path.is_file():
+        return
+    lines = [line.split("\t") for line in path.read_text().splitlines() if line]
+    path.unlink()
+    if lines:
+        terminalreporter.section("fault suite: rows per case")
+        terminalreporter.write_line(f"{'case':<48} {'in':>5} {'out':>5} {'dup':>5} {'errors':>6}")
+        for case, *counts in lines:
+            terminalreporter.write_line(f"{case:<48} " + " ".join(f"{c:>5}" for c in counts[:3])
+                                        + f" {counts[3]:>6}")

@@ -7,18 +7,28 @@ The source is compiled on first use with the system C compiler (``$CC``, else ``
 ``gcc`` or ``clang``) into the cache directory of :func:`pipeline.cache.cache_dir`, under
 a name keyed by the hash of the source and the flags, so an edited source is rebuilt and
 concurrent workers share one build. No Python C-API and no shell are involved.
+
+What is loaded is what was built: the build records the SHA-256 of the library beside it
+(``<lib>.sha256``), and a load reads the library's bytes once, checks them against that
+record, and loads that verified copy from a private temporary file (so the file cannot be
+swapped between the check and the load). A library that fails the check, has no record,
+or sits in a directory that other users can write to is rebuilt instead of loaded.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
+import stat
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from pipeline.cache import cache_dir
+
+log = logging.getLogger(__name__)
 
 
 def compiler() -> str | None:
@@ -39,7 +49,7 @@ def build(source: Path, cflags: tuple[str, ...], out_dir: Path | None = None,
     digest = hashlib.sha256(text + " ".join(cflags).encode()).hexdigest()[:16]
     out_dir = Path(out_dir) if out_dir is not None else cache_dir()
     lib = out_dir / f"{source.stem}-{digest}.so"
-    if lib.exists():
+    if lib.exists() and _verified(lib) is not None:
         return lib
     cc = compiler()
     if cc is None:
@@ -53,6 +63,9 @@ def build(source: Path, cflags: tuple[str, ...], out_dir: Path | None = None,
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:2000]}")
+        record = Path(tmp + ".sha256")
+        record.write_text(hashlib.sha256(Path(tmp).read_bytes()).hexdigest())
+        os.replace(record, _record(lib))
         os.replace(tmp, lib)
     finally:
         if os.path.exists(tmp):
@@ -60,7 +73,51 @@ def build(source: Path, cflags: tuple[str, ...], out_dir: Path | None = None,
     return lib
 
 
+def _record(lib: Path) -> Path:
+    return lib.with_name(lib.name + ".sha256")
+
+
+def _private(path: Path) -> bool:
+    """Owned by this user and writable by no one else (the file and its directory)."""
+    for p in (path, path.parent):
+        st = p.stat()
+        if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return False
+    return True
+
+
+def _verified(lib: Path) -> bytes | None:
+    """The library's bytes when they match the build's record, else None."""
+    try:
+        if not _private(lib):
+            log.warning("%s is writable by other users; rebuilding it", lib)
+            return None
+        data = lib.read_bytes()
+        expected = _record(lib).read_text().strip()
+    except OSError:
+        return None
+    if hashlib.sha256(data).hexdigest() != expected:
+        log.warning("%s does not match its build record; rebuilding it", lib)
+        return None
+    return data
+
+
 def load(source: Path, cflags: tuple[str, ...], out_dir: Path | None = None) -> ctypes.CDLL:
-    """Build ``source`` if needed and load it. Raises OSError or RuntimeError when either
-    fails; callers that can run without it catch those and fall back."""
-    return ctypes.CDLL(str(build(source, cflags, out_dir)))
+    """Build ``source`` if needed and load the verified library. Raises OSError or
+    RuntimeError when either fails; callers that can run without it catch those and fall
+    back."""
+    lib = build(source, cflags, out_dir)
+    data = _verified(lib)
+    if data is None:
+        lib.unlink(missing_ok=True)
+        lib = build(source, cflags, out_dir)
+        data = _verified(lib)
+        if data is None:
+            raise RuntimeError(f"{lib}: the library just built does not verify")
+    fd, private = tempfile.mkstemp(suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        return ctypes.CDLL(private)
+    finally:
+        os.unlink(private)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One shardscribe job on a Slurm allocation: a Ray head on the first node, a Ray worker on
+# each other node, the job submitted to the head, every Ray process stopped at the end.
+#   sbatch docs/cluster/slurm.sh s3://BUCKET/corpus/ s3://BUCKET/transcripts/
+# Assumes the venv with shardscribe (and its [s3] extra) on a path every node sees.
+# Ray listens on the nodes' cluster-network addresses; the job token below is this job's
+# own secret, readable by this user only, shared with the nodes through the environment.
+#SBATCH --job-name=shardscribe
+#SBATCH --nodes=3
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=1
+#SBATCH --cpus-per-task=16
+#SBATCH --time=48:00:00
+set -euo pipefail
+INPUT=${1:?input URI}
+OUTPUT=${2:?output URI}
+
+export RAY_AUTH_MODE=token
+RAY_AUTH_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
+export RAY_AUTH_TOKEN
+
+nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
+head=${nodes[0]}
+head_ip=$(srun --nodes=1 --ntasks=1 -w "$head" hostname --ip-address | awk '{print $1}')
+port=6379
+
+srun --nodes=1 --ntasks=1 -w "$head" \
+  ray start --head --node-ip-address="$head_ip" --port=$port --dashboard-host=127.0.0.1 \
+  --num-cpus="$SLURM_CPUS_PER_TASK" --num-gpus=1 --block &
+sleep 20
+for node in "${nodes[@]:1}"; do
+  srun --nodes=1 --ntasks=1 -w "$node" \
+    ray start --address="$head_ip:$port" --num-cpus="$SLURM_CPUS_PER_TASK" --num-gpus=1 --block &
+done
+sleep 20
+
+# The driver runs on the head node and joins the cluster; a rerun of this script resumes.
+srun --nodes=1 --ntasks=1 --overlap -w "$head" \
+  shardscribe transcribe --input "$INPUT" --output "$OUTPUT" \
+  --set ray.address="$head_ip:$port" --set ray.decode_actors=${#nodes[@]}
+
+# The --block ray start steps end with the allocation.
+

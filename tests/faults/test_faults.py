@@ -1,0 +1,340 @@
+"""The fault suite: jobs on real Ray (a two-node ray.cluster_utils.Cluster on this machine,
+one for the module) hit by the faults a multi-day job meets, each case checked for 0 rows
+lost and 0 duplicated against the input listing, and reported (rows in / rows out /
+duplicates / errors, printed at the end of the run).
+
+The decoder kind is tests/faults/fault_toy.py (no model, a set time per batch, raises on
+one poisoned file), so the suite measures the plan and the output protocol, not a model.
+Run alone: pytest -n 0 tests/faults
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+
+import fault_toy
+from pipeline import output
+from conftest import ROOT, SAMPLES
+
+FAULTS = Path(__file__).resolve().parent
+N_GOOD = 12
+BAD = {"fifo.wav": "FIFO", "poison.wav": "poisoned segment", "bad\\xff.wav": "not valid UTF-8"}
+OVERRIDES = fault_toy.OVERRIDES + ["batching.recordings_per_batch=3", "output.rows_per_part=3"]
+DELAY_S = "0.4"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """N_GOOD recordings, a FIFO, a file the model raises on and a name that is not UTF-8."""
+    from pipeline.audio import decode_audio
+
+    root = tmp_path_factory.mktemp("corpus")
+    samples = sorted(SAMPLES.glob("*.flac"))
+    for i in range(N_GOOD):
+        shutil.copy(samples[i % len(samples)], root / f"good{i:02d}.flac")
+    x = decode_audio(samples[1].read_bytes())[0]
+    # The loudest sample becomes exactly POISON_PEAK (x_max / x_max is exactly 1).
+    sf.write(root / "poison.wav", (x / np.abs(x).max() * fault_toy.POISON_PEAK).astype(np.float32), 16000,
+             subtype="FLOAT")
+    os.mkfifo(root / "fifo.wav")
+    shutil.copy(samples[2], os.path.join(os.fsencode(root), b"bad\xff.wav"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Head (3 CPUs) + one worker node (4 CPUs), bound to loopback with a token; the toy
+    kind registered; what the Ray workers must inherit is in the environment first."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from actors.plan import _loopback_environment
+    from pipeline.decoders import DECODER_KINDS
+    from pipeline.models import FAMILIES
+
+    pid_dir = tmp_path_factory.mktemp("pids")
+    env = {fault_toy.PID_DIR_ENV: str(pid_dir), fault_toy.DELAY_ENV: DELAY_S,
+           "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    if ray.is_initialized():
+        ray.shutdown()
+    _loopback_environment()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 3})
+    worker = c.add_node(num_cpus=4)
+    ray.init(address=c.address)
+    fault_toy.register()
+    yield c, worker, pid_dir
+    ray.shutdown()
+    c.shutdown()
+    DECODER_KINDS.pop(fault_toy.KIND.name, None)
+    FAMILIES.pop(fault_toy.FAMILY.name, None)
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _args(src, dst, *extra) -> list[str]:
+    sets = [x for o in OVERRIDES + list(extra) for x in ("--set", o)]
+    return ["transcribe", "--input", str(src), "--output", str(dst), "--config", "ar", *sets]
+
+
+def transcribe(src, dst, *extra) -> int:
+    """The transcribe job in this process, on the module's cluster."""
+    from jobs.transcribe import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return run(parser.parse_args(_args(src, dst, *extra)[1:]))
+
+
+def _expected_ids(corpus) -> set[str]:
+    return {f"good{i:02d}.flac" for i in range(N_GOOD)} | set(BAD)
+
+
+def _check(dst: Path, expected: set[str], case: str, fault_report, errors_expected: int = len(BAD)) -> list[dict]:
+    rows = [r for p in sorted(dst.glob("*.parquet")) for r in pq.read_table(p).to_pylist()]
+    ids = [r["id"] for r in rows]
+    errors = sum(1 for r in rows if r["error"])
+    fault_report(case, len(expected), len(set(ids) & expected), len(ids) - len(set(ids)), errors)
+    assert set(ids) == expected and len(ids) == len(expected), sorted(set(expected) ^ set(ids))
+    assert errors == errors_expected, [(r["id"], r["error"]) for r in rows if r["error"]]
+    assert (dst / output.SUCCESS_NAME).exists()
+    summary = json.loads((dst / output.SUMMARY_NAME).read_text())
+    assert summary["rows_in"] == summary["rows_out"] == len(expected) and summary["duplicate_rows"] == 0
+    return rows
+
+
+def _wait_for(predicate, timeout=120.0, what="condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _pids(pid_dir: Path) -> dict[int, str]:
+    out = {}
+    for f in pid_dir.iterdir():
+        text = f.read_text().split()
+        if len(text) == 2:
+            out[int(text[0])] = text[1]
+    return out
+
+
+def _corrupt_last_page(path: Path, column: str) -> None:
+    """Bytes near the end of ``column``'s chunk: inside its last page's data, past the
+    page header (whose statistics a checksum does not cover); the footer stays intact."""
+    meta = pq.ParquetFile(path).metadata
+    col = next(meta.row_group(0).column(i) for i in range(meta.num_columns)
+               if meta.row_group(0).column(i).path_in_schema == column)
+    first = min(o for o in (col.dictionary_page_offset, col.data_page_offset) if o is not None)
+    with open(path, "r+b") as fh:
+        fh.seek(first + col.total_compressed_size - 3)
+        fh.write(b"\xa5\x5a\xa5")
+
+
+def test_bad_rows_then_a_half_written_and_a_page_corrupt_part(cluster, corpus, tmp_path, fault_report):
+    expected = _expected_ids(corpus)
+    dst = tmp_path / "base"
+    assert transcribe(corpus, dst) == 0
+    rows = {r["id"]: r for r in _check(dst, expected, "bad inputs (FIFO, model raises, non-UTF-8)",
+                                       fault_report)}
+    for name, message in BAD.items():
+        assert message in (rows[name]["error"] or ""), rows[name]
+        fault_report(f"  {name}: one error row", 1, 1, 0, 1)
+    for i in range(N_GOOD):
+        row = rows[f"good{i:02d}.flac"]
+        assert row["error"] is None and row["stage"] == "toy" and row["segments"], row
+    parts = sorted(dst.glob("part-*.parquet"))
+    assert len(parts) >= len(expected) // 3
+
+    for case, damage in [("half-written part, then rerun", "half"), ("page-corrupt part, then rerun", "page")]:
+        again = tmp_path / damage
+        shutil.copytree(dst, again)
+        victim = sorted(again.glob("part-*.parquet"))[1]
+        lost = set(pq.read_table(victim, columns=["id"]).column("id").to_pylist())
+        if damage == "half":
+            victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+        else:
+            _corrupt_last_page(victim, "audio")
+            assert pq.read_table(victim, columns=["id"]).num_rows == len(lost)   # id alone still reads
+        assert transcribe(corpus, again) == 0
+        assert [p.name.split(".parquet")[0] for p in (again / output.QUARANTINE_DIR).iterdir()] == [victim.stem]
+        redone = _check(again, expected, case, fault_report)
+        assert lost <= {r["id"] for r in redone}
+
+
+def test_actor_killed_mid_job_and_a_second_job_refused(cluster, corpus, tmp_path, fault_report, capsys):
+    _, _, pid_dir = cluster
+    for f in pid_dir.iterdir():
+        f.unlink()
+    dst = tmp_path / "out"
+    result = {}
+    job = threading.Thread(target=lambda: result.update(rc=transcribe(corpus, dst)))
+    job.start()
+    _wait_for(lambda: any(dst.glob("part-*.parquet")) and _pids(pid_dir), what="the first part")
+    # A second job into the same folder while the first holds it: refused, nothing written.
+    before = sorted(p.name for p in dst.glob("part-*.parquet"))
+    assert transcribe(corpus, dst) == 2
+    assert "in use by job" in capsys.readouterr().err
+    killed = next(iter(_pids(pid_dir)))
+    os.kill(killed, signal.SIGKILL)
+    job.join(timeout=300)
+    assert result.get("rc") == 0
+    assert len(_pids(pid_dir)) >= 2, "the killed model actor was not restarted (the job had ended)"
+    assert set(before) <= {p.name for p in dst.glob("part-*.parquet")}
+    expected = _expected_ids(corpus)
+    _check(dst, expected, "model actor SIGKILLed mid-job", fault_report)
+    fault_report("second job into the same folder: refused (exit 2)", len(expected), 0, 0, 0)
+
+
+def test_driver_killed_mid_job_then_rerun(cluster, corpus, tmp_path, fault_report):
+    """The driver is a process of its own that joins the cluster (as a submitted job's
+    driver does); it is SIGKILLed once a first part is committed, the cluster stays, and
+    the same command is run again."""
+    c, _, _ = cluster
+    dst = tmp_path / "out"
+    script = ("import sys, fault_toy; fault_toy.register(); from jobs.cli import main; "
+              "sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(FAULTS)])}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen([sys.executable, "-c", script, *_args(corpus, dst, f"ray.address={c.address}")],
+                            cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for(lambda: any(dst.glob("part-*.parquet")) or proc.poll() is not None, timeout=240,
+                  what="the driver's first part")
+        assert proc.poll() is None, "the job ended before the driver could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        # Whatever that driver started shares its session: end it too.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    committed = {p.name for p in dst.glob("part-*.parquet")}
+    assert (dst / output.LOCK_NAME).exists() and not (dst / output.SUCCESS_NAME).exists()
+    assert transcribe(corpus, dst) == 0      # takes the dead driver's lock over and resumes
+    assert committed <= {p.name for p in dst.glob("part-*.parquet")}
+    assert not list(dst.glob(".tmp-*"))
+    _check(dst, _expected_ids(corpus), "driver SIGKILLed mid-job, then rerun", fault_report)
+
+
+def test_s3_input_and_output_through_moto(cluster, corpus, tmp_path, fault_report):
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        fs = s3fs.S3FileSystem(endpoint_url=endpoint)
+        fs.mkdir("corpus")
+        names = [f"good{i:02d}.flac" for i in range(N_GOOD)] + ["poison.wav"]
+        for name in names:
+            fs.put_file(str(corpus / name), f"corpus/in/{name}")
+        rc = transcribe("s3://corpus/in/", "s3://corpus/out/", f"storage.options={{endpoint_url: '{endpoint}'}}")
+        assert rc == 0
+        local = tmp_path / "out"
+        fs.get("corpus/out/", str(local), recursive=True)
+        rows = _check(local, set(names), "s3:// input and output (moto on 127.0.0.1)", fault_report,
+                      errors_expected=1)
+        assert {r["audio"] for r in rows} == {f"s3://corpus/in/{n}" for n in names}
+        assert not fs.exists(f"corpus/out/{output.LOCK_NAME}")
+    finally:
+        server.stop()
+        # The job made its storage options this process's s3 defaults: not for later tests.
+        import fsspec
+
+        os.environ.pop("FSSPEC_S3", None)
+        fsspec.config.conf.pop("s3", None)
+
+
+class SilentServer:
+    """A TCP server on loopback that accepts connections and never answers: a remote read
+    that never finishes."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self):
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_read_that_never_finishes(cluster, tmp_path, fault_report, capsys):
+    """Under audio.read_timeout_s it is an error row; with the read timeout above the job
+    watchdog, the watchdog ends the job in one line (exit 3) instead of a stall."""
+    server = SilentServer()
+    try:
+        names = [p.name for p in sorted(SAMPLES.glob("*.flac"))[:3]]
+        lines = [{"id": n, "audio": str(SAMPLES / n)} for n in names]
+        lines.append({"id": "hung", "audio": f"http://127.0.0.1:{server.port}/never.wav?token=SECRET"})
+        manifest = tmp_path / "manifest.jsonl"
+        manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        dst = tmp_path / "timeout"
+        assert transcribe(manifest, dst, "audio.read_timeout_s=3") == 0
+        rows = {r["id"]: r for r in _check(dst, set(names) | {"hung"}, "remote read that never answers",
+                                           fault_report, errors_expected=1)}
+        assert "read timeout" in rows["hung"]["error"] and "SECRET" not in rows["hung"]["error"]
+        assert rows["hung"]["audio"] == f"http://127.0.0.1:{server.port}/never.wav"
+        capsys.readouterr()
+        stalled = tmp_path / "stalled"
+        assert transcribe(manifest, stalled, "audio.read_timeout_s=600", "ray.no_progress_timeout_s=4") == 3
+        assert "no progress for ray.no_progress_timeout_s=4 s" in capsys.readouterr().err
+        assert not (stalled / output.SUCCESS_NAME).exists() and not (stalled / output.LOCK_NAME).exists()
+        fault_report("same, job watchdog (ray.no_progress_timeout_s)", len(lines), 0, 0, 0)
+    finally:
+        server.close()
+
+
+def test_worker_node_removed_mid_job(cluster, corpus, tmp_path, fault_report):
+    """Last in the module: it changes the cluster. Two model actors of 2 CPUs each cannot
+    both fit on the 3-CPU head, so one runs on the worker node, which is removed mid-job;
+    a replacement node joins (as an autoscaler's would) and the job completes."""
+    c, worker, pid_dir = cluster
+    for f in pid_dir.iterdir():
+        f.unlink()
+    dst = tmp_path / "out"
+    result = {}
+    job = threading.Thread(target=lambda: result.update(
+        rc=transcribe(corpus, dst, "ray.decode_actors=2", "ray.decode_actor_cpus=2")))
+    job.start()
+    _wait_for(lambda: worker.node_id in _pids(pid_dir).values() and any(dst.glob("part-*.parquet")),
+              what="a model actor on the worker node and a first part")
+    c.remove_node(worker, allow_graceful=False)
+    c.add_node(num_cpus=4)
+    job.join(timeout=300)
+    assert result.get("rc") == 0
+    _check(dst, _expected_ids(corpus), "worker node removed mid-job (replaced)", fault_report)

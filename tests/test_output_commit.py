@@ -1,0 +1,189 @@
+"""The output folder's commit protocol (pipeline.output) and the storage helpers
+(pipeline.storage), on real files: parts, lock, quarantine, job commit, URI redaction."""
+from __future__ import annotations
+
+import json
+import socket
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset  # noqa: F401
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import output
+from pipeline.config import ConfigError, load_config
+from pipeline.records import OUTPUT_SCHEMA, table
+from pipeline.storage import StorageError, redact_uri, url_to_fs, utf8_name
+
+
+def _rows(ids, words: int = 3):
+    rng = np.random.default_rng(len(ids))
+    return table([{"id": i, "audio": f"/a/{i}.wav", "stage": "ar", "segments": [],
+                   "text": " ".join(f"w{rng.integers(1 << 30)}" for _ in range(words))} for i in ids], OUTPUT_SCHEMA)
+
+
+def test_part_name_is_a_function_of_the_ids_alone(tmp_path):
+    a = output.write_part(_rows(["x", "y", "z"]), str(tmp_path), "job1")
+    b = output.write_part(_rows(["z", "x", "y"]), str(tmp_path), "job2")   # a retry, other order
+    c = output.write_part(_rows(["x", "y"]), str(tmp_path), "job2")
+    assert a == b != c and a.startswith("part-")
+    # The retry replaced its own part: one copy of each row, and no temporary file left.
+    assert sorted(os.listdir(tmp_path)) == sorted({a, c})
+    assert output.existing_ids(str(tmp_path), "job3") == {"x", "y", "z"}
+
+
+def _corrupt_page_of(path, column: str):
+    """Overwrite bytes inside ``column``'s first data page, leaving the footer intact."""
+    meta = pq.ParquetFile(path).metadata
+    col = next(meta.row_group(0).column(i) for i in range(meta.num_columns)
+               if meta.row_group(0).column(i).path_in_schema == column)
+    first = min(o for o in (col.dictionary_page_offset, col.data_page_offset) if o is not None)
+    start = first + col.total_compressed_size // 2
+    with open(path, "r+b") as fh:
+        fh.seek(start)
+        fh.write(b"\x5a" * 16)
+
+
+def test_resume_reads_whole_parts_and_quarantines_a_page_corrupt_one(tmp_path):
+    good = output.write_part(_rows(["a", "b"]), str(tmp_path), "j")
+    # Enough text that the middle of its column chunk is page data, not a page header.
+    bad = output.write_part(_rows([f"c{i}" for i in range(50)], words=40), str(tmp_path), "j")
+    _corrupt_page_of(tmp_path / bad, "text")
+    # The footer and the id column still read: a check on `id` alone would keep this part.
+    assert pq.read_table(tmp_path / bad, columns=["id"]).num_rows == 50
+    ids = output.existing_ids(str(tmp_path), "resume1")
+    assert ids == {"a", "b"}
+    assert sorted(os.listdir(tmp_path)) == [output.SIDECAR_DIR, good]
+    assert os.listdir(tmp_path / output.QUARANTINE_DIR) == [f"{bad}.resume1"]
+
+
+def test_a_half_written_part_is_quarantined(tmp_path):
+    part = output.write_part(_rows(["a", "b", "c"]), str(tmp_path), "j")
+    data = (tmp_path / part).read_bytes()
+    (tmp_path / part).write_bytes(data[: len(data) // 2])
+    assert output.existing_ids(str(tmp_path), "r") == set()
+    assert not (tmp_path / part).exists() and (tmp_path / output.QUARANTINE_DIR).is_dir()
+
+
+def test_a_second_job_is_refused_while_the_first_holds_the_folder(tmp_path):
+    first = output.OutputLock(str(tmp_path), "first").acquire()
+    try:
+        with pytest.raises(output.OutputBusy, match="in use by job first"):
+            output.OutputLock(str(tmp_path), "second").acquire()
+    finally:
+        first.release()
+    assert not (tmp_path / output.LOCK_NAME).exists()
+    output.OutputLock(str(tmp_path), "second").acquire().release()
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(proc.stdout)
+    info = {"job": "dead", "host": __import__("socket").gethostname(), "pid": dead_pid, "heartbeat": time.time()}
+    (tmp_path / output.SIDECAR_DIR).mkdir()
+    (tmp_path / output.LOCK_NAME).write_text(json.dumps(info))
+    assert output.lock_is_stale(info)
+    lock = output.OutputLock(str(tmp_path), "alive").acquire()
+    assert json.loads((tmp_path / output.LOCK_NAME).read_text())["job"] == "alive"
+    lock.release()
+    # Another host's lock is stale only once its heartbeat stops.
+    remote = {"job": "r", "host": "elsewhere", "pid": 1, "heartbeat": time.time()}
+    assert not output.lock_is_stale(remote)
+    assert output.lock_is_stale(remote, now=time.time() + output.STALE_AFTER_S + 1)
+
+
+def test_job_begin_and_commit(tmp_path):
+    (tmp_path / output.SIDECAR_DIR).mkdir()
+    (tmp_path / output.SUCCESS_NAME).write_text("")
+    (tmp_path / ".tmp-deadjob-part-1.parquet").write_bytes(b"half")
+    (tmp_path / ".tmp-me-part-2.parquet").write_bytes(b"mine")
+    output.begin_job(str(tmp_path), "me")
+    assert sorted(os.listdir(tmp_path)) == [".tmp-me-part-2.parquet", output.SIDECAR_DIR]
+    output.commit_job(str(tmp_path), {"rows_in": 1}, success=False)
+    assert not (tmp_path / output.SUCCESS_NAME).exists()
+    output.commit_job(str(tmp_path), {"rows_in": 1}, success=True)
+    assert json.loads((tmp_path / output.SUMMARY_NAME).read_text()) == {"rows_in": 1}
+    assert (tmp_path / output.SUCCESS_NAME).exists()
+    # Every name beside the parts is one that dataset readers skip.
+    part = output.write_part(_rows(["q"]), str(tmp_path), "me")
+    (tmp_path / ".tmp-me-part-2.parquet").unlink()
+    assert all(n.startswith(("_", ".")) or n == part for n in os.listdir(tmp_path))
+    assert pa.dataset.dataset(str(tmp_path)).to_table().column("id").to_pylist() == ["q"]
+
+
+@pytest.mark.parametrize("uri, clean", [
+    ("s3://bucket/a/b.wav", "s3://bucket/a/b.wav"),
+    ("https://user:secret@host.example/x.flac?X-Amz-Signature=abc&X-Amz-Security-Token=t",
+     "https://host.example/x.flac"),
+    ("http://host.example:8080/x.wav?token=zzz#3", "http://host.example:8080/x.wav#3"),
+    ("gs://b/k.parquet#12", "gs://b/k.parquet#12"),
+    ("/local/path/with?mark.wav", "/local/path/with?mark.wav"),
+    ("s3://AKIA:sk@bucket/k.wav", "s3://bucket/k.wav"),
+    (None, None),
+])
+def test_redact_uri(uri, clean):
+    assert redact_uri(uri) == clean
+    if uri:
+        for secret in ("secret", "abc", "zzz", "AKIA", "sk@", "token="):
+            assert secret not in (redact_uri(uri) or "") or secret in clean
+
+
+def test_utf8_name():
+    assert utf8_name("ok.wav") == ("ok.wav", None)
+    raw = b"bad\xff\xfe.wav".decode("utf-8", "surrogateescape")
+    text, error = utf8_name(raw)
+    assert text == "bad\\xff\\xfe.wav" and "not valid UTF-8" in error
+    pa.array([text])  # Arrow accepts it
+
+
+def test_storage_options_refuse_credentials_and_a_missing_backend_is_one_line():
+    with pytest.raises(ConfigError, match="storage.options.secret: credentials"):
+        load_config("ar", ["storage.options={secret: x}"])
+    with pytest.raises(ConfigError, match="client_kwargs.aws_secret_access_key"):
+        load_config("ar", ["storage.options={client_kwargs: {aws_secret_access_key: x}}"])
+    cfg = load_config("ar", ["storage.options={endpoint_url: 'http://127.0.0.1:1', anon: true}", "output.rows_per_part=5"])
+    assert cfg.storage.options["anon"] is True and cfg.output.rows_per_part == 5
+    with pytest.raises(StorageError, match=r"pip install 'shardscribe\[gcs\]'"):
+        try:
+            import gcsfs  # noqa: F401
+        except ImportError:
+            url_to_fs("gs://bucket/x")
+        else:
+            raise StorageError("pip install 'shardscribe[gcs]' (gcsfs present: nothing to check)")
+
+
+def test_an_unreachable_endpoint_is_one_line(monkeypatch):
+    from pipeline.storage import check_reachable
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with socket.socket() as s:   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = {"endpoint_url": f"http://127.0.0.1:{port}", "config_kwargs": {"retries": {"max_attempts": 1}}}
+    with pytest.raises(StorageError) as exc:
+        check_reachable("s3://user:pw@bucket/out?sig=1", options)
+    message = str(exc.value)
+    assert message.startswith("s3://bucket/out: storage not reachable") and "\n" not in message
+    assert "pw" not in message and "sig" not in message
+
+
+def test_storage_options_reach_this_process_and_the_processes_it_starts(monkeypatch):
+    import fsspec
+
+    from pipeline.storage import options_environment, use_options
+
+    monkeypatch.setattr(fsspec.config, "conf", {})
+    monkeypatch.delenv("FSSPEC_S3", raising=False)
+    options = {"endpoint_url": "http://127.0.0.1:9", "client_kwargs": {"region_name": "eu-west-3"}}
+    use_options(options, ["s3://bucket/in/", "/local/out", None])
+    assert fsspec.config.conf == {"s3": options}
+    assert options_environment() == {"FSSPEC_S3": json.dumps(options)}
+    child = subprocess.run([sys.executable, "-c", "import fsspec, json; print(json.dumps(fsspec.config.conf['s3']))"],
+                           capture_output=True, text=True, check=True)
+    assert json.loads(child.stdout) == options
