@@ -32,14 +32,14 @@ def _cli(*args, env=None):
 def job(tmp_path_factory, samples_dir, sample_manifest, model_cache):
     root = tmp_path_factory.mktemp("accept")
     (root / "empty.wav").write_bytes(b"")
-    # Two broken files first: with two recordings per block they make an all-error part.
+    # Two broken files first: with two recordings per block and per part they make an all-error part.
     lines = [{"id": "empty.wav", "audio": str(root / "empty.wav")},
              {"id": "missing.wav", "audio": str(root / "missing.wav")}]
     lines += [{"id": m["id"], "audio": str(samples_dir / m["audio"]), "text": m["text"]} for m in sample_manifest[:2]]
     manifest = root / "manifest.jsonl"
     manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
     dst = root / "out"
-    overrides = ["batching.recordings_per_batch=2", f"model.cache_dir={model_cache}"]
+    overrides = ["batching.recordings_per_batch=2", "output.rows_per_part=2", f"model.cache_dir={model_cache}"]
     args = ["--input", str(manifest), "--output", str(dst)] + [a for o in overrides for a in ("--set", o)]
     proc = _cli(*args, "--config", "ar", "--format", "srt,vtt,json,tsv,nemo")
     return {"proc": proc, "dst": dst, "args": args, "n": len(lines), "hash": config_hash(load_config("ar", overrides)),
