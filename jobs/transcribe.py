@@ -23,40 +23,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a config key, e.g. --set decoder.max_new_tokens=128")
     parser.add_argument("--runner", choices=["ray", "local"], default="ray",
                         help="Ray Data plan (default) or in-process without Ray")
+    parser.add_argument("--audio-column", default=None,
+                        help="table column / manifest key of the audio (default: audio, audio_filepath, file, path)")
+    parser.add_argument("--text-column", default=None,
+                        help="table column / manifest key of the reference text "
+                             "(default: text, sentence, transcription, transcript, normalized_text)")
 
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.config import ConfigError, load_config
     from pipeline.output import existing_ids, summarize
-    from pipeline.sources import SourceError, read_source
+    from pipeline.sources import SourceError, open_source, scan, unfinished_ids
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(args.config, args.overrides)
-        rows = read_source(args.input)
+        # The source is scanned for its ids only; its rows are read where they are used.
+        source = open_source(args.input, args.audio_column, args.text_column)
+        scanned = scan(source)
     except (ConfigError, SourceError) as exc:
         print(f"shardscribe: error: {exc}", file=sys.stderr)
         return 2
+    ids = scanned.ids.to_pylist()
     done = existing_ids(args.output)
-    todo = [r for r in rows if r["id"] not in done]
+    todo = unfinished_ids(scanned.ids, done)
     if done:
-        print(f"shardscribe: resuming: {len(rows) - len(todo)} of {len(rows)} recordings already in "
+        print(f"shardscribe: resuming: {len(ids) - len(todo)} of {len(ids)} recordings already in "
               f"{args.output}", file=sys.stderr)
     start = time.perf_counter()
     if todo:
+        rows = source.excluding(done) if done else source
         if args.runner == "local":
             from actors.local_runner import run_local
 
-            run_local(todo, cfg, args.output)
+            run_local(rows, cfg, args.output, items=scanned.items)
         else:
             from actors.plan import run_ray
 
-            run_ray(todo, cfg, args.output)
+            run_ray(rows, cfg, args.output, items=scanned.items)
     wall = time.perf_counter() - start
-    summary = summarize(args.output, [r["id"] for r in rows], {
+    summary = summarize(args.output, ids, {
         "config": cfg.name, "runner": args.runner, "run_rows": len(todo),
-        "skipped_existing": len(rows) - len(todo), "wall_seconds": wall,
-    }, run_ids={r["id"] for r in todo})
+        "skipped_existing": len(ids) - len(todo), "wall_seconds": wall,
+    }, run_ids=set(todo))
     print(json.dumps(summary, indent=2))
     if summary["rows_out"] != summary["rows_in"] or summary["duplicate_rows"]:
         print(f"shardscribe: error: rows in {summary['rows_in']} != rows out {summary['rows_out']} "

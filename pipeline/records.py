@@ -19,9 +19,12 @@ SEGMENT_TYPE = pa.struct([
     ("generated", pa.int32()), ("error", pa.string()),
 ])
 
+# offset_s / duration_s: the span of the file that is the recording (NeMo manifests'
+# offset and duration); null: from the start / to the end.
 INPUT_SCHEMA = pa.schema([
     ("id", pa.string()), ("audio", pa.string()), ("audio_bytes", pa.binary()),
     ("reference", pa.string()), ("key_phrases", pa.list_(pa.string())),
+    ("offset_s", pa.float64()), ("duration_s", pa.float64()),
 ])
 
 PREPARED_SCHEMA = pa.schema([

@@ -1,9 +1,10 @@
 """A clip's transcript is its own: the same clip, batched with different neighbours, in a
 different order and batch size (as a resume or a retried block would batch it), gives the
-same text under the shipped configs that once packed several clips into one encoder
-window (ctc_greedy, whose encoder path ctc_beam shares, and ssd's high_rtfx preset). With window packing switched back
-on (``--set decoder.pack_windows=true``) these clips do change text with their
-neighbours, which is what this catches."""
+same text under the shipped configs that packed several clips into one encoder window:
+ctc_greedy (ctc_beam's encoder path is the same) and ssd's high_rtfx preset (its gate).
+Both fail with packing switched back on (``--set decoder.pack_windows=true``; for
+high_rtfx ``ssd.pack_gate=true ssd.adaptive_pack_gate=false``): these clips then change
+text with their neighbours."""
 from __future__ import annotations
 
 import pytest
