@@ -50,10 +50,11 @@ class ModelConfig:
 class DecoderConfig:
     kind: str = "ar"                  # a registered decoder kind (pipeline.decoders)
     max_new_tokens: int = 224
-    # Several short clips per encoder window (pipeline.packing); only for decoder kinds
-    # that read the encoder states alone, on models that can pack windows. Off in every
-    # shipped config: Whisper's encoder attends over the whole window, so a packed clip's
-    # text depends on which clips share it (a rerun or resume may then change results).
+    # Several short clips per encoder pass, isolated from each other (pipeline.packing:
+    # block-diagonal attention, so a clip's text does not depend on its neighbours); only
+    # for decoder kinds that read the encoder states alone, on models that can pack
+    # windows. Faster, but a clip sees only its own frames, not a padded 30-s window:
+    # off in the shipped configs for their accuracy (docs/ctc_greedy.md has both).
     pack_windows: bool = False
 
     def validate(self, key: str) -> None:

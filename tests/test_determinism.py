@@ -1,10 +1,11 @@
 """A clip's transcript is its own: the same clip, batched with different neighbours, in a
 different order and batch size (as a resume or a retried block would batch it), gives the
-same text under the shipped configs that packed several clips into one encoder window:
-ctc_greedy (ctc_beam's encoder path is the same) and ssd's high_rtfx preset (its gate).
-Both fail with packing switched back on (``--set decoder.pack_windows=true``; for
-high_rtfx ``ssd.pack_gate=true ssd.adaptive_pack_gate=false``): these clips then change
-text with their neighbours."""
+same text under ctc_greedy with isolated window packing (``decoder.pack_windows``, several
+clips per encoder pass under a block-diagonal attention mask; ctc_beam's encoder path is
+the same) and under ssd's high_rtfx preset, which no longer gates on shared windows. Both
+fail with shared-window packing (the layout before isolation, which ``ssd.pack_gate=true
+ssd.adaptive_pack_gate=false`` still uses): these clips then change text with their
+neighbours."""
 from __future__ import annotations
 
 import pytest
@@ -39,7 +40,8 @@ def texts(rows: list[dict], batch: int, first, second, cfg) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize("config,overrides", [("ctc_greedy", []), ("ssd", ["ssd.preset=high_rtfx"])])
+@pytest.mark.parametrize("config,overrides", [("ctc_greedy", ["decoder.pack_windows=true"]),
+                                              ("ssd", ["ssd.preset=high_rtfx"])])
 def test_same_clip_same_text_in_any_batch(config, overrides, prepared, ssd_adapter):
     from pipeline.config import load_config
     from pipeline.decoders import decoder_kind
