@@ -87,14 +87,15 @@ def test_packed_ctc_drafts_match_the_unpacked_ones_on_real_audio(head_adapter, s
 
 def test_isolated_packing_makes_a_clips_states_its_own(head_adapter, sample_audio, sample_manifest):
     """decoder.pack_windows: several clips share one encoder pass, yet a clip's states are
-    the same beside any neighbours, in any place of the sequence (the shared-window layout
-    of the same clips changes them: the reference that this would catch)."""
+    the same beside other neighbours, in another place of the sequence; the shared-window
+    layout of the same clips changes them (the reference that this would catch). Its
+    accuracy: scripts/pack_isolation.py, docs/ctc_greedy.md."""
     from pipeline.packing import plan_sequences
 
-    audios = [sample_audio[m["id"]] for m in sample_manifest]
+    audios = [sample_audio[m["id"]] for m in sample_manifest][:4]
     clip, others = audios[0], audios[1:]
     lengths = [head_adapter.valid_frames(len(a)) for a in audios]
-    assert len({s for s, _ in plan_sequences(lengths, 1500)}) < len(audios)   # really shared
+    assert len({s for s, _ in plan_sequences(lengths, 1500)}) == 1   # one shared pass
     first = head_adapter.encode_packed([clip] + others)
     last = head_adapter.encode_packed(others[::-1] + [clip])
     n = lengths[0]
@@ -103,14 +104,10 @@ def test_isolated_packing_makes_a_clips_states_its_own(head_adapter, sample_audi
     shared_first = head_adapter.encode_packed([clip] + others, keep_windows=True).states[0, :n]
     shared_last = head_adapter.encode_packed(others[::-1] + [clip], keep_windows=True).states[-1, :n]
     assert (shared_first - shared_last).abs().max() > 1e-2
-    refs = [m["text"] for m in sample_manifest]
-    alone = head_adapter.ctc_draft(head_adapter.encode(audios)).texts
-    isolated = head_adapter.ctc_draft(head_adapter.encode_packed(audios)).texts
-    assert corpus_cer(refs, isolated) <= corpus_cer(refs, alone) + 0.03
 
 
 def test_packing_is_refused_for_decoders_that_read_the_whole_window():
-    # No shipped config packs (a packed clip's text depends on its neighbours).
+    # No shipped config packs (for accuracy: docs/ctc_greedy.md); it is a switch away.
     assert load_config("ctc_greedy").decoder.pack_windows is False
     assert load_config("ctc_greedy", ["decoder.pack_windows=true"]).decoder.pack_windows is True
     for kind in ("ar", "ssd"):
