@@ -17,16 +17,19 @@ from actors.finisher import Finisher
 from actors.transcriber import Transcriber
 from pipeline.decoders import decoder_kind
 from pipeline.output import new_job_id, write_part
-from pipeline.records import INPUT_SCHEMA, OUTPUT_SCHEMA, table
+from pipeline.records import OUTPUT_SCHEMA
+from pipeline.sources import input_batches
 from pipeline.storage import url_to_fs
 
 log = logging.getLogger(__name__)
 
 
-def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int | None = None, progress: bool = True,
-              kind=None, job_id: str | None = None, on_batch=None) -> int:
-    """Transcribe manifest ``rows`` into Parquet parts under ``dst``; returns rows written.
-    ``on_batch(table)`` sees every batch of finished output rows (the job's progress bar)."""
+def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: bool = True,
+              kind=None, items: list[dict] | None = None, job_id: str | None = None, on_batch=None) -> int:
+    """Transcribe ``rows`` (a list of manifest row dicts, or a pipeline.sources.Source read
+    piece by piece; ``items``: its scan's work items) into Parquet parts under ``dst``;
+    returns rows written. ``on_batch(table)`` sees every batch of finished output rows
+    (the job's progress bar)."""
     kind = kind or decoder_kind(cfg.decoder.kind)
     if kind.name != cfg.decoder.kind:
         raise ValueError(f"decoder kind {kind.name!r} given for a config of decoder.kind={cfg.decoder.kind}")
@@ -49,8 +52,8 @@ def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int | None = None,
             write_part(pa.concat_tables(pending), dst, job_id, cfg.storage.options)
             pending = []
 
-    for i in range(0, len(rows), step):
-        batch = table(rows[i:i + step], INPUT_SCHEMA)
+    total = f"/{len(rows)}" if isinstance(rows, list) else ""
+    for batch in input_batches(rows, step, items):
         out = model(prep(batch))
         if second is not None:
             out = second(out)
@@ -63,7 +66,7 @@ def run_local(rows: list[dict], cfg, dst: str, rows_per_part: int | None = None,
             flush()
         if progress:
             rate = written / max(time.perf_counter() - start, 1e-9)
-            print(f"\rlocal: {written}/{len(rows)} recordings ({rate:.2f}/s)", end="", file=sys.stderr)
+            print(f"\rlocal: {written}{total} recordings ({rate:.2f}/s)", end="", file=sys.stderr)
     flush()
     if progress:
         print(file=sys.stderr)

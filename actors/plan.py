@@ -1,4 +1,4 @@
-"""The Ray Data plan: read -> decode/segment (CPU actors) -> model actor pool [-> second
+"""The Ray Data plan: read (Ray tasks) -> decode/segment (CPU actors) -> model actor pool [-> second
 pool of a two-stage decoder kind] -> Parquet.
 
 One linear chain (a fork re-runs the model once per branch). Errors are caught per row
@@ -69,11 +69,44 @@ def _loopback_environment() -> None:
         Config.initialize("")
 
 
-def build_dataset(rows: list[dict], cfg, kind=None, tally=None):
-    """The plan for ``rows``. The decoder kind (default: the registry's entry for
-    decoder.kind) and the model family travel to every actor, so a kind or family
-    registered only in the driver works in the workers. A ``tally``
-    (actors.progress.RayTally) counts the finished rows for the console."""
+def _read_source(source, per_block: int, items: list[dict] | None):
+    """The input rows as a dataset of INPUT blocks, read by Ray tasks: one task per work
+    item of pipeline.sources (a few thousand manifest lines, or a Parquet row group),
+    streaming its rows in batches, so the driver holds neither rows nor audio bytes. The
+    resume's exclusions travel once through the object store, not with every task."""
+    import dataclasses
+    import json
+
+    import ray
+
+    from pipeline.sources import read_item, scan
+
+    items = scan(source).items if items is None else items
+    if source.kind == "files":
+        # A listing holds only ids and paths, already on the driver.
+        tables = [t for it in items for t in read_item(source, it, per_block)]
+        return ray.data.from_arrow(tables or [table([], INPUT_SCHEMA)])
+    exclude_ref = [ray.put(source.exclude)] if source.exclude is not None else None
+    bare = dataclasses.replace(source, exclude=None)
+
+    def read(batch):
+        src = bare if exclude_ref is None else dataclasses.replace(bare, exclude=ray.get(exclude_ref[0]))
+        for spec in batch.column("item").to_pylist():
+            yield from read_item(src, json.loads(spec), per_block)
+
+    ds = ray.data.from_items([{"item": json.dumps(it)} for it in items], override_num_blocks=len(items))
+    return ds.map_batches(read, batch_size=1, batch_format="pyarrow")
+
+
+def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None, tally=None):
+    """The plan for ``rows``: a list of INPUT dicts, or a pipeline.sources.Source (read by
+    Ray tasks; ``items``: its scan's work items, if already made). The decoder kind
+    (default: the registry's entry for decoder.kind) and the model family travel to every
+    actor, so a kind or family registered only in the driver works in the workers. A
+    ``tally`` (actors.progress.RayTally) counts the finished rows for the console.
+
+    Blocks carry batching.recordings_per_batch rows, shaped by a streaming repartition
+    (split and combine neighbouring blocks), never an all-to-all shuffle of the audio."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -86,10 +119,13 @@ def build_dataset(rows: list[dict], cfg, kind=None, tally=None):
     if hasattr(ctx, "execution_no_progress_timeout_s"):
         ctx.execution_no_progress_timeout_s = cfg.ray.no_progress_timeout_s
     per_block = max(1, cfg.batching.recordings_per_batch)
-    # Blocks of one batch each, made on the driver: no all-to-all repartition, which would
-    # also switch off Ray Data's no-progress guard (the job's watchdog).
-    ds = ray.data.from_arrow([table(rows[i:i + per_block], INPUT_SCHEMA)
-                              for i in range(0, len(rows), per_block)] or [table([], INPUT_SCHEMA)])
+    # Blocks of one batch each, never an all-to-all repartition, which would also switch
+    # off Ray Data's no-progress guard (the job's watchdog).
+    if isinstance(rows, list):
+        ds = ray.data.from_arrow([table(rows[i:i + per_block], INPUT_SCHEMA)
+                                  for i in range(0, len(rows), per_block)] or [table([], INPUT_SCHEMA)])
+    else:
+        ds = _read_source(rows, per_block, items).repartition(target_num_rows_per_block=per_block)
     config = cfg.to_dict()
     kind = kind or decoder_kind(cfg.decoder.kind)
     if kind.name != cfg.decoder.kind:
@@ -135,8 +171,9 @@ class JobStalled(RuntimeError):
     """The plan made no progress within ray.no_progress_timeout_s."""
 
 
-def run_ray(rows: list[dict], cfg, dst: str, kind=None, job_id: str | None = None, tally=None) -> None:
+def run_ray(rows, cfg, dst: str, kind=None, items: list[dict] | None = None, job_id: str | None = None,
+            tally=None) -> None:
     from pipeline.output import new_job_id
 
     init_ray(cfg)
-    write_output(build_dataset(rows, cfg, kind, tally=tally), cfg, dst, job_id or new_job_id())
+    write_output(build_dataset(rows, cfg, kind, items, tally=tally), cfg, dst, job_id or new_job_id())

@@ -19,10 +19,11 @@ With ``--lookahead K`` (default 4), both presets also run with the fallback's sp
 rounds (``ssd.lookahead``), under each rule: "greedy" (plain AR's text, faster only if
 guesses are kept often enough to pay for the wider passes) and "tau_slm" (eq. 5 again after
 each correction); these rows carry ``tokens_per_pass`` and ``guesses_kept``.
-A row "CTC greedy, packed windows" is conf/ctc_greedy.yaml's own path: short clips
-share encoder windows (pipeline.packing), timed with its own encoder pass. SSD's verifier
-reads a clip's whole window, so the rows above run one clip per window; the packed gate
-(``ssd.pack_gate``, on in the high_rtfx preset) drafts and gates on packed windows and
+A row "CTC greedy, packed windows" is ctc_greedy with ``decoder.pack_windows``: short
+clips share encoder passes, isolated from each other (pipeline.packing), timed with its own
+encoder pass. SSD's verifier reads a clip's whole window, so the rows above run one clip
+per window; the packed gate (``ssd.pack_gate``, off in both presets since a clip's text
+there depends on its window neighbours) drafts and gates on shared windows and
 encodes only the rejected clips alone. It changes the encoder's work, so two more rows run
 the pipeline's SSD decoder (``SSDFirstPassDecoder`` + in-process fallback) end to end with
 the high_rtfx thresholds, each with its own encoder passes: "SSD high_rtfx, pipeline,

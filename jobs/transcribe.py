@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="show Ray's and the workers' output on the console instead of only in the log")
     parser.add_argument("--progress-interval", type=float, default=10.0, metavar="S",
                         help="seconds between progress lines when the console is not a terminal")
+    parser.add_argument("--audio-column", default=None,
+                        help="table column / manifest key of the audio (default: audio, audio_filepath, file, path)")
+    parser.add_argument("--text-column", default=None,
+                        help="table column / manifest key of the reference text "
+                             "(default: text, sentence, transcription, transcript, normalized_text)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.formats import FormatError, parse_formats
     from pipeline.models.preflight import ModelError, check_model
     from pipeline.output import OutputBusy
-    from pipeline.sources import SourceError, read_source
+    from pipeline.sources import SourceError, open_source, scan
     from pipeline.storage import StorageError
 
     try:
@@ -58,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides, model=args.model)
         check_model(cfg.model)
         use_storage(cfg, args)
-        rows = read_source(args.input)
+        # The source is scanned for its ids only; its rows are read where they are used.
+        source = open_source(args.input, args.audio_column, args.text_column)
+        scanned = scan(source)
         lock = hold_output(args.output, cfg)
     except (ConfigError, FormatError, ModelError, SourceError, StorageError, OutputBusy) as exc:
         print(f"shardscribe: error: {exc}", file=sys.stderr)
@@ -69,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardscribe: error: input {redact_uri(args.input)}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     try:
-        return _run_locked(args, cfg, rows, lock.job_id, formats)
+        return _run_locked(args, cfg, source, scanned, lock.job_id, formats)
     finally:
         lock.release()
 
@@ -106,9 +113,10 @@ def commit(dst: str, cfg, summary: dict) -> bool:
     return ok
 
 
-def _run_locked(args, cfg, rows: list[dict], job_id: str, formats: list[str]) -> int:
+def _run_locked(args, cfg, source, scanned, job_id: str, formats: list[str]) -> int:
     from pipeline.config import config_hash
     from pipeline.output import clear_output, existing_config_hashes, existing_ids
+    from pipeline.sources import unfinished_ids
     from pipeline.storage import redact_uri
 
     job_hash = config_hash(cfg)
@@ -119,12 +127,14 @@ def _run_locked(args, cfg, rows: list[dict], job_id: str, formats: list[str]) ->
         if refusal:
             print(f"shardscribe: error: {refusal}", file=sys.stderr)
             return 2
+    ids = scanned.ids.to_pylist()
     done = existing_ids(args.output, job_id, cfg.storage.options)
-    todo = [r for r in rows if r["id"] not in done]
+    todo = unfinished_ids(scanned.ids, done)
     if done:
-        print(f"shardscribe: resuming: {len(rows) - len(todo)} of {len(rows)} recordings already in "
+        print(f"shardscribe: resuming: {len(ids) - len(todo)} of {len(ids)} recordings already in "
               f"{redact_uri(args.output)}", file=sys.stderr)
-    return _transcribe(args, cfg, rows, todo, job_hash, formats, job_id)
+    rows = source.excluding(done) if done else source
+    return _transcribe(args, cfg, ids, todo, rows, scanned.items, job_hash, formats, job_id)
 
 
 def _other_config(hashes: dict, job_hash: str, args) -> str | None:
@@ -139,7 +149,8 @@ def _other_config(hashes: dict, job_hash: str, args) -> str | None:
             "and add only the missing recordings")
 
 
-def _transcribe(args, cfg, rows, todo, job_hash, formats, job_id: str) -> int:
+def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_hash, formats, job_id: str) -> int:
+    """Run the job over ``rows`` (the source less the done ids; ``todo`` are its ids)."""
     from actors.plan import JobStalled
     from jobs.console import JobLog, Progress, output_lines, summary_table
     from pipeline.output import SUMMARY_NAME, summarize
@@ -154,7 +165,7 @@ def _transcribe(args, cfg, rows, todo, job_hash, formats, job_id: str) -> int:
         progress = Progress(len(todo), console, interval_s=args.progress_interval) if todo else None
         try:
             if todo:
-                _run(args.runner, todo, cfg, args.output, progress, job_id)
+                _run(args.runner, rows, items, cfg, args.output, progress, job_id)
         except JobStalled as exc:
             print(f"\nshardscribe: error: {exc}", file=console, flush=True)
             _release_ray(args.runner)
@@ -167,14 +178,14 @@ def _transcribe(args, cfg, rows, todo, job_hash, formats, job_id: str) -> int:
             return 1
         _release_ray(args.runner)
         wall = time.perf_counter() - start
-        summary = summarize(args.output, [r["id"] for r in rows], {
+        summary = summarize(args.output, ids, {
             "config": cfg.name, "config_hash": job_hash, "runner": args.runner, "run_rows": len(todo),
-            "skipped_existing": len(rows) - len(todo), "started_at": started_at, "wall_seconds": wall,
+            "skipped_existing": len(ids) - len(todo), "started_at": started_at, "wall_seconds": wall,
             "log": log.url,
-        }, run_ids={r["id"] for r in todo}, options=cfg.storage.options)
+        }, run_ids=set(todo), options=cfg.storage.options)
         commit(args.output, cfg, summary)
         if progress is not None:
-            progress.close(*_run_counts(args.output, {r["id"] for r in todo}))
+            progress.close(*_run_counts(args.output, set(todo)))
         written = _write_formats(args.output, formats) if formats else []
     for line in summary_table(summary):
         print(line)
@@ -190,7 +201,7 @@ def _transcribe(args, cfg, rows, todo, job_hash, formats, job_id: str) -> int:
     return 0
 
 
-def _run(runner: str, todo: list[dict], cfg, dst: str, progress, job_id: str) -> None:
+def _run(runner: str, rows, items, cfg, dst: str, progress, job_id: str) -> None:
     if runner == "local":
         from actors.local_runner import run_local
         from actors.progress import block_counts
@@ -202,7 +213,7 @@ def _run(runner: str, todo: list[dict], cfg, dst: str, progress, job_id: str) ->
                 totals[i] += v
             progress.update(*totals)
 
-        run_local(todo, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id)
+        run_local(rows, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id, items=items)
         return
     from actors.plan import init_ray, run_ray
     from actors.progress import RayTally
@@ -220,7 +231,7 @@ def _run(runner: str, todo: list[dict], cfg, dst: str, progress, job_id: str) ->
     watcher = threading.Thread(target=poll, name="progress", daemon=True)
     watcher.start()
     try:
-        run_ray(todo, cfg, dst, tally=tally, job_id=job_id)
+        run_ray(rows, cfg, dst, items=items, tally=tally, job_id=job_id)
     finally:
         stop.set()
         watcher.join()

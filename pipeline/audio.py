@@ -1,5 +1,10 @@
 """Audio decoding to 16 kHz mono float32: soundfile (libsndfile) + soxr resampling.
 
+`decode_stream` reads a file object block by block (a span of it, where one is given),
+downmixes and resamples each block (soxr's streaming resampler) into one preallocated
+16-kHz array, so a long recording never exists whole at its original rate, channel count
+or as encoded bytes in memory: its peak is the 16-kHz result plus one block.
+
 Every failure raises AudioError with a message a user can act on; the pipeline turns it
 into one output row with that `error`, so a bad file never stops a job.
 """
@@ -51,3 +56,69 @@ def decode_audio(data: bytes | None, quality: str = "HQ") -> tuple[np.ndarray, i
     if rate != SAMPLE_RATE:
         mono = soxr.resample(mono, rate, SAMPLE_RATE, quality=quality)
     return np.ascontiguousarray(mono, dtype=np.float32), rate, channels
+
+
+BLOCK_SECONDS = 30.0  # decoded per read: bounds the original-rate working memory
+
+
+def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
+                  duration_s: float | None = None) -> tuple[np.ndarray, int, int]:
+    """Decode the file object ``fh`` (or its span from ``offset_s`` for ``duration_s``
+    seconds) to mono float32 at 16 kHz, one block at a time.
+
+    Returns ``(samples, original_rate, original_channels)``; raises AudioError."""
+    pos = fh.tell()
+    if not fh.read(1):
+        raise AudioError("empty file (0 bytes)")
+    fh.seek(pos)
+    try:
+        with sf.SoundFile(fh) as f:
+            rate, channels, total = f.samplerate, f.channels, f.frames
+            start = int(round((offset_s or 0.0) * rate))
+            if start >= total > 0:
+                raise AudioError(f"offset {offset_s} s is at or past the end of the audio "
+                                 f"({total / rate:.2f} s)")
+            want = total - start if duration_s is None else min(total - start, int(round(duration_s * rate)))
+            if start:
+                f.seek(start)
+            stream = (soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality=quality)
+                      if rate != SAMPLE_RATE else None)
+            out = _Growing(int(np.ceil(max(want, 0) * SAMPLE_RATE / rate)) + 64)
+            block, left = max(1, int(BLOCK_SECONDS * rate)), want
+            while left > 0:
+                data = f.read(min(block, left), dtype="float32", always_2d=True)
+                if data.shape[0] == 0:
+                    break
+                left -= data.shape[0]
+                mono = data.mean(axis=1) if channels > 1 else data[:, 0]
+                if not np.isfinite(mono).all():
+                    raise AudioError("audio contains NaN or infinite samples")
+                out.add(stream.resample_chunk(mono, last=left <= 0) if stream else mono)
+            if stream is not None and left > 0:  # a short read: flush the resampler
+                out.add(stream.resample_chunk(np.zeros(0, np.float32), last=True))
+    except AudioError:
+        raise
+    except sf.LibsndfileError as exc:
+        raise AudioError(f"cannot decode audio: {_libsndfile_reason(exc)}") from None
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise AudioError(f"cannot decode audio: {exc}") from None
+    if out.n == 0:
+        raise AudioError("audio has zero samples")
+    return out.result(), rate, channels
+
+
+class _Growing:
+    """A float32 array filled in chunks, allocated once at its expected size."""
+
+    def __init__(self, size: int):
+        self.buf, self.n = np.empty(size, np.float32), 0
+
+    def add(self, chunk: np.ndarray) -> None:
+        if self.n + len(chunk) > len(self.buf):
+            self.buf = np.concatenate([self.buf[:self.n], np.empty(len(chunk) + 4096, np.float32)])
+        self.buf[self.n:self.n + len(chunk)] = chunk
+        self.n += len(chunk)
+
+    def result(self) -> np.ndarray:
+        # A view when the estimate was close; a copy only when it left much unused.
+        return self.buf[:self.n] if self.n > len(self.buf) - 4096 else self.buf[:self.n].copy()

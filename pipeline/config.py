@@ -50,8 +50,11 @@ class ModelConfig:
 class DecoderConfig:
     kind: str = "ar"                  # a registered decoder kind (pipeline.decoders)
     max_new_tokens: int = 224
-    # Several short clips per encoder window (pipeline.packing); only for decoder kinds
-    # that read the encoder states alone, on models that can pack windows.
+    # Several short clips per encoder pass, isolated from each other (pipeline.packing:
+    # block-diagonal attention, so a clip's text does not depend on its neighbours); only
+    # for decoder kinds that read the encoder states alone, on models that can pack
+    # windows. Faster, but a clip sees only its own frames, not a padded 30-s window:
+    # off in the shipped configs for their accuracy (docs/ctc_greedy.md has both).
     pack_windows: bool = False
 
     def validate(self, key: str) -> None:
@@ -106,7 +109,9 @@ class SSDConfig:
     verify_max_entropy: float | None = None  # skip verification at/above this max entropy (nats): straight to AR
     lookahead: int = 0                # fallback feeds up to this many draft tokens per step (0: plain AR)
     lookahead_rule: str = "greedy"    # greedy: keep argmax guesses (plain AR's text) | tau_slm: eq. 5 again
-    pack_gate: bool | None = None     # gate on packed-window drafts (null: the preset's, else false)
+    # Gate on packed-window drafts (null: the preset's, else false). Off in both presets:
+    # a packed draft, hence an accepted text, depends on the clips sharing its window.
+    pack_gate: bool | None = None
     gate_verify_tau: float | None = None  # gated drafts verified at this tau too (null: the preset's, else off)
     # With pack_gate: pack a batch only while the running gate pass rate is above that
     # batch's break-even (pipeline.pack_gate_policy); false packs every batch.
@@ -114,7 +119,7 @@ class SSDConfig:
     # Named threshold sets (docs/ssd.md has how each was chosen and what it measured).
     presets: dict = field(default_factory=lambda: {
         "high_accuracy": {"tau_ctc": 0.6, "tau_slm": 0.1},
-        "high_rtfx": {"tau_ctc": 2.0, "tau_slm": 0.1, "pack_gate": True, "gate_verify_tau": 3.0e-5},
+        "high_rtfx": {"tau_ctc": 2.0, "tau_slm": 0.1, "gate_verify_tau": 3.0e-5},
     })
 
     # A preset's gate_verify_tau may be null (off), so that an override can switch a shipped

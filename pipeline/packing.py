@@ -13,6 +13,13 @@ encodes the clips the gate rejects again alone.
 This module is the pure part: which clip goes where (first fit in input order, clip
 starts on the encoder's state grid so a clip's states line up as they do alone) and the
 packed signals.
+
+Under full attention a packed clip's states, hence its text, depend on the clips beside
+it. ``plan_sequences``/``block_mask`` serve isolated packing instead (what
+``decoder.pack_windows`` runs, WhisperAdapter.encode_packed without ``keep_windows``):
+each clip's log-mel and convolutions are computed alone, it keeps its own positions
+0..n-1, and several clips share one encoder sequence under a block-diagonal attention
+mask, so the sequence costs one pass and no clip sees another.
 """
 from __future__ import annotations
 
@@ -63,3 +70,31 @@ def pack_signals(audios: list[np.ndarray], placements: list[Placement], window: 
         scaled = audio * (ref / peak) if peak > 0 else audio
         signals[p.window][p.start:p.start + p.length] = scaled
     return signals
+
+
+def plan_sequences(lengths: list[int], capacity: int) -> list[tuple[int, int]]:
+    """Isolated packing: (sequence, offset) per clip of ``lengths`` encoder states, first
+    fit in input order into sequences of at most ``capacity`` states. Each clip attends
+    only to itself there (``block_mask``), so where it lands changes nothing it computes."""
+    out, seq, used = [], -1, capacity
+    for n in lengths:
+        if n > capacity:
+            raise ValueError(f"clip of {n} states exceeds the {capacity}-state sequence")
+        if used + n > capacity:
+            seq, used = seq + 1, 0
+        out.append((seq, used))
+        used += n
+    return out
+
+
+def block_mask(spans: list[list[tuple[int, int]]], length: int) -> np.ndarray:
+    """[sequences, length, length] booleans, True where a query may attend to a key: within
+    its own clip's span ``(offset, states)``; the unused tail of a sequence attends to itself."""
+    mask = np.zeros((len(spans), length, length), bool)
+    for b, seq in enumerate(spans):
+        end = 0
+        for off, n in seq:
+            mask[b, off:off + n, off:off + n] = True
+            end = max(end, off + n)
+        mask[b, end:, end:] = True
+    return mask

@@ -1,7 +1,9 @@
 """Read, decode and segment recordings (the CPU stage before the model).
 
 Each manifest row becomes one prepared row: 16-kHz mono segments (<= 30 s, cut at pauses
-by silero-vad) or an `error`. Exceptions are caught per row, so rows in = rows out.
+by silero-vad) or an `error`. Exceptions are caught per row, so rows in = rows out. The
+audio is decoded from a file object block by block (pipeline.audio.decode_stream), only
+the row's span where the manifest gives one (NeMo's offset/duration).
 """
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ import stat
 import threading
 import time
 
-from pipeline.audio import SAMPLE_RATE, AudioError, decode_audio
+from pipeline.audio import SAMPLE_RATE, AudioError, decode_stream
 from pipeline.segment import VadSegmenter
-from pipeline.sources import read_bytes
+from pipeline.sources import open_audio
 from pipeline.storage import redact_uri
 
 
@@ -24,12 +26,19 @@ def prepare_row(row: dict, segmenter: VadSegmenter, quality: str = "HQ") -> dict
            "seg_start": [], "seg_end": [], "seg_audio": [], "error": None}
     try:
         try:
-            data = read_bytes(row)
+            fh = open_audio(row)
         except FileNotFoundError:
             raise AudioError(f"file not found: {row['audio']}") from None
+        except IsADirectoryError:
+            raise AudioError(f"cannot read {row['audio']}: it is a directory") from None
         except OSError as exc:
             raise AudioError(f"cannot read {row['audio']}: {exc}") from None
-        samples, _, _ = decode_audio(data, quality)
+        try:
+            samples, _, _ = decode_stream(fh, quality, row.get("offset_s"), row.get("duration_s"))
+        except OSError as exc:
+            raise AudioError(f"cannot read {row['audio']}: {exc}") from None
+        finally:
+            fh.close()
         out["duration_s"] = len(samples) / SAMPLE_RATE
         for seg in segmenter(samples):
             out["seg_start"].append(seg.start / SAMPLE_RATE)

@@ -23,12 +23,14 @@ SEGMENT_TYPE = pa.struct([
     ("generated", pa.int32()), ("error", pa.string()), ("words", pa.list_(WORD_TYPE)),
 ])
 
-# error: what the source already knows is wrong with the row (a file name that is not
-# UTF-8); the row goes through the plan as an error row.
+# offset_s / duration_s: the span of the file that is the recording (NeMo manifests'
+# offset and duration); null: from the start / to the end. error: what the source
+# already knows is wrong with the row (a file name that is not UTF-8); the row goes
+# through the plan as an error row.
 INPUT_SCHEMA = pa.schema([
     ("id", pa.string()), ("audio", pa.string()), ("audio_bytes", pa.binary()),
     ("reference", pa.string()), ("key_phrases", pa.list_(pa.string())),
-    ("error", pa.string()),
+    ("offset_s", pa.float64()), ("duration_s", pa.float64()), ("error", pa.string()),
 ])
 
 PREPARED_SCHEMA = pa.schema([

@@ -1,38 +1,88 @@
-"""Input sources, read through fsspec: a folder or glob of audio files, a JSONL manifest
-(keys `audio` or NeMo's `audio_filepath`, optional `id`, `text`, `key_phrases`), or a
-Parquet table with an audio column (bytes or path; the Hugging Face datasets layout
-`{bytes, path}` included).
+"""Input sources, read through fsspec in bounded pieces: a folder or glob of audio files, a
+JSONL manifest (keys `audio` or NeMo's `audio_filepath`, optional `id`, `text`,
+`key_phrases`, NeMo's `offset`/`duration` in seconds), or a Parquet table with an audio
+column (bytes or path; the Hugging Face datasets layout `{bytes, path}` included).
 
-The result is the job's manifest: one dict per recording with `id`, `audio` (a URI),
-`audio_bytes` (inline bytes or None), `reference` and `key_phrases`. Ids must be unique:
-output rows are matched to input rows by id, which is what makes reruns resumable.
+A source is opened (`open_source`: its kind and files, no rows read), scanned once on
+the driver (`scan`: ids only, never audio, validated for duplicates; plus the work items
+that split it into pieces of a few thousand rows), and its rows are read piece by piece
+(`read_item`) where they are used: in Ray tasks for the Ray plan, in the process for the
+local runner. Every piece yields tables of the INPUT schema of at most
+`rows_per_batch` rows, so the model stages get blocks of that size without a shuffle.
+
+Ids must be unique: output rows are matched to input rows by id, which is what makes
+reruns resumable. A manifest line with an `offset` is one span of its file, with the id
+`<audio>#<offset>`, so two spans of one file are two recordings.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
 import re
-from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import fsspec
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from pipeline.records import INPUT_SCHEMA, table
 from pipeline.storage import utf8_name
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".opus", ".aiff", ".aif", ".au")
 MANIFEST_EXTENSIONS = (".jsonl", ".json", ".ndjson")
+# Column (or manifest key) names recognised without --audio-column / --text-column, in
+# order of preference: ours and NeMo's, then those of common Hugging Face speech datasets.
+AUDIO_NAMES = ("audio", "audio_filepath", "file", "path")
+TEXT_NAMES = ("text", "sentence", "transcription", "transcript", "normalized_text")
+# Rows per work item: a Ray task reads one item (bounded by this many rows' bytes).
+ROWS_PER_ITEM = 4096
 
 
 class SourceError(ValueError):
     """The input location or manifest is unusable (before any worker starts)."""
 
 
-def _row(id_, audio, audio_bytes=None, reference=None, key_phrases=None) -> dict:
-    if key_phrases is not None and not (isinstance(key_phrases, list)
-                                        and all(isinstance(k, str) for k in key_phrases)):
-        raise SourceError(f"{id_}: key_phrases must be a list of strings")
-    return {"id": str(id_), "audio": audio, "audio_bytes": audio_bytes,
-            "reference": None if reference is None else str(reference),
-            "key_phrases": key_phrases}
+@dataclass(frozen=True)
+class Source:
+    uri: str
+    kind: str                          # "files" | "manifest" | "table"
+    files: tuple[str, ...]             # audio files ("files") or manifest/table files, fsspec URIs
+    root: str = ""                     # "files": ids are paths relative to this
+    audio_column: str | None = None    # None: the first of AUDIO_NAMES present
+    text_column: str | None = None     # None: the first of TEXT_NAMES present
+    # Ids to leave out (already in the output): a resume's anti-join, applied as each
+    # piece is read.
+    exclude: pa.Array | None = dataclasses.field(default=None, compare=False)
+
+    def excluding(self, ids: Iterable[str] | pa.Array) -> "Source":
+        arr = ids if isinstance(ids, (pa.Array, pa.ChunkedArray)) else pa.array(sorted(ids), pa.string())
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        return dataclasses.replace(self, exclude=arr if len(arr) else None)
+
+
+@dataclass(frozen=True)
+class Scan:
+    ids: pa.Array          # every row's id, in source order
+    items: list[dict]      # work items for read_item, in source order
+
+
+def _protocol(fs) -> str:
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
+def _uri(fs, path: str) -> str:
+    protocol = _protocol(fs)
+    return path if protocol in ("file", "local") else f"{protocol}://{path}"
+
+
+def _file_id(source: Source, file: str) -> str:
+    """A listed file's id (its path under the folder, or its name); a name that is not
+    UTF-8 is written with ``\\xNN`` escapes (its row is an error row, see read_item)."""
+    path = fsspec.core.url_to_fs(file)[1]
+    return utf8_name(posixpath.relpath(path, source.root) if source.root else posixpath.basename(path))[0]
 
 
 def _join(base: str, path: str, protocol: str) -> str:
@@ -42,102 +92,299 @@ def _join(base: str, path: str, protocol: str) -> str:
     return joined if protocol in ("file", "local") else f"{protocol}://{joined}"
 
 
-def read_jsonl_manifest(uri: str, keep_item: bool = False) -> list[dict]:
-    """One row per non-empty line. ``keep_item``: each row also carries the line's own dict
-    as ``item``, for readers that need keys beyond the data contract (a training corpus's
-    ``split``, ``voice``, ...)."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    base = posixpath.dirname(path)
-    rows = []
-    with fs.open(path, "rt") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SourceError(f"{uri}:{lineno}: not valid JSON ({exc.msg})") from None
-            audio = item.get("audio", item.get("audio_filepath"))
-            if not isinstance(audio, str) or not audio:
-                raise SourceError(f"{uri}:{lineno}: needs an 'audio' (or 'audio_filepath') path")
-            rows.append(_row(item.get("id", audio), _join(base, audio, protocol),
-                             reference=item.get("text"), key_phrases=item.get("key_phrases")))
-            if keep_item:
-                rows[-1]["item"] = item
-    return rows
-
-
-def read_parquet_table(uri: str, audio_column: str = "audio") -> list[dict]:
-    import pyarrow.parquet as pq
-
-    fs, path = fsspec.core.url_to_fs(uri)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    files = sorted(fs.glob(posixpath.join(path, "**/*.parquet"))) if fs.isdir(path) else [path]
-    rows = []
-    for file in files:
-        table = pq.read_table(file, filesystem=fs)
-        if audio_column not in table.column_names:
-            raise SourceError(f"{file}: no {audio_column!r} column (columns: {table.column_names})")
-        base = posixpath.dirname(file)
-        for i, item in enumerate(table.to_pylist()):
-            audio = item[audio_column]
-            default_id = f"{posixpath.basename(file)}:{i}"
-            if isinstance(audio, dict):      # HF datasets Audio feature: {bytes, path}
-                data, apath = audio.get("bytes"), audio.get("path")
-            elif isinstance(audio, (bytes, bytearray)):
-                data, apath = bytes(audio), None
-            else:
-                data, apath = None, audio
-            uri_ = _join(base, apath, protocol) if (apath and data is None) else f"{file}#{i}"
-            rows.append(_row(item.get("id", default_id), uri_, audio_bytes=data,
-                             reference=item.get("text"), key_phrases=item.get("key_phrases")))
-    return rows
-
-
-def list_audio_files(uri: str) -> list[dict]:
-    fs, path = fsspec.core.url_to_fs(uri)
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if any(ch in path for ch in "*?["):
-        root = posixpath.dirname(re.split(r"[*?\[]", path, maxsplit=1)[0])
-        files = fs.glob(path)
-    elif fs.isfile(path):
-        # One file: its name is its id (relative to itself it would be ".", the same id for
-        # every single-file job into one output folder).
-        files, root = [path], posixpath.dirname(path)
-    else:
-        files, root = fs.find(path), path
-    files = sorted(f for f in files if f.lower().endswith(AUDIO_EXTENSIONS))
-    prefix = "" if protocol in ("file", "local") else f"{protocol}://"
-    rows = []
-    for f in files:
-        (id_, bad), (uri, _) = utf8_name(posixpath.relpath(f, root)), utf8_name(prefix + f)
-        rows.append(_row(id_, uri))
-        rows[-1]["error"] = bad     # a name that is not UTF-8: an error row, not a crash
-    return rows
-
-
-def read_source(uri: str) -> list[dict]:
-    """Manifest rows for ``uri``; raises SourceError when nothing usable is there."""
-    fs, path = fsspec.core.url_to_fs(uri)
+def open_source(uri: str, audio_column: str | None = None, text_column: str | None = None) -> Source:
+    """What ``uri`` is and which files make it up; lists, reads no rows. Raises SourceError
+    when nothing usable is there."""
+    try:
+        fs, path = fsspec.core.url_to_fs(uri)
+    except (ImportError, ValueError) as exc:
+        raise SourceError(f"input {uri!r}: {exc}") from None
     is_glob = any(ch in path for ch in "*?[")
     if not (fs.glob(path) if is_glob else fs.exists(path)):
         raise SourceError(f"input {uri!r} does not exist")
     lower = path.lower()
-    if lower.endswith(MANIFEST_EXTENSIONS):
-        rows = read_jsonl_manifest(uri)
-    elif lower.endswith(".parquet"):
-        rows = read_parquet_table(uri)
+    cols = {"audio_column": audio_column, "text_column": text_column}
+    if lower.endswith(MANIFEST_EXTENSIONS) and not is_glob:
+        return Source(uri, "manifest", (_uri(fs, path),), **cols)
+    if lower.endswith(".parquet") and not is_glob:
+        return Source(uri, "table", (_uri(fs, path),), **cols)
+    if is_glob:
+        root = posixpath.dirname(re.split(r"[*?\[]", path, maxsplit=1)[0])
+        found = fs.glob(path)
+    elif fs.isfile(path):
+        # One file: its name is its id (relative to itself it would be ".", the same id for
+        # every single-file job into one output folder).
+        found, root = [path], posixpath.dirname(path)
     else:
-        rows = list_audio_files(uri)
-        if not rows and fs.isdir(path) and fs.glob(posixpath.join(path, "**/*.parquet")):
-            rows = read_parquet_table(uri)
-    if not rows:
-        raise SourceError(f"input {uri!r}: no audio files, manifest rows or Parquet rows found")
-    dupes = [k for k, c in Counter(r["id"] for r in rows).items() if c > 1]
-    if dupes:
-        raise SourceError(f"input {uri!r}: duplicate ids {dupes[:5]} (ids must be unique)")
+        found, root = fs.find(path), path
+    audio = sorted(f for f in found if f.lower().endswith(AUDIO_EXTENSIONS))
+    if audio:
+        return Source(uri, "files", tuple(_uri(fs, f) for f in audio), root=root, **cols)
+    tables = sorted(f for f in found if f.lower().endswith(".parquet"))
+    if tables:
+        return Source(uri, "table", tuple(_uri(fs, f) for f in tables), **cols)
+    raise SourceError(f"input {uri!r}: no audio files, manifest rows or Parquet rows found")
+
+
+# --- rows ----------------------------------------------------------------------------
+
+def _offset_id(audio: str, offset: float) -> str:
+    return f"{audio}#{f'{offset:.6f}'.rstrip('0').rstrip('.')}"
+
+
+def _seconds(where: str, item: dict, key: str) -> float | None:
+    value = item.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise SourceError(f"{where}: {key!r} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _pick(names: tuple[str, ...], present, given: str | None, what: str, where: str,
+          required: bool) -> str | None:
+    if given is not None:
+        if given not in present:
+            if required:
+                raise SourceError(f"{where}: no {what} column {given!r} (columns: {sorted(present)})")
+            return None
+        return given
+    found = next((n for n in names if n in present), None)
+    if found is None and required:
+        raise SourceError(f"{where}: needs an audio column/key (one of {', '.join(names)}, "
+                          f"or --audio-column; found: {sorted(present)})")
+    return found
+
+
+def _manifest_row(source: Source, item: dict, base: str, protocol: str, where: str) -> dict:
+    if not isinstance(item, dict):
+        raise SourceError(f"{where}: expected a JSON object")
+    key = _pick(AUDIO_NAMES, item, source.audio_column, "audio", where, required=True)
+    audio = item[key]
+    if not isinstance(audio, str) or not audio:
+        raise SourceError(f"{where}: needs an 'audio' (or 'audio_filepath') path")
+    text_key = _pick(TEXT_NAMES, item, source.text_column, "text", where, required=False)
+    offset, duration = _seconds(where, item, "offset"), _seconds(where, item, "duration")
+    default_id = audio if offset is None else _offset_id(audio, offset)
+    key_phrases = item.get("key_phrases")
+    if key_phrases is not None and not (isinstance(key_phrases, list)
+                                        and all(isinstance(k, str) for k in key_phrases)):
+        raise SourceError(f"{where}: key_phrases must be a list of strings")
+    reference = item.get(text_key) if text_key else None
+    return {"id": str(item.get("id", default_id)), "audio": _join(base, audio, protocol),
+            "audio_bytes": None, "reference": None if reference is None else str(reference),
+            "key_phrases": key_phrases, "offset_s": offset, "duration_s": duration}
+
+
+def _manifest_lines(file: str, start: int = 0, stop: int | None = None, first_line: int = 1):
+    """(line number, byte offset, parsed JSON) of the non-empty lines in [start, stop)."""
+    with fsspec.open(file, "rb") as fh:
+        fh.seek(start)
+        pos, lineno = start, first_line
+        for raw in fh:
+            if stop is not None and pos >= stop:
+                break
+            here, pos = pos, pos + len(raw)
+            if raw.strip():
+                try:
+                    yield lineno, here, json.loads(raw)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    msg = getattr(exc, "msg", None) or str(exc)
+                    raise SourceError(f"{file}:{lineno}: not valid JSON ({msg})") from None
+            lineno += 1
+
+
+def _table_columns(source: Source, schema_names, where: str) -> tuple[str, str | None, str | None]:
+    audio = _pick(AUDIO_NAMES, schema_names, source.audio_column, "audio", where, required=True)
+    text = _pick(TEXT_NAMES, schema_names, source.text_column, "text", where, required=False)
+    return audio, text, ("id" if "id" in schema_names else None)
+
+
+def _table_rows(source: Source, file: str, batch: pa.RecordBatch, first_index: int,
+                audio_col: str, text_col: str | None, id_col: str | None) -> list[dict]:
+    base = posixpath.dirname(fsspec.core.url_to_fs(file)[1])
+    protocol = _protocol(fsspec.core.url_to_fs(file)[0])
+    audios = batch.column(audio_col).to_pylist()
+    ids = batch.column(id_col).to_pylist() if id_col else None
+    texts = batch.column(text_col).to_pylist() if text_col else None
+    phrases = batch.column("key_phrases").to_pylist() if "key_phrases" in batch.schema.names else None
+    rows = []
+    for j, audio in enumerate(audios):
+        i = first_index + j
+        if isinstance(audio, dict):      # HF datasets Audio feature: {bytes, path}
+            data, apath = audio.get("bytes"), audio.get("path")
+        elif isinstance(audio, (bytes, bytearray)):
+            data, apath = bytes(audio), None
+        else:
+            data, apath = None, audio
+        uri = _join(base, apath, protocol) if (apath and data is None) else f"{file}#{i}"
+        rid = ids[j] if ids is not None and ids[j] is not None else f"{posixpath.basename(file)}:{i}"
+        rows.append({"id": str(rid), "audio": uri, "audio_bytes": data,
+                     "reference": None if texts is None or texts[j] is None else str(texts[j]),
+                     "key_phrases": phrases[j] if phrases else None})
     return rows
+
+
+# --- scan (driver) -------------------------------------------------------------------
+
+def scan(source: Source, rows_per_item: int = ROWS_PER_ITEM) -> Scan:
+    """Every id of ``source`` (validated: present, unique) and its work items, reading no
+    audio: a folder's listing, a manifest's lines one at a time, a table's id column and
+    footers. Raises SourceError naming the first problem."""
+    ids: list[str] = []
+    items: list[dict] = []
+    if source.kind == "files":
+        ids = [_file_id(source, f) for f in source.files]
+        for start in range(0, len(ids), rows_per_item):
+            items.append({"kind": "files", "start": start, "stop": min(len(ids), start + rows_per_item)})
+    elif source.kind == "manifest":
+        for file in source.files:
+            fs, path = fsspec.core.url_to_fs(file)
+            base, protocol = posixpath.dirname(path), _protocol(fs)
+            count, item_start, item_line = 0, 0, 1
+            for lineno, offset, obj in _manifest_lines(file):
+                if count == rows_per_item:
+                    items.append({"kind": "manifest", "file": file, "start": item_start,
+                                  "stop": offset, "line": item_line})
+                    count, item_start, item_line = 0, offset, lineno
+                ids.append(_manifest_row(source, obj, base, protocol, f"{file}:{lineno}")["id"])
+                count += 1
+            if count:
+                items.append({"kind": "manifest", "file": file, "start": item_start, "stop": None,
+                              "line": item_line})
+    else:
+        import pyarrow.parquet as pq
+
+        for file in source.files:
+            fs, path = fsspec.core.url_to_fs(file)
+            with fs.open(path, "rb") as fh:
+                pf = pq.ParquetFile(fh)
+                _, _, id_col = _table_columns(source, pf.schema_arrow.names, file)
+                first = 0
+                for rg in range(pf.metadata.num_row_groups):
+                    n = pf.metadata.row_group(rg).num_rows
+                    if id_col:
+                        col = pf.read_row_group(rg, columns=[id_col]).column(0).to_pylist()
+                        ids.extend(str(v) if v is not None else f"{posixpath.basename(file)}:{first + k}"
+                                   for k, v in enumerate(col))
+                    else:
+                        ids.extend(f"{posixpath.basename(file)}:{first + k}" for k in range(n))
+                    if n:
+                        items.append({"kind": "table", "file": file, "row_group": rg, "first": first})
+                    first += n
+    if not ids:
+        raise SourceError(f"input {source.uri!r}: no audio files, manifest rows or Parquet rows found")
+    arr = pa.array(ids, pa.string())
+    counts = pc.value_counts(arr)
+    dupes = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1))
+    if len(dupes):
+        raise SourceError(f"input {source.uri!r}: duplicate ids {dupes.to_pylist()[:5]} (ids must be unique)")
+    return Scan(arr, items)
+
+
+def unfinished_ids(ids: pa.Array, done) -> list[str]:
+    """The ids of ``ids`` not in ``done`` (a set or an Arrow array), in source order."""
+    if not done:
+        return ids.to_pylist()
+    value_set = done if isinstance(done, pa.Array) else pa.array(list(done), pa.string())
+    return pc.filter(ids, pc.invert(pc.is_in(ids, value_set=value_set))).to_pylist()
+
+
+# --- read (workers, or the local runner) ---------------------------------------------
+
+def _batches(rows: list[dict], rows_per_batch: int, exclude) -> Iterator[pa.Table]:
+    if exclude is not None and rows:
+        keep = pc.invert(pc.is_in(pa.array([r["id"] for r in rows], pa.string()), value_set=exclude))
+        rows = [r for r, k in zip(rows, keep.to_pylist()) if k]
+    for i in range(0, len(rows), rows_per_batch):
+        yield table(rows[i:i + rows_per_batch], INPUT_SCHEMA)
+
+
+def read_item(source: Source, item: dict, rows_per_batch: int) -> Iterator[pa.Table]:
+    """The rows of one work item as INPUT tables of at most ``rows_per_batch`` rows, less
+    ``source.exclude``; only this item's rows (and their inline audio) are in memory."""
+    exclude = source.exclude
+    if item["kind"] == "files":
+        # a name that is not UTF-8 is an error row, never a crash: no reader can open it by text
+        rows = [{"id": _file_id(source, f), "audio": utf8_name(f)[0], "error": utf8_name(f)[1]}
+                for f in source.files[item["start"]:item["stop"]]]
+        yield from _batches(rows, rows_per_batch, exclude)
+    elif item["kind"] == "manifest":
+        file = item["file"]
+        fs, path = fsspec.core.url_to_fs(file)
+        base, protocol = posixpath.dirname(path), _protocol(fs)
+        rows = [_manifest_row(source, obj, base, protocol, f"{file}:{lineno}")
+                for lineno, _, obj in _manifest_lines(file, item["start"], item["stop"], item["line"])]
+        yield from _batches(rows, rows_per_batch, exclude)
+    else:
+        import pyarrow.parquet as pq
+
+        file = item["file"]
+        fs, path = fsspec.core.url_to_fs(file)
+        with fs.open(path, "rb") as fh:
+            pf = pq.ParquetFile(fh)
+            audio_col, text_col, id_col = _table_columns(source, pf.schema_arrow.names, file)
+            columns = [c for c in (audio_col, text_col, id_col) if c]
+            if "key_phrases" in pf.schema_arrow.names:
+                columns.append("key_phrases")
+            first = item["first"]
+            # Parquet batches of rows_per_batch: inline audio is decoded one batch at a time.
+            for batch in pf.iter_batches(batch_size=rows_per_batch, row_groups=[item["row_group"]],
+                                         columns=columns):
+                rows = _table_rows(source, file, batch, first, audio_col, text_col, id_col)
+                first += batch.num_rows
+                yield from _batches(rows, rows_per_batch, exclude)
+
+
+def iter_input_batches(source: Source, rows_per_batch: int, items: list[dict] | None = None) -> Iterator[pa.Table]:
+    """Every row of ``source`` (less its exclusions), streamed: one work item at a time."""
+    for item in (scan(source).items if items is None else items):
+        yield from read_item(source, item, rows_per_batch)
+
+
+def input_batches(rows, rows_per_batch: int, items: list[dict] | None = None) -> Iterator[pa.Table]:
+    """INPUT tables of at most ``rows_per_batch`` rows from a list of row dicts or a Source
+    (streamed; ``items``: its scan's work items, if already made)."""
+    if isinstance(rows, list):
+        for i in range(0, len(rows), rows_per_batch):
+            yield table(rows[i:i + rows_per_batch], INPUT_SCHEMA)
+    else:
+        yield from iter_input_batches(rows, rows_per_batch, items)
+
+
+def read_source(uri: str, audio_column: str | None = None, text_column: str | None = None) -> list[dict]:
+    """All rows of ``uri`` as dicts, for small sources (tests, benchmarks, training sets);
+    jobs stream instead (open_source, scan, read_item). Raises SourceError."""
+    source = open_source(uri, audio_column, text_column)
+    rows = []
+    for batch in iter_input_batches(source, ROWS_PER_ITEM):
+        rows.extend(batch.to_pylist())
+    return rows
+
+
+def read_jsonl_manifest(uri: str, keep_item: bool = False) -> list[dict]:
+    """One row per non-empty line. ``keep_item``: each row also carries the line's own dict
+    as ``item``, for readers that need keys beyond the data contract (a training corpus's
+    ``split``, ``voice``, ...)."""
+    source = Source(uri, "manifest", (uri,))
+    fs, path = fsspec.core.url_to_fs(uri)
+    base, protocol = posixpath.dirname(path), _protocol(fs)
+    rows = []
+    for lineno, _, obj in _manifest_lines(uri):
+        rows.append(_manifest_row(source, obj, base, protocol, f"{uri}:{lineno}"))
+        if keep_item:
+            rows[-1]["item"] = obj
+    return rows
+
+
+def open_audio(row: dict):
+    """A binary file object over a row's audio: its inline bytes, or the file through
+    fsspec (read as it is decoded, never whole)."""
+    import io
+
+    if row.get("audio_bytes") is not None:
+        return io.BytesIO(row["audio_bytes"])
+    return fsspec.open(row["audio"], "rb").open()
 
 
 def read_bytes(row: dict) -> bytes | None:

@@ -75,7 +75,8 @@ def test_a_preset_named_in_a_yaml_is_taken_whole(tmp_path):
     assert cfg.ssd.thresholds() == (1.5, 0.1)
     assert cfg.ssd.packs_gate() is False and cfg.ssd.gate_verify_threshold() is None
     assert "high_accuracy" in cfg.ssd.presets
-    shipped = load_config("ssd", ["ssd.preset=high_rtfx", "ssd.presets.high_rtfx.gate_verify_tau=null"])
+    shipped = load_config("ssd", ["ssd.preset=high_rtfx", "ssd.presets.high_rtfx.gate_verify_tau=null",
+                                  "ssd.presets.high_rtfx.pack_gate=true"])
     assert shipped.ssd.packs_gate() is True and shipped.ssd.gate_verify_threshold() is None
 
 

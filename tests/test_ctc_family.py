@@ -153,15 +153,15 @@ def test_a_missing_model_is_a_clear_error(tmp_path):
 def test_config_refuses_what_the_ctc_family_cannot_run(tmp_path):
     cfg = load_config("ctc_model_greedy", [f"model.source={tmp_path}"])
     assert (cfg.model.family, cfg.decoder.kind, cfg.decoder.pack_windows) == ("ctc", "ctc_greedy", False)
-    with pytest.raises(ConfigError, match="ctc_model_greedy"):    # ctc_greedy.yaml packs windows
-        load_config("ctc_greedy", ["model.family=ctc", f"model.source={tmp_path}"])
+    with pytest.raises(ConfigError, match="ctc_model_greedy"):
+        load_config("ctc_greedy", ["model.family=ctc", f"model.source={tmp_path}", "decoder.pack_windows=true"])
     # ctc_beam searches the model's own vocabulary (tests/test_ctc_beam_models.py), with
     # whole clips per encoder call like ctc_greedy
     for conf, sets in (("ctc_model_beam", []), ("ctc_model_greedy", ["decoder.kind=ctc_beam"]),
                        ("ctc_beam", ["model.family=ctc", "decoder.pack_windows=false"])):
         assert load_config(conf, [f"model.source={tmp_path}", *sets]).decoder.kind == "ctc_beam"
     with pytest.raises(ConfigError) as exc:
-        load_config("ctc_beam", ["model.family=ctc", f"model.source={tmp_path}"])
+        load_config("ctc_beam", ["model.family=ctc", f"model.source={tmp_path}", "decoder.pack_windows=true"])
     assert str(exc.value).startswith("decoder.pack_windows: model.family=ctc cannot pack") and "ctc_model_beam" in str(exc.value)
     assert len(str(exc.value).splitlines()) == 1
 

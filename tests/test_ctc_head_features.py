@@ -66,7 +66,8 @@ def test_training_windows_are_the_inference_plan_but_for_random_gaps(seed):
 
 def test_packed_training_states_are_the_adapters_packed_states(whisper_adapter, sample_manifest, sample_audio):
     """The same clips, order and gap: encode_packed_shard's frames are exactly what
-    WhisperAdapter.encode_packed (the inference path) cuts out for each clip."""
+    WhisperAdapter.encode_packed cuts out of shared windows for each clip (the layout the
+    head was trained on; inference packs isolated clips instead, docs/ctc_greedy.md)."""
     import torch
 
     torch.set_num_threads(1)
@@ -75,7 +76,7 @@ def test_packed_training_states_are_the_adapters_packed_states(whisper_adapter, 
     feats, timing = encode_packed_shard(whisper_adapter.model, whisper_adapter.processor, rows, "k", gap_s=gap)
     order, plan = plan_training_windows([len(sample_audio[r["id"]]) for r in rows], "k", gap)
     assert 1 < timing["windows"] < len(rows)
-    enc = whisper_adapter.encode_packed([sample_audio[rows[i]["id"]] for i in order])
+    enc = whisper_adapter.encode_packed([sample_audio[rows[i]["id"]] for i in order], keep_windows=True)
     for j, i in enumerate(order):
         n = int(enc.valid_frames[j])
         assert torch.equal(feats[rows[i]["id"]], enc.states[j, :n].to(torch.float16))

@@ -135,9 +135,9 @@ def test_configs_granite_cannot_serve_fail_in_validation(checkpoint):
     # The beam search has no vocabulary for granite's CTC outputs (no family factory).
     with pytest.raises(ConfigError, match="needs a model with beam_vocabulary; .*use ctc_greedy"):
         load_config("ctc_beam", base + ["decoder.pack_windows=false"])
-    # high_rtfx's packed gate needs encoder windows granite cannot pack.
+    # A packed gate needs encoder windows granite cannot pack.
     with pytest.raises(ConfigError, match="needs a model with packable.*ssd.pack_gate=false"):
-        load_config("ssd", base + ["ssd.preset=high_rtfx"])
+        load_config("ssd", base + ["ssd.preset=high_rtfx", "ssd.pack_gate=true"])
     assert load_config("ssd", base + ["ssd.preset=high_rtfx", "ssd.pack_gate=false"]).ssd.packs_gate() is False
 
 

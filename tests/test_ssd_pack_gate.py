@@ -45,14 +45,19 @@ def _finish(dec, results):
     return results
 
 
-def test_infinite_tau_ctc_gives_the_packed_ctc_greedy_text(adapter, audios):
-    from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
+def shared_window_drafts(adapter, audios) -> tuple[list[str], list[float]]:
+    """Greedy CTC texts and max entropies on shared 30-s windows, the gate's layout
+    (decoder.pack_windows isolates clips instead)."""
+    draft = adapter.ctc_draft(adapter.encode_packed(audios, keep_windows=True))
+    return [t.strip() for t in draft.texts], draft.max_entropy.tolist()
 
-    packed = CTCGreedySegmentDecoder(adapter, pack=True).decode(audios)
+
+def test_infinite_tau_ctc_gives_the_packed_ctc_greedy_text(adapter, audios):
+    texts, entropy = shared_window_drafts(adapter, audios)
     got = _decoder(adapter, float("inf"), 0.1).decode(audios)
     assert [r.stage for r in got] == ["ctc_gate"] * len(audios)
-    assert [r.text for r in got] == [r.text for r in packed]
-    assert [r.max_entropy for r in got] == pytest.approx([r.max_entropy for r in packed])
+    assert [r.text for r in got] == texts
+    assert [r.max_entropy for r in got] == pytest.approx(entropy)
     # The unpacked gate reads other drafts: the packed gate is not a no-op here.
     solo = _decoder(adapter, float("inf"), 0.1, pack_gate=False).decode(audios)
     assert [r.max_entropy for r in solo] != pytest.approx([r.max_entropy for r in got])
@@ -103,9 +108,9 @@ def test_clips_longer_than_a_third_of_the_window_skip_the_packed_gate(adapter, a
     mixed = [audios[3], long_clip, audios[4], audios[5]]
     short = [0, 2, 3]
     got = _decoder(adapter, float("inf"), 0.1).decode(mixed)
-    packed = CTCGreedySegmentDecoder(adapter, pack=True).decode([mixed[i] for i in short])
+    packed, _ = shared_window_drafts(adapter, [mixed[i] for i in short])
     alone = CTCGreedySegmentDecoder(adapter).decode([long_clip])
-    assert [got[i].text for i in short] == [r.text for r in packed]
+    assert [got[i].text for i in short] == packed
     assert got[1].text == alone[0].text and got[1].max_entropy == pytest.approx(alone[0].max_entropy)
     dec = _decoder(adapter, 0.0, 1.0)
     full = _finish(dec, dec.decode(mixed))
@@ -123,7 +128,8 @@ def test_pending_rows_carry_their_solo_window_states(adapter, audios):
 
 
 def test_pack_gate_config_comes_from_the_preset_and_is_validated():
-    assert load_config("ssd", ["ssd.preset=high_rtfx"]).ssd.packs_gate() is True
+    assert load_config("ssd", ["ssd.preset=high_rtfx"]).ssd.packs_gate() is False   # determinism
+    assert load_config("ssd", ["ssd.preset=high_rtfx", "ssd.presets.high_rtfx.pack_gate=true"]).ssd.packs_gate() is True
     assert load_config("ssd", ["ssd.preset=high_accuracy"]).ssd.packs_gate() is False
     assert load_config("ssd", ["ssd.preset=high_rtfx", "ssd.pack_gate=false"]).ssd.packs_gate() is False
     with pytest.raises(ConfigError, match="ssd.pack_gate"):
@@ -138,8 +144,9 @@ def test_the_registry_builds_the_adaptive_policy_only_where_the_gate_packs(adapt
     def policy(*overrides):
         return decoder_kind("ssd").build_first_stage(adapter, load_config("ssd", list(overrides))).pack_policy
 
-    assert policy("ssd.preset=high_rtfx") is not None
-    assert policy("ssd.preset=high_rtfx", "ssd.adaptive_pack_gate=false") is None
+    assert policy("ssd.preset=high_rtfx", "ssd.pack_gate=true") is not None
+    assert policy("ssd.preset=high_rtfx", "ssd.pack_gate=true", "ssd.adaptive_pack_gate=false") is None
+    assert policy("ssd.preset=high_rtfx") is None
     assert policy("ssd.preset=high_accuracy") is None
     with pytest.raises(ConfigError, match="ssd.adaptive_pack_gate"):
         load_config("ssd", ["ssd.adaptive_pack_gate=often"])

@@ -87,3 +87,4 @@ register_decoder_kind(DecoderKind(
 register_decoder_kind(DecoderKind(
     "ctc_beam", "pipeline.decoders.ctc_beam:build_log_probs", "pipeline.decoders.ctc_beam:build_search",
     needs=frozenset({CTC, BEAM_VOCABULARY}), packs_windows=True, config_section="beam"))
+register_decoder_kind(DecoderKind("audit", "pipeline.decoders.audit:build"))

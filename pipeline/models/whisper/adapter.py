@@ -124,12 +124,17 @@ class WhisperAdapter:
     @torch.inference_mode()
     def encode_packed(self, audios: list[np.ndarray], gap_s: float = PACK_GAP_S,
                       keep_windows: bool = False) -> EncoderBatch:
-        """Encoder states per clip, with short clips packed several to a 30-s window
-        (pipeline.packing): each window is encoded once and every clip's states are cut
-        out of it; rows are right-padded to the longest clip. For decoders that read only
-        the encoder states (the CTC head); ``keep_windows`` also returns the placements
-        and the window states (the SSD packed gate)."""
+        """Encoder states per clip, several short clips per encoder pass; rows are
+        right-padded to the longest clip. For decoders that read only the encoder states
+        (the CTC head) the clips are isolated (``encode_isolated``: a clip's states do not
+        depend on its neighbours). ``keep_windows`` (the SSD packed gate, which verifies
+        per window) packs the signals into shared 30-s windows instead (pipeline.packing)
+        and also returns the placements and the window states; there a clip's states do
+        depend on the clips sharing its window."""
         from pipeline.packing import pack_signals
+
+        if not keep_windows:
+            return self.encode_isolated(audios)
 
         placements = self.plan_packing([len(a) for a in audios], gap_s)
         windows = self.run_encoder(self.features(pack_signals(audios, placements, WINDOW_SAMPLES)))
@@ -142,6 +147,46 @@ class WhisperAdapter:
         return EncoderBatch(states=states, valid_frames=torch.tensor(valid, dtype=torch.long, device=self.device),
                             placements=placements if keep_windows else None,
                             window_states=windows if keep_windows else None)
+
+    @torch.inference_mode()
+    def encode_isolated(self, audios: list[np.ndarray]) -> EncoderBatch:
+        """Encoder states per clip that are a function of the clip alone, several clips per
+        encoder pass (pipeline.packing.plan_sequences): each clip's log-mel (its own 30-s
+        padded window, as ``encode`` computes it) is cut to its valid frames and run
+        through the convolutions alone, takes positions 0..n-1, and the clips of one
+        sequence attend only to themselves (pipeline.packing.block_mask)."""
+        from pipeline.packing import block_mask, plan_sequences
+
+        for a in audios:
+            if len(a) > WINDOW_SAMPLES:
+                raise ValueError(f"segment of {len(a) / SAMPLE_RATE:.1f} s exceeds Whisper's 30-s window")
+        encoder = self.model.model.encoder
+        feats = self.features(audios)
+        valid = [self.valid_frames(len(a), WINDOW_FRAMES) for a in audios]
+        embeds = []
+        for i, n in enumerate(valid):
+            x = torch.nn.functional.gelu(encoder.conv1(feats[i:i + 1, :, :2 * n]))
+            x = torch.nn.functional.gelu(encoder.conv2(x))[0].transpose(0, 1)
+            embeds.append(x + encoder.embed_positions.weight[:n].to(x.dtype))
+        places = plan_sequences(valid, WINDOW_FRAMES)
+        n_seq = 1 + max(s for s, _ in places)
+        spans = [[] for _ in range(n_seq)]
+        for (seq, off), n in zip(places, valid):
+            spans[seq].append((off, n))
+        length = max(off + n for seq in spans for off, n in seq)
+        hidden = embeds[0].new_zeros(n_seq, length, embeds[0].shape[1])
+        for (seq, off), x in zip(places, embeds):
+            hidden[seq, off:off + len(x)] = x
+        allowed = torch.from_numpy(block_mask(spans, length)).to(self.device)
+        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=self.device)
+        mask = mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]
+        for layer in encoder.layers:
+            hidden = layer(hidden, mask)
+        hidden = encoder.layer_norm(hidden)
+        states = hidden.new_zeros(len(audios), max(valid), hidden.shape[2])
+        for i, ((seq, off), n) in enumerate(zip(places, valid)):
+            states[i, :n] = hidden[seq, off:off + n]
+        return EncoderBatch(states=states, valid_frames=torch.tensor(valid, dtype=torch.long, device=self.device))
 
     @torch.inference_mode()
     def ctc_draft(self, enc: EncoderBatch) -> CTCDraftBatch:

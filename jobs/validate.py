@@ -1,0 +1,58 @@
+"""Audit a corpus before a long job: `shardscribe validate SRC`.
+
+Runs the transcription job with the `audit` decoder kind (pipeline.decoders.audit): every
+recording is read, decoded and segmented exactly as a job would, no model is loaded, and
+one row per recording is written with its duration or its error. Prints how many rows,
+how many hours, and the first recordings that failed with why. Exit 0: every recording is
+usable; 1: some are not (listed); 2: the source or config is unusable.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+
+COMMAND = "validate"
+SHOWN_ERRORS = 20
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("input", help="folder/glob of audio, JSONL manifest or Parquet")
+    parser.add_argument("--output", default=None,
+                        help="keep the per-recording rows here (default: a temporary folder)")
+    parser.add_argument("--config", default=None, help="config whose audio.* settings to audit with")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--runner", choices=["ray", "local"], default="ray")
+    parser.add_argument("--audio-column", default=None)
+    parser.add_argument("--text-column", default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs import transcribe
+    from pipeline.output import read_output
+
+    with tempfile.TemporaryDirectory(prefix="shardscribe-validate-") as tmp:
+        output = args.output or tmp
+        # transcribe's own parser: every option it reads gets its default
+        parser = argparse.ArgumentParser()
+        transcribe.add_arguments(parser)
+        job = parser.parse_args(
+            ["--input", args.input, "--output", output, "--runner", args.runner]
+            + (["--config", args.config] if args.config else [])
+            + (["--audio-column", args.audio_column] if args.audio_column else [])
+            + (["--text-column", args.text_column] if args.text_column else [])
+            + [a for o in list(args.overrides) + ["decoder.kind=audit", "model.device=cpu"] for a in ("--set", o)])
+        code = transcribe.run(job)
+        if code == 2:
+            return code
+        out = read_output(output, ["id", "audio", "duration_s", "error"])
+        rows = out.to_pylist() if out is not None else []
+    failed = [r for r in rows if r["error"]]
+    hours = sum(r["duration_s"] or 0.0 for r in rows) / 3600
+    print(f"shardscribe: validate: {len(rows)} recordings, {hours:.2f} h of audio, "
+          f"{len(failed)} unusable", file=sys.stderr)
+    for r in failed[:SHOWN_ERRORS]:
+        print(f"  {r['id']}: {r['error']}", file=sys.stderr)
+    if len(failed) > SHOWN_ERRORS:
+        print(f"  ... and {len(failed) - SHOWN_ERRORS} more (--output keeps every row)", file=sys.stderr)
+    return 1 if failed or code else 0
