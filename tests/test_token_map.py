@@ -40,7 +40,7 @@ def test_map_candidates_are_counted_continuations_ranked_by_count_sum():
     rng = random.Random(0)
     vocab = [10, 11, 12, 13, 14]
     sentences = [[rng.choice(vocab) for _ in range(rng.randint(2, 7))] for _ in range(200)]
-    m = build_token_map(sentences, order=2, max_len=4, min_count=3, keep=3)
+    m = build_token_map(sentences, order=2, max_len=4, min_count=3, keep=3, min_share=0.0)
     assert m.table
     for key, cands in m.table.items():
         occ = _occurrences(sentences, key)
@@ -71,7 +71,7 @@ def test_lookup_takes_the_longest_key_first_cuts_at_end_and_drops_duplicates(tmp
 
 def test_min_share_prunes_rare_followers():
     sentences = [[1, 2, 3]] * 8 + [[1, 4, 5]] * 2
-    assert build_token_map(sentences, order=1, min_count=1, keep=2).table[(1,)] == [(2, 3, END), (4, 5, END)]
+    assert build_token_map(sentences, order=1, min_count=1, keep=2, min_share=0.0).table[(1,)] == [(2, 3, END), (4, 5, END)]
     assert build_token_map(sentences, order=1, min_count=1, keep=2, min_share=0.3).table[(1,)] == [(2, 3, END)]
 
 
@@ -114,7 +114,7 @@ def test_config_checks_the_token_map_before_any_worker(tmp_path):
 
 # ------------------------------------------------------------------------ the policy
 def test_policy_drafts_first_stops_below_break_even_and_probes():
-    policy = DraftPolicy(half_life=1e9, probe_every=4)
+    policy = DraftPolicy(half_life=1e9, probe_every=4, prior_gain=3.0, prior_weight=4.0)
     assert policy.should_draft()          # optimistic prior
     policy.observe(True, seconds=2.0, rows=8, decided=8)      # nothing accepted
     policy.observe(False, seconds=1.0, rows=8, decided=8)
@@ -136,19 +136,18 @@ def whisper_set(whisper_adapter, sample_audio, sample_manifest):
 
     ad = whisper_adapter
     domain = domain_sentences(300, 5)
-    held = domain[:3] + [{"text": "Spawn an external command respecting the dry run flag.",
-                          "spoken": "Spawn an external command respecting the dry run flag."}]
+    held = domain[:1] + [{"text": "Spawn an external command.", "spoken": "Spawn an external command."}]
     audios = [sample_audio[m["id"]] for m in sample_manifest] + [a for _, a in heldout_voice_speech(held, 3)]
     states = ad.encode(audios).states
     plain = greedy_decode(ad, states)
-    texts = [m["text"] for m in sample_manifest] + [d["text"] for d in domain[3:]]
+    texts = [m["text"] for m in sample_manifest] + [d["text"] for d in domain[1:]]
     return ad, states, plain, [ad.tokenize(t) for t in texts]
 
 
-@pytest.mark.parametrize("order,k", [(1, 1), (2, 2), (3, 3), (4, 4), (3, 1)])
+@pytest.mark.parametrize("order,k", [(1, 4), (2, 3), (3, 2), (4, 1)])
 def test_drafted_greedy_equals_plain_greedy_on_whisper(whisper_set, order, k):
     ad, states, plain, tokenised = whisper_set
-    m = build_token_map(tokenised, order=order, min_count=1)
+    m = build_token_map(tokenised, order=order, min_count=1, min_share=0.0)
     timer = {}
     got = greedy_decode(ad, states, map_drafting=MapDrafting(m, k, 6), timer=timer)
     assert got == plain
@@ -161,40 +160,42 @@ def test_random_and_oracle_maps_and_token_limits_on_whisper(whisper_set):
     # Random: frequent real tokens followed by random ones, so candidates fire and fail.
     firsts = [p[:2] for p in plain]
     noise = [f + [rng.randrange(ad.vocab_size) for _ in range(6)] for f in firsts for _ in range(2)]
-    rand = build_token_map(noise, order=2, min_count=1)
+    rand = build_token_map(noise, order=2, min_count=1, min_share=0.0)
     assert greedy_decode(ad, states, map_drafting=MapDrafting(rand, 4, 8)) == plain
     # Oracle: built from the output itself (drafts run into end-of-text).
-    oracle = build_token_map(plain, order=3, min_count=1)
+    oracle = build_token_map(plain, order=3, min_count=1, min_share=0.0)
     timer = {}
     assert greedy_decode(ad, states, map_drafting=MapDrafting(oracle, 2, 16), timer=timer) == plain
     assert timer["tm_accepted"] / timer["tm_drafted"] > 0.5
-    for limit in (1, 3):
-        assert greedy_decode(ad, states, max_new_tokens=limit, map_drafting=MapDrafting(oracle, 2, 16)) == \
-            greedy_decode(ad, states, max_new_tokens=limit)
+    limit = 3
+    assert greedy_decode(ad, states, max_new_tokens=limit, map_drafting=MapDrafting(oracle, 2, 16)) == \
+        greedy_decode(ad, states, max_new_tokens=limit)
 
 
 def test_rows_alone_and_forced_prefixes_on_whisper(whisper_set):
     ad, states, plain, tokenised = whisper_set
-    m = build_token_map(tokenised, order=3, min_count=1)
-    for i in range(states.shape[0]):
+    m = build_token_map(tokenised, order=3, min_count=1, min_share=0.0)
+    for i in (0, states.shape[0] - 1):   # a bundled sample and a held-out domain clip
         alone = greedy_decode(ad, states[i:i + 1])
         assert greedy_decode(ad, states[i:i + 1], map_drafting=MapDrafting(m, 2, 8)) == alone
-    prefixes = [p[:i % 3] for i, p in enumerate(plain)]
-    assert greedy_decode(ad, states, prefixes=prefixes, map_drafting=MapDrafting(m, 2, 8, DraftPolicy())) == \
-        greedy_decode(ad, states, prefixes=prefixes)
+    some = [0, 2, 4, states.shape[0] - 1]
+    prefixes = [plain[i][:n % 3 + 1] for n, i in enumerate(some)]
+    assert greedy_decode(ad, states[some], prefixes=prefixes, map_drafting=MapDrafting(m, 2, 8, DraftPolicy())) == \
+        greedy_decode(ad, states[some], prefixes=prefixes)
 
 
 def test_ssd_fallback_with_both_draft_sources_equals_the_plain_fallback(whisper_adapter, whisper_set):
     ad, states, plain, tokenised = whisper_set
-    m = build_token_map(tokenised, order=3, min_count=1)
-    texts = [ad.text(p) for p in plain]
+    m = build_token_map(tokenised, order=3, min_count=1, min_share=0.0)
+    rows_used = [1, 3, states.shape[0] - 2, states.shape[0] - 1]
+    texts = [ad.text(plain[i]) for i in rows_used]
     # Damaged drafts (every third word dropped) fail verification part-way.
     drafts = [" ".join(w for j, w in enumerate(t.split()) if j % 3 != 2) for t in texts]
     outs = []
     for lookahead, md in ((0, None), (4, MapDrafting(m, 2, 8, map_first=True)),
-                          (4, MapDrafting(m, 2, 8, map_first=False)), (0, MapDrafting(m, 3, 8))):
+                          (4, MapDrafting(m, 2, 8, map_first=False))):
         ssd = SelfSpeculativeDecoder(ad, 0.0, 0.5, lookahead=lookahead, map_drafting=md)
-        rows = ssd.decode(states, drafts, torch.ones(len(drafts)))
+        rows = ssd.decode(states[rows_used], drafts, torch.ones(len(drafts)))
         outs.append([r.tokens for r in rows])
     assert all(o == outs[0] for o in outs[1:])
 
@@ -207,10 +208,10 @@ def test_drafted_greedy_equals_plain_greedy_on_granite(setup):  # noqa: F811
     rand = [[rng.randrange(5, len(setup["tok"])) for _ in range(8)] for _ in range(20)]
     for order in (1, 2, 3, 4):
         for k, source in ((order, oracle), (5 - order, rand + oracle)):
-            m = build_token_map(source, order=order, min_count=1)
+            m = build_token_map(source, order=order, min_count=1, min_share=0.0)
             got = greedy_decode(ad, states, max_new_tokens=GRANITE_MAX_NEW, map_drafting=MapDrafting(m, k, 6))
             assert got == full
-    m = build_token_map(oracle, order=3, min_count=1)
+    m = build_token_map(oracle, order=3, min_count=1, min_share=0.0)
     for i in range(states.shape[0]):
         got = greedy_decode(ad, states[i:i + 1], max_new_tokens=GRANITE_MAX_NEW, map_drafting=MapDrafting(m, 2, 6))
         assert got == [full[i]]

@@ -27,6 +27,17 @@ argmax there is the round's next decided token, so every round decides at least 
 and, under the argmax rule, exactly the tokens plain greedy decoding decides. Rows keep
 different numbers of guesses, so rejected guesses are not cut out of the batched cache:
 they stay masked out (zero attention mask), and positions count only kept tokens.
+
+Token-map drafting (``map_drafting``; "Model-free Speculative Decoding for
+Transformer-based ASR with Token Map Drafting", §III-A): after its first token a row looks
+up up to K continuations of its last N..1 decided tokens in a token map
+(pipeline.decoding.token_map), plus, in SSD's fallback, the rest of its CTC draft. All
+rows' candidates go through the decoder in one pass as candidate trees over the KV cache
+(pipeline.decoding.draft_tree: a 4D attention mask lets each node see the past and its
+ancestors only); each row keeps the longest candidate prefix that is its own argmax, then
+the correction token, so the output is plain greedy's token for token. Nodes off the kept
+path stay in the cache, masked out, as rejected guesses do above. A policy
+(pipeline.draft_policy) may switch drafting off pass by pass where it does not pay.
 """
 from __future__ import annotations
 
@@ -320,7 +331,8 @@ def _tree_step(adapter, md: MapDrafting, alive, next_tok, enc, cache, mask, pos,
     has a candidate or the policy says it does not pay, the decided token alone), commit
     the accepted drafts, and return the next decided tokens with the grown mask, positions
     and cache."""
-    t0 = time.perf_counter()
+    clock = md.policy.clock if md.policy is not None else time.perf_counter
+    t0 = clock()
     device, eot = next_tok.device, adapter.eot_id
     draft_now = md.policy is None or md.policy.should_draft()
     cands = [[] for _ in alive]
@@ -337,7 +349,7 @@ def _tree_step(adapter, md: MapDrafting, alive, next_tok, enc, cache, mask, pos,
         nxt = logits.argmax(-1)
         if md.policy is not None:
             synchronize(nxt)  # a drafting pass waits for its tokens on the host too
-            md.policy.observe(False, time.perf_counter() - t0, len(alive), len(alive))
+            md.policy.observe(False, clock() - t0, len(alive), len(alive))
         if timer is not None:
             timer["tm_plain_passes"] = timer.get("tm_plain_passes", 0) + 1
         return nxt, pos + 1, torch.cat([mask, torch.ones_like(pos)], 1), cache
@@ -352,7 +364,7 @@ def _tree_step(adapter, md: MapDrafting, alive, next_tok, enc, cache, mask, pos,
                 ptrs[r] = _advance_last(drafts[r], ptrs[r], prefixes[r], generated[r])
     kept = torch.tensor([len(p) for p in paths], device=device)
     if md.policy is not None:
-        md.policy.observe(True, time.perf_counter() - t0, len(alive), len(alive) + int(kept.sum()))
+        md.policy.observe(True, clock() - t0, len(alive), len(alive) + int(kept.sum()))
     if timer is not None:
         timer["tm_passes"] = timer.get("tm_passes", 0) + 1
         timer["tm_rounds"] = timer.get("tm_rounds", 0) + sum(1 for c in cands if c)
