@@ -71,7 +71,7 @@ class TokenMapConfig:
     Token Map Drafting"), used where decoder.token_map is set; docs/token_map.md has the
     measurements behind the defaults."""
     candidates: int = 1               # K: continuations verified per row and pass
-    max_draft: int = 8                # tokens per continuation
+    max_draft: int = 4                # tokens per continuation
     adaptive: bool = True             # draft only while the running acceptance pays (pipeline.draft_policy)
     lookahead_first: bool = False     # SSD fallback with ssd.lookahead: the CTC draft ranks before the map
 

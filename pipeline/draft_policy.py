@@ -27,10 +27,10 @@ from typing import Callable
 @dataclass
 class DraftPolicy:
     prior_gain: float = 2.0       # tokens decided per row per drafting pass, before any is measured
-    prior_cost: float = 1.3       # drafting / plain pass seconds, before both are measured
-    prior_weight: float = 2.0     # row-passes the prior weighs (one pass of a batch outweighs it)
+    prior_cost: float = 1.6       # drafting / plain pass seconds, before both are measured (docs/token_map.md)
+    prior_weight: float = 1.0     # row-passes the prior weighs (one row of one pass outweighs it)
     half_life: float = 64.0       # passes after which an observation weighs half
-    probe_every: int = 32         # at most this many passes of one choice in a row (0: no limit)
+    probe_every: int = 64         # at most this many passes of one choice in a row (0: no limit)
     draft_rows: float = 0.0       # forgotten sums: rows and tokens of drafting passes,
     draft_tokens: float = 0.0
     draft_seconds: float = 0.0

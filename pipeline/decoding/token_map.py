@@ -34,7 +34,7 @@ DEFAULT_ORDER = 3       # the paper's best N (its Fig. 4)
 DEFAULT_MAX_LEN = 16
 DEFAULT_MIN_COUNT = 2
 DEFAULT_KEEP = 4
-DEFAULT_MIN_SHARE = 0.3       # docs/token_map.md: where drafting paid on the domain set
+DEFAULT_MIN_SHARE = 0.5       # docs/token_map.md: fewer wasted draft tokens on the domain set
 
 
 @dataclass
