@@ -227,3 +227,26 @@ def interleaved_ms_per_utt(contenders: dict, rounds: int) -> dict:
             if r:
                 best[name] = min(best.get(name, secs), secs)
     return {name: 1000.0 * best[name] / contenders[name][0] for name in contenders}
+
+
+# ------------------------------------------------------------------ held-out TTS speech
+def heldout_voice_speech(items: list[dict], seed: int) -> list:
+    """Each ``{"text", "spoken"}`` item said by a held-out voice of the synthetic corpus
+    (pipeline.tts.corpus: voices the CTC head never heard), 16-kHz float32, unaugmented;
+    an item the engine fails on is left out (its index is missing from the result's
+    ``(index, audio)`` pairs)."""
+    import random
+    import subprocess
+
+    from pipeline.tts.corpus import sample_voice
+    from pipeline.tts.engines import synthesize
+
+    rng = random.Random(seed)
+    out = []
+    for i, item in enumerate(items):
+        voice = sample_voice(rng, heldout=True)
+        try:
+            out.append((i, synthesize(voice, item["spoken"])))
+        except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired):
+            continue
+    return out

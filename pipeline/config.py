@@ -6,6 +6,7 @@ the wrong type or out of range raises ConfigError naming the dotted key.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -15,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
+from pipeline.models.base import ATTENTION_DECODER
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -56,9 +58,29 @@ class DecoderConfig:
     # windows. Faster, but a clip sees only its own frames, not a padded 30-s window:
     # off in the shipped configs for their accuracy (docs/ctc_greedy.md has both).
     pack_windows: bool = False
+    # A token map (`shardscribe build-token-map`) to draft with in greedy AR decoding, the
+    # ar kind's and SSD's fallback (section token_map); null: off.
+    token_map: str | None = None
 
     def validate(self, key: str) -> None:
         _at_least(f"{key}.max_new_tokens", self.max_new_tokens, 1)
+        if self.token_map is not None:
+            _check_token_map(f"{key}.token_map", self.token_map)
+
+
+@dataclass
+class TokenMapConfig:
+    """Token-map drafting ("Model-free Speculative Decoding for Transformer-based ASR with
+    Token Map Drafting"), used where decoder.token_map is set; docs/token_map.md has the
+    measurements behind the defaults."""
+    candidates: int = 1               # K: continuations verified per row and pass
+    max_draft: int = 4                # tokens per continuation
+    adaptive: bool = True             # draft only while the running acceptance pays (pipeline.draft_policy)
+    lookahead_first: bool = False     # SSD fallback with ssd.lookahead: the CTC draft ranks before the map
+
+    def validate(self, key: str) -> None:
+        _at_least(f"{key}.candidates", self.candidates, 1)
+        _at_least(f"{key}.max_draft", self.max_draft, 1)
 
 
 @dataclass
@@ -270,6 +292,7 @@ class JobConfig:
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     ssd: SSDConfig = field(default_factory=SSDConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
+    token_map: TokenMapConfig = field(default_factory=TokenMapConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -296,6 +319,13 @@ class JobConfig:
                 hint = family.hint(need)
                 raise ConfigError(f"model: decoder.kind={kind.name} needs a model with {need}; "
                                   f"model.family={family.name} {'(' + hint + ')' if hint else 'has none'}")
+        if self.decoder.token_map is not None:
+            if ATTENTION_DECODER not in kind.needs_for(self):
+                raise ConfigError(f"decoder.token_map: drafts for an attention decoder's greedy decoding; "
+                                  f"decoder.kind={kind.name} has none")
+            if kind.name == "ssd" and self.ssd.lookahead and self.ssd.lookahead_rule != "greedy":
+                raise ConfigError("decoder.token_map: token-map drafting verifies greedily; "
+                                  f"ssd.lookahead_rule={self.ssd.lookahead_rule} cannot draft with it")
         if self.decoder.pack_windows:
             if not kind.packs_windows:
                 packing = ", ".join(n for n, k in kinds.items() if k.packs_windows)
@@ -315,6 +345,22 @@ class JobConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _check_token_map(key: str, path: str) -> None:
+    """A readable token map: the file exists and its safetensors header says so (cheap: the
+    header alone is read)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{key}: {path} does not exist")
+    try:
+        with open(p, "rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(size)) if 0 < size < 1 << 24 else {}
+    except (OSError, ValueError):
+        header = {}
+    if "order" not in (header.get("__metadata__") or {}):
+        raise ConfigError(f"{key}: {path} is not a token map (build one with shardscribe build-token-map)")
 
 
 def _choice(key, value, allowed):

@@ -1,19 +1,40 @@
 """Decoder kind ``ar``: full autoregressive greedy decoding of each segment, the baseline
-every speculative decoder must reproduce or beat (pipeline.decoding.ar_greedy)."""
+every speculative decoder must reproduce or beat (pipeline.decoding.ar_greedy); with
+``decoder.token_map``, drafted from a token map ("Model-free Speculative Decoding for
+Transformer-based ASR with Token Map Drafting"), with the same output."""
 from __future__ import annotations
 
 import numpy as np
 
 from pipeline.decoders.base import SegmentResult, encode_then
-from pipeline.decoding.ar_greedy import greedy_decode
+from pipeline.decoding.ar_greedy import MapDrafting, greedy_decode
+
+
+def map_drafting(adapter, cfg) -> MapDrafting | None:
+    """The token-map drafting ``cfg`` asks for (None where decoder.token_map is null), its
+    map checked against the adapter's vocabulary; one policy per decoder, kept across
+    batches."""
+    if cfg.decoder.token_map is None:
+        return None
+    from pipeline.decoding.token_map import TokenMap
+    from pipeline.draft_policy import DraftPolicy
+
+    token_map = TokenMap.load(cfg.decoder.token_map)
+    if token_map.max_token >= adapter.vocab_size:
+        raise ValueError(f"decoder.token_map: {cfg.decoder.token_map} holds token {token_map.max_token}, beyond the "
+                         f"model's vocabulary ({adapter.vocab_size}): built with another tokenizer")
+    tm = cfg.token_map
+    return MapDrafting(token_map, tm.candidates, tm.max_draft, DraftPolicy() if tm.adaptive else None,
+                       map_first=not tm.lookahead_first)
 
 
 class ARSegmentDecoder:
     name = "ar"
 
-    def __init__(self, adapter, max_new_tokens: int = 224):
+    def __init__(self, adapter, max_new_tokens: int = 224, drafting: MapDrafting | None = None):
         self.adapter = adapter
         self.max_new_tokens = max_new_tokens
+        self.drafting = drafting
 
     def segment_cost(self, audio: np.ndarray) -> int:
         return self.adapter.segment_cost(len(audio))
@@ -21,10 +42,11 @@ class ARSegmentDecoder:
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
         tokens, t_enc, t_dec = encode_then(
             self.adapter, audios,
-            lambda enc: greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens))
+            lambda enc: greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens,
+                                      map_drafting=self.drafting))
         return [SegmentResult(self.adapter.text(t), "ar", len(t), t_enc, t_dec, generated=len(t))
                 for t in tokens]
 
 
 def build(adapter, cfg) -> ARSegmentDecoder:
-    return ARSegmentDecoder(adapter, cfg.decoder.max_new_tokens)
+    return ARSegmentDecoder(adapter, cfg.decoder.max_new_tokens, map_drafting(adapter, cfg))

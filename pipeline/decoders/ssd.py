@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pipeline.decoders.ar import map_drafting
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult
 from pipeline.decoding.ar_greedy import DecodeSeed
 from pipeline.decoding.ssd import CTC_GATE, SelfSpeculativeDecoder, SSDRow
@@ -101,7 +102,7 @@ class SSDFirstPassDecoder:
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None, lookahead: int = 0,
                  lookahead_rule: str = "greedy", pack_gate: bool = False,
-                 gate_verify_tau: float | None = None, adaptive_pack_gate: bool = False):
+                 gate_verify_tau: float | None = None, adaptive_pack_gate: bool = False, map_drafting=None):
         if pack_gate:
             require(adapter, PACKABLE, what="ssd.pack_gate")
         self.adapter = adapter
@@ -111,7 +112,8 @@ class SSDFirstPassDecoder:
         self.pack_policy = PackGatePolicy() if pack_gate and adaptive_pack_gate else None
         self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens, reuse_kv=reuse_kv,
                                           verify_max_entropy=verify_max_entropy, lookahead=lookahead,
-                                          lookahead_rule=lookahead_rule, gate_verify_tau=gate_verify_tau)
+                                          lookahead_rule=lookahead_rule, gate_verify_tau=gate_verify_tau,
+                                          map_drafting=map_drafting)
         self.seeds: SeedStore | None = None
 
     def share_seeds(self) -> SeedStore:
@@ -329,7 +331,7 @@ def _options(cfg) -> dict:
 
 def build_first_pass(adapter, cfg) -> SSDFirstPassDecoder:
     return SSDFirstPassDecoder(adapter, pack_gate=cfg.ssd.packs_gate(), adaptive_pack_gate=cfg.ssd.adaptive_pack_gate,
-                               **_options(cfg))
+                               map_drafting=map_drafting(adapter, cfg), **_options(cfg))
 
 
 def build_fallback(cfg, first_stage: SSDFirstPassDecoder | None = None) -> SSDFallback:
@@ -339,6 +341,7 @@ def build_fallback(cfg, first_stage: SSDFirstPassDecoder | None = None) -> SSDFa
         return SSDFallback(first_stage.ssd, first_stage.share_seeds())
     from pipeline.models import load_model
 
-    return SSDFallback(SelfSpeculativeDecoder(load_model(cfg.model), **_options(cfg)))
+    adapter = load_model(cfg.model)
+    return SSDFallback(SelfSpeculativeDecoder(adapter, map_drafting=map_drafting(adapter, cfg), **_options(cfg)))
 
 

@@ -27,6 +27,17 @@ argmax there is the round's next decided token, so every round decides at least 
 and, under the argmax rule, exactly the tokens plain greedy decoding decides. Rows keep
 different numbers of guesses, so rejected guesses are not cut out of the batched cache:
 they stay masked out (zero attention mask), and positions count only kept tokens.
+
+Token-map drafting (``map_drafting``; "Model-free Speculative Decoding for
+Transformer-based ASR with Token Map Drafting", §III-A): after its first token a row looks
+up up to K continuations of its last N..1 decided tokens in a token map
+(pipeline.decoding.token_map), plus, in SSD's fallback, the rest of its CTC draft. All
+rows' candidates go through the decoder in one pass as candidate trees over the KV cache
+(pipeline.decoding.draft_tree: a 4D attention mask lets each node see the past and its
+ancestors only); each row keeps the longest candidate prefix that is its own argmax, then
+the correction token, so the output is plain greedy's token for token. Nodes off the kept
+path stay in the cache, masked out, as rejected guesses do above. A policy
+(pipeline.draft_policy) may switch drafting off pass by pass where it does not pay.
 """
 from __future__ import annotations
 
@@ -36,9 +47,40 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.decoding.draft_sync import advance, proposal
+from pipeline.decoding.draft_tree import build_trees, kept_columns, tree_inputs, walk_trees
+from pipeline.timing import synchronize
 
 # Guess positions per chunk of a speculative round's output projection.
 LOOKAHEAD_CHUNK = 4
+
+
+@dataclass
+class MapDrafting:
+    """Token-map drafting in greedy decoding (see the module docstring): up to
+    ``candidates`` continuations of at most ``max_draft`` tokens per row and pass, from
+    ``token_map`` (pipeline.decoding.token_map.TokenMap) and, where the call also gives
+    ``drafts`` and ``lookahead``, from the draft as one more candidate (``map_first``: the
+    map's candidates rank first). ``policy`` (pipeline.draft_policy.DraftPolicy, kept
+    across calls) decides pass by pass whether drafting pays; None drafts on every pass."""
+    token_map: object
+    candidates: int = 2
+    max_draft: int = 8
+    policy: object = None
+    map_first: bool = True
+
+    def propose(self, history: list[int], room: int, eot: int, draft: list[int] | None) -> list[list[int]]:
+        size = min(self.max_draft, room)
+        if size <= 0:
+            return []
+        cands = self.token_map.candidates(history, self.candidates, size, eot)
+        if draft:
+            cands = cands + [draft] if self.map_first else [draft] + cands
+            unique = []
+            for c in cands:
+                if c not in unique:
+                    unique.append(c)
+            cands = unique[:self.candidates]
+        return cands
 
 
 @dataclass
@@ -142,7 +184,8 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
                   max_new_tokens: int = 224, seeds: list[DecodeSeed] | None = None,
                   timer: dict | None = None, drafts: list[list[int]] | None = None,
                   draft_starts: list[int] | None = None, lookahead: int = 0,
-                  verify_chunk: int = LOOKAHEAD_CHUNK, accept_prob: float | None = None) -> list[list[int]]:
+                  verify_chunk: int = LOOKAHEAD_CHUNK, accept_prob: float | None = None,
+                  map_drafting: MapDrafting | None = None) -> list[list[int]]:
     """Return, per row, the generated tokens after its prefix (end-of-text excluded).
 
     With ``seeds`` (one per row, each for that row's prompt + prefix), the prefill pass is
@@ -150,8 +193,13 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     With ``drafts`` and ``lookahead`` > 0, each step after the first also feeds up to
     ``lookahead`` draft tokens per row (speculative rounds, see the module docstring);
     ``draft_starts`` gives each row's draft position after its prefix (default 0).
-    ``timer`` (benchmarks) accumulates seconds under "prefill" (the first step) and
-    "decode" (the rest); each step already waits for its tokens on the host."""
+    With ``map_drafting``, each step after the first feeds a tree of candidate
+    continuations per row (token-map drafting, see the module docstring); the draft, if
+    given, is one of the candidates. ``timer`` (benchmarks) accumulates seconds under
+    "prefill" (the first step) and "decode" (the rest); each step already waits for its
+    tokens on the host. Drafting steps add counts: "tm_rounds" (row-steps with a
+    candidate), "tm_drafted" (draft tokens fed), "tm_accepted", "tm_passes" and
+    "tm_plain_passes"."""
     t0 = time.perf_counter()
     B = encoder_states.shape[0]
     device = encoder_states.device
@@ -166,9 +214,11 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         mask[i, L - len(s):] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     empty = torch.tensor([len(p) == 0 for p in prefixes], device=device)
-    speculate = drafts is not None and lookahead > 0
-    if speculate and len(drafts) != B:
+    use_draft = drafts is not None and lookahead > 0
+    if use_draft and len(drafts) != B:
         raise ValueError("one draft per row")
+    tree = map_drafting is not None
+    speculate = use_draft and not tree  # linear rounds over the draft alone
     ptrs = list(draft_starts) if draft_starts is not None else [0] * B
 
     cache = None
@@ -218,11 +268,16 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
             next_tok, enc, mask, pos = next_tok[idx], enc[idx], mask[idx], pos[idx]
             cache.batch_select_indices(idx)
         guesses = [[] for _ in alive]
+        if use_draft:
+            for r in alive:
+                ptrs[r] = _advance_last(drafts[r], ptrs[r], prefixes[r], generated[r])
+        if tree:
+            next_tok, pos, mask, cache = _tree_step(adapter, map_drafting, alive, next_tok, enc, cache, mask, pos,
+                                                    prefixes, generated, limit, drafts if use_draft else None,
+                                                    ptrs, lookahead, timer)
+            continue
         if speculate:
             for n, r in enumerate(alive):
-                ptrs[r] = advance(drafts[r], ptrs[r], generated[r][-1],
-                                  generated[r][-2] if len(generated[r]) > 1 else
-                                  (prefixes[r][-1] if prefixes[r] else None))
                 # A guess never takes a row past its token limit (the decided token after
                 # the guesses counts too), so the output is plain greedy's, truncated alike.
                 guesses[n] = proposal(drafts[r], ptrs[r], min(lookahead, limit - len(generated[r]) - 1))
@@ -261,6 +316,63 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     if timer is not None:
         timer["decode"] = timer.get("decode", 0.0) + time.perf_counter() - t0
     return generated
+
+
+def _advance_last(draft: list[int], ptr: int, prefix: list[int], generated: list[int]) -> int:
+    """The draft pointer after the newest committed token (pipeline.decoding.draft_sync)."""
+    prev = generated[-2] if len(generated) > 1 else (prefix[-1] if prefix else None)
+    return advance(draft, ptr, generated[-1], prev)
+
+
+def _tree_step(adapter, md: MapDrafting, alive, next_tok, enc, cache, mask, pos, prefixes, generated, limit,
+               drafts, ptrs, lookahead, timer):
+    """One pass of token-map drafting over the alive rows, whose newest decided tokens
+    (``next_tok``) are committed already: feed each row's candidate tree (or, where no row
+    has a candidate or the policy says it does not pay, the decided token alone), commit
+    the accepted drafts, and return the next decided tokens with the grown mask, positions
+    and cache."""
+    clock = md.policy.clock if md.policy is not None else time.perf_counter
+    t0 = clock()
+    device, eot = next_tok.device, adapter.eot_id
+    draft_now = md.policy is None or md.policy.should_draft()
+    cands = [[] for _ in alive]
+    if draft_now:
+        for n, r in enumerate(alive):
+            room = limit - len(generated[r]) - 1
+            own = proposal(drafts[r], ptrs[r], min(lookahead, room)) if drafts is not None else None
+            cands[n] = md.propose(prefixes[r] + generated[r], room, eot, own)
+    if not any(cands):
+        hidden, cache = adapter.decoder_hidden(next_tok.unsqueeze(-1), enc, cache,
+                                               torch.cat([mask, torch.ones_like(pos)], 1), pos)
+        logits = adapter.logits(hidden[:, -1])
+        logits.masked_fill_(adapter.suppress_mask, float("-inf"))
+        nxt = logits.argmax(-1)
+        if md.policy is not None:
+            synchronize(nxt)  # a drafting pass waits for its tokens on the host too
+            md.policy.observe(False, clock() - t0, len(alive), len(alive))
+        if timer is not None:
+            timer["tm_plain_passes"] = timer.get("tm_plain_passes", 0) + 1
+        return nxt, pos + 1, torch.cat([mask, torch.ones_like(pos)], 1), cache
+    trees = build_trees(next_tok.tolist(), cands)
+    ids, mask4, step_pos, _ = tree_inputs(trees, mask, pos, eot, adapter.dtype)
+    hidden, cache = adapter.decoder_hidden(ids, enc, cache, mask4, step_pos)
+    paths, nxt, ends = walk_trees(adapter, hidden, trees, eot)
+    for n, r in enumerate(alive):
+        for tok in paths[n]:
+            generated[r].append(tok)
+            if drafts is not None:
+                ptrs[r] = _advance_last(drafts[r], ptrs[r], prefixes[r], generated[r])
+    kept = torch.tensor([len(p) for p in paths], device=device)
+    if md.policy is not None:
+        md.policy.observe(True, clock() - t0, len(alive), len(alive) + int(kept.sum()))
+    if timer is not None:
+        timer["tm_passes"] = timer.get("tm_passes", 0) + 1
+        timer["tm_rounds"] = timer.get("tm_rounds", 0) + sum(1 for c in cands if c)
+        timer["tm_drafted"] = timer.get("tm_drafted", 0) + trees.drafted
+        timer["tm_accepted"] = timer.get("tm_accepted", 0) + int(kept.sum())
+    # Nodes off the accepted paths stay in the cache, masked out; positions count kept tokens.
+    return (torch.tensor(nxt, dtype=torch.long, device=device), pos + 1 + kept.unsqueeze(-1),
+            torch.cat([mask, kept_columns(trees, ends, device)], 1), cache)
 
 
 def _verify_guesses(adapter, hidden: torch.Tensor, guesses: torch.Tensor, sizes: list[int], chunk: int,

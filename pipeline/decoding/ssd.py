@@ -25,6 +25,11 @@ argmax, so the text is the plain fallback's; "tau_slm" keeps it when its probabi
 above tau_slm, eq. 5's rule applied again after each correction (a re-synchronising
 verifier: the draft is not abandoned at its first error).
 
+Beyond the paper, off by default: ``map_drafting``, the fallback drafts from a token map
+("Model-free Speculative Decoding for Transformer-based ASR with Token Map Drafting",
+pipeline.decoding.ar_greedy.MapDrafting); with ``lookahead`` the rest of the CTC draft is
+one more candidate, verified in the same tree pass (greedy rule only).
+
 Beyond the paper, off by default: ``gate_verify_tau``. A draft the gate accepts is also
 verified (eq. 5 at this threshold, usually far below tau_slm, with eq. 5's end-of-text
 check) before it is final, in the verification pass of the rows the gate rejected; one
@@ -82,7 +87,7 @@ class SelfSpeculativeDecoder:
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None,
                  verify_chunk: int | None = VERIFY_HEAD_CHUNK, lookahead: int = 0,
-                 lookahead_rule: str = "greedy", gate_verify_tau: float | None = None):
+                 lookahead_rule: str = "greedy", gate_verify_tau: float | None = None, map_drafting=None):
         if lookahead_rule not in LOOKAHEAD_RULES:
             raise ValueError(f"lookahead_rule must be one of {LOOKAHEAD_RULES}, got {lookahead_rule!r}")
         self.adapter = adapter
@@ -95,6 +100,9 @@ class SelfSpeculativeDecoder:
         self.lookahead = lookahead
         self.lookahead_rule = lookahead_rule
         self.gate_verify_tau = gate_verify_tau
+        if map_drafting is not None and lookahead and lookahead_rule != "greedy":
+            raise ValueError("token-map drafting verifies greedily: it cannot join lookahead_rule tau_slm")
+        self.map_drafting = map_drafting
 
     def _verifies(self, row: SSDRow) -> bool:
         if not row.draft_text.strip():
@@ -170,7 +178,8 @@ class SelfSpeculativeDecoder:
                                 seeds=[rows[i].seed for i in group] if seeds else None, timer=timer,
                                 drafts=[rows[i].draft_tokens for i in group],
                                 draft_starts=[len(rows[i].prefix) for i in group], lookahead=self.lookahead,
-                                accept_prob=self.tau_slm if self.lookahead_rule == "tau_slm" else None)
+                                accept_prob=self.tau_slm if self.lookahead_rule == "tau_slm" else None,
+                                map_drafting=self.map_drafting)
             for i, tokens in zip(group, out):
                 gen[i] = tokens
         for row, tokens in zip(rows, gen):
