@@ -136,3 +136,18 @@ def test_refuses_what_it_cannot_search(small):
         TransducerBeamSearch(small["tdt"], 4, algorithm="aes")
     with pytest.raises(ValueError, match="build-lm"):
         TransducerBeamSearch(small["rnnt"], 4, lm=BigramTable.random(7, 0), alpha_lm=0.5)
+
+
+def test_word_timestamps_follow_the_best_path(small):
+    from pipeline.decoding.transducer.words import word_timestamps
+
+    model = small["rnnt"]
+    frames, lengths = _frames(1, 12, 24, seed=4), torch.tensor([12])
+    out = TransducerBeamSearch(model, 4)(frames, lengths)
+    words = word_timestamps(model.tokenizer, out.tokens[0], out.frames[0], model.frame_shift_s, offset_s=1.0,
+                            decode=model.decode_text)
+    pieces = model.tokenizer.convert_ids_to_tokens(out.tokens[0])
+    assert len(words) == sum(p.startswith("▁") for p in pieces[1:]) + 1 or not words
+    assert " ".join(w["word"] for w in words) == model.decode_text(out.tokens[0]).strip()
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts) and all(1.0 <= w["start"] < w["end"] <= 1.0 + 12 * 0.08 + 1e-9 for w in words)
