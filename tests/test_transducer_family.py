@@ -85,8 +85,7 @@ def test_a_padded_batch_equals_each_clip_alone(checkpoint, sample_audio):
 def test_a_bad_source_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="not a directory"):
         load_transducer_adapter(str(tmp_path / "nope"))
-    from transducer_reference import PIECES  # noqa: F401 - the CTC checkpoint below is not a transducer
-    from test_ctc_family import saved_checkpoint
+    from test_ctc_family import saved_checkpoint   # a CTC Parakeet: not a transducer
 
     saved_checkpoint("parakeet", tmp_path / "ctc")
     with pytest.raises(ValueError, match="not a transducer"):
