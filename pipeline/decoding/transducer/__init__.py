@@ -36,4 +36,22 @@ class TransducerModel(Protocol):
 
     def where_state(self, mask: torch.Tensor, new, old): ...
 
+    def put_state(self, state, index: torch.Tensor, rows): ...
+
     def joint(self, frames: torch.Tensor, pred_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+def advance_predictor(model: TransducerModel, state, tokens: torch.Tensor, emit: torch.Tensor):
+    """The predictor state after reading ``tokens`` [N] where ``emit`` [N], unchanged
+    elsewhere. On a GPU every row is stepped and the mask applied (no host sync); on a CPU,
+    where reading the mask back is free and the LSTM's arithmetic is the cost, only the
+    emitting rows are stepped."""
+    if emit.device.type != "cpu":
+        return model.where_state(emit, model.predictor_step(tokens, state), state)
+    index = emit.nonzero().squeeze(1)
+    if index.numel() == 0:
+        return state
+    if index.numel() == emit.numel():
+        return model.predictor_step(tokens, state)
+    rows = model.predictor_step(tokens.index_select(0, index), model.select_state(state, index))
+    return model.put_state(state, index, rows)

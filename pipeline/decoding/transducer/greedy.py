@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.decoding.transducer import advance_predictor
+
 
 @dataclass
 class GreedyResult:
@@ -66,8 +68,7 @@ def transducer_greedy(model, frames: torch.Tensor, lengths: torch.Tensor) -> Gre
         at_frame.append(t.clone())
         masks.append(emit)
         score = score + torch.where(live, step_lp, 0.0)
-        new_state = model.predictor_step(token, state)
-        state = model.where_state(emit, new_state, state)
+        state = advance_predictor(model, state, token, emit)
         t = torch.where(live, t + advance, t)
         done = t >= lengths
     if not masks:

@@ -24,8 +24,8 @@ One step, for every hypothesis at once:
    compared in constant time. The best ``beam`` x ``beam`` candidates are merged first (a
    hypothesis gives at most one candidate per group, so the best ``beam`` groups are
    among them), then the best ``beam`` survive;
-5. the predictor reads the new tokens (one batched call, kept where a token was
-   emitted); fusion states advance likewise.
+5. the predictor reads the new tokens (one batched call over the hypotheses that emitted
+   one; on a GPU over all, masked, so nothing is read back); fusion states advance likewise.
 
 ALSD++ repeats the step until every hypothesis has read its valid frames (all
 hypotheses have the same alignment length; frames may differ). AES++ is
@@ -42,6 +42,7 @@ import torch
 
 from pipeline.decoding.ctc_beam.fusion import LookupCache, add_final_scores, fold_dense, initial_states
 from pipeline.decoding.ctc_beam.state import HASH_BASE, HASH_MOD, NEG_INF
+from pipeline.decoding.transducer import advance_predictor
 from pipeline.decoding.transducer.fusion import (BLANK_SCORINGS, PRUNINGS, blank_terms, full_rows,
                                                  lm_token_map)
 
@@ -297,8 +298,7 @@ class TransducerBeamSearch:
         emitted = (tk >= 0) & (tk != m.blank) & (top > NEG_INF)
         flat_parent = (parent + rows[:, None] * k).reshape(-1)
         pred = m.select_state(hyps.pred, flat_parent)
-        stepped = m.predictor_step(tk.clamp(min=0).reshape(-1), pred)
-        pred = m.where_state(emitted.reshape(-1), stepped, pred)
+        pred = advance_predictor(m, pred, tk.clamp(min=0).reshape(-1), emitted.reshape(-1))
         states = []
         tcol = torch.div(col, kd, rounding_mode="floor").clamp(max=kt - 1)   # the noop column reads a dummy
         for lookup, old, hnd in zip(lookups, hyps.fusion, handles):

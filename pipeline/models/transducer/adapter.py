@@ -123,6 +123,12 @@ class TransducerAdapter:
         m = mask[None, :, None]
         return torch.where(m, h1, h0), torch.where(m, c1, c0), torch.where(mask[:, None], o1, o0)
 
+    @staticmethod
+    def put_state(state, index: torch.Tensor, rows):
+        """``state`` with rows ``index`` replaced by ``rows`` (a state of len(index) rows)."""
+        (h, c, out), (h1, c1, o1) = state, rows
+        return h.index_copy(1, index, h1), c.index_copy(1, index, c1), out.index_copy(0, index, o1)
+
     @torch.inference_mode()
     def joint_logits(self, frames: torch.Tensor, pred_out: torch.Tensor) -> torch.Tensor:
         """Raw joint outputs [..., V (+ D)] of encoder frames and predictor outputs."""
