@@ -122,6 +122,23 @@ class BeamConfig:
 
 
 @dataclass
+class TransducerConfig:
+    """ALSD++ / AES++ ("Pushing the Limits of Beam Search Decoding for Transducer-based ASR
+    models"); beam width, LM and key phrases come from the ``beam`` section."""
+    algorithm: str = "alsd"           # alsd (RNN-T, TDT) | aes (RNN-T)
+    blank_scoring: str = "lm"         # lm: eq. 3 (blank scored with the LM weight) | asr: eq. 2
+    pruning: str = "late"             # late: LM before the per-hypothesis top-k | early: after
+    max_symbols: int | None = None    # tokens per frame (null: the model's max_symbols_per_step)
+
+    def validate(self, key: str) -> None:
+        _choice(f"{key}.algorithm", self.algorithm, ("alsd", "aes"))
+        _choice(f"{key}.blank_scoring", self.blank_scoring, ("lm", "asr"))
+        _choice(f"{key}.pruning", self.pruning, ("late", "early"))
+        if self.max_symbols is not None:
+            _at_least(f"{key}.max_symbols", self.max_symbols, 1)
+
+
+@dataclass
 class SSDConfig:
     """Self-speculative decoding thresholds: a named preset, optionally overridden."""
     preset: str = "high_accuracy"
@@ -293,6 +310,7 @@ class JobConfig:
     ssd: SSDConfig = field(default_factory=SSDConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
     token_map: TokenMapConfig = field(default_factory=TokenMapConfig)
+    transducer: TransducerConfig = field(default_factory=TransducerConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     ray: RayConfig = field(default_factory=RayConfig)

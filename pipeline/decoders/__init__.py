@@ -23,7 +23,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE
+from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE, TRANSDUCER
 
 
 def _resolve(ref):
@@ -88,3 +88,8 @@ register_decoder_kind(DecoderKind(
     "ctc_beam", "pipeline.decoders.ctc_beam:build_log_probs", "pipeline.decoders.ctc_beam:build_search",
     needs=frozenset({CTC, BEAM_VOCABULARY}), packs_windows=True, config_section="beam"))
 register_decoder_kind(DecoderKind("audit", "pipeline.decoders.audit:build"))
+register_decoder_kind(DecoderKind(
+    "transducer_greedy", "pipeline.decoders.transducer_greedy:build", needs=frozenset({TRANSDUCER})))
+register_decoder_kind(DecoderKind(
+    "transducer_beam", "pipeline.decoders.transducer_beam:build_frames", "pipeline.decoders.transducer_beam:build_search",
+    needs=frozenset({TRANSDUCER}), config_section="transducer"))

@@ -17,7 +17,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE
+from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE, TRANSDUCER
 
 
 @dataclass(frozen=True)
@@ -110,3 +110,12 @@ register_family(ModelFamily(
                       if cap == PACKABLE else ""),
     vocabulary="pipeline.models.ctc:ctc_vocabulary",
     architectures=("*ForCTC",), has_embedded=True))
+# transformers' ParakeetForRNNT / ParakeetForTDT ("Pushing the Limits of Beam Search Decoding
+# for Transducer-based ASR models"): encoder frames, predictor step and joint. Parakeet's
+# frames are 80 ms (1280 samples), so 30 s cost 375 frames.
+register_family(ModelFamily(
+    "transducer", "pipeline.models.transducer",
+    capabilities=lambda m: frozenset({TRANSDUCER}),
+    max_segment_s=30.0, max_segment_cost=375,
+    hint=lambda cap: "use --config transducer_greedy or transducer_beam" if cap != TRANSDUCER else "",
+    architectures=("ParakeetForRNNT", "ParakeetForTDT")))

@@ -23,6 +23,9 @@ PACKABLE = "packable"              # encode_packed / plan_packing: several clips
 # pipeline.text.ctc_vocabulary) from the model config alone, without loading the model:
 # the CTC beam search's pool has no model but spells LM tokens and phrases and decodes text.
 BEAM_VOCABULARY = "beam_vocabulary"
+# Encoder frames, a predictor step and the joint of a transducer (RNN-T / TDT):
+# pipeline.decoding.transducer.TransducerModel.
+TRANSDUCER = "transducer"
 
 
 @dataclass

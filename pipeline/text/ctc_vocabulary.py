@@ -80,8 +80,11 @@ def _letter_case(tokens) -> str | None:
 def ctc_blank_id(config, tokenizer, source: str = "the model") -> int:
     """The CTC blank of a transformers checkpoint: its config's ``pad_token_id`` (the id its
     CTC loss uses as blank), else its tokenizer's. The ctc family's adapter (greedy) and this
-    vocabulary (beam search) must agree, so both ask here."""
-    blank = getattr(config, "pad_token_id", None)
+    vocabulary (beam search) must agree, so both ask here. A transducer's config names its
+    blank apart (``blank_token_id``, distinct from its pad token): that one wins."""
+    blank = getattr(config, "blank_token_id", None)
+    if blank is None:
+        blank = getattr(config, "pad_token_id", None)
     if blank is None:
         blank = tokenizer.pad_token_id
     if blank is None:
@@ -157,9 +160,10 @@ def embedded_vocabulary(model_config=None) -> CharsetVocabulary:
 
 
 def is_ctc_checkpoint(spec) -> bool:
-    """Whether ``spec`` is a transformers CTC checkpoint (a directory, or a hub id in the
-    local cache, whose config names a ``...ForCTC`` architecture): build-lm then spells
-    text with its CTC vocabulary."""
+    """Whether ``spec`` is a transformers CTC or transducer checkpoint (a directory, or a
+    hub id in the local cache, whose config names a ``...ForCTC``, ``...ForRNNT`` or
+    ``...ForTDT`` architecture): build-lm then spells text with its vocabulary, whose LM
+    tokens are the non-blank tokens in order."""
     import json
 
     path = Path(spec)
@@ -177,4 +181,4 @@ def is_ctc_checkpoint(spec) -> bool:
             archs = AutoConfig.from_pretrained(str(spec), local_files_only=True).architectures or []
         except Exception:  # noqa: BLE001 - not a cached model: build-lm tries its other readers
             return False
-    return any(str(a).endswith("ForCTC") for a in archs)
+    return any(str(a).endswith(("ForCTC", "ForRNNT", "ForTDT")) for a in archs)

@@ -48,8 +48,9 @@ def _no_capabilities(model_config) -> frozenset:
 
 
 KIND = DecoderKind("fault_toy", DurationDecoder)
+# has_embedded: its "embedded" model is the toy itself (no checkpoint for the preflight to find)
 FAMILY = ModelFamily("fault_family", __name__, capabilities=_no_capabilities, max_segment_s=30.0,
-                     max_segment_cost=1)
+                     max_segment_cost=1, has_embedded=True)
 OVERRIDES = ["decoder.kind=fault_toy", "model.family=fault_family"]
 
 

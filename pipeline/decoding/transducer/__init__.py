@@ -1,0 +1,57 @@
+"""Transducer decoding of "Pushing the Limits of Beam Search Decoding for Transducer-based
+ASR models" (RNN-T and TDT): batched greedy decoding (:mod:`.greedy`) and the batched
+beam searches ALSD++ and AES++ with n-gram LM fusion and phrase boosting (:mod:`.search`).
+
+The searches see a model only through :class:`TransducerModel`, so they know no
+architecture: pipeline.models.transducer adapts transformers' Parakeet RNN-T/TDT, and the
+tests drive them with tiny random checkpoints.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class TransducerModel(Protocol):
+    """What a transducer search needs from a model.
+
+    ``blank``: the blank's token id; ``vocab_size``: token outputs (blank included);
+    ``durations``: a TDT's duration values (None for RNN-T); ``max_symbols``: the most
+    tokens emitted at one frame (the one that reaches it moves on to the next frame).
+    A predictor state is a tuple of tensors whose rows are hypotheses."""
+
+    blank: int
+    vocab_size: int
+    durations: list[int] | None
+    max_symbols: int
+
+    def predictor_init(self, n: int): ...
+
+    def predictor_step(self, tokens: torch.Tensor, state): ...
+
+    def predictor_output(self, state) -> torch.Tensor: ...
+
+    def select_state(self, state, index: torch.Tensor): ...
+
+    def where_state(self, mask: torch.Tensor, new, old): ...
+
+    def put_state(self, state, index: torch.Tensor, rows): ...
+
+    def joint(self, frames: torch.Tensor, pred_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+def advance_predictor(model: TransducerModel, state, tokens: torch.Tensor, emit: torch.Tensor):
+    """The predictor state after reading ``tokens`` [N] where ``emit`` [N], unchanged
+    elsewhere. On a GPU every row is stepped and the mask applied (no host sync); on a CPU,
+    where reading the mask back is free and the LSTM's arithmetic is the cost, only the
+    emitting rows are stepped."""
+    if emit.device.type != "cpu":
+        return model.where_state(emit, model.predictor_step(tokens, state), state)
+    index = emit.nonzero().squeeze(1)
+    if index.numel() == 0:
+        return state
+    if index.numel() == emit.numel():
+        return model.predictor_step(tokens, state)
+    rows = model.predictor_step(tokens.index_select(0, index), model.select_state(state, index))
+    return model.put_state(state, index, rows)

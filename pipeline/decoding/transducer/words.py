@@ -1,0 +1,31 @@
+"""Word timestamps from a transducer's best path ("Pushing the Limits of Beam Search
+Decoding for Transducer-based ASR models": each hypothesis keeps the frame of every token
+it emitted). SentencePiece pieces that start with the word marker ``▁`` open a word; a
+word spans from its first token's frame to its last token's frame + 1, times the frame
+shift (80 ms for Parakeet)."""
+from __future__ import annotations
+
+MARKER = "▁"
+
+
+def word_timestamps(tokenizer, tokens: list[int], frames: list[int], frame_shift_s: float,
+                    offset_s: float = 0.0, decode=None) -> list[dict]:
+    """``[{word, start, end}]`` (seconds, plus ``offset_s``) of a token sequence;
+    ``decode`` spells a word's ids (default: the tokenizer's ``decode``; Parakeet's
+    collapses repeated ids unless told otherwise, so its adapter passes ``decode_text``)."""
+    decode = decode or (lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    pieces = tokenizer.convert_ids_to_tokens([int(t) for t in tokens])
+    words: list[list] = []      # [ids, first frame, last frame]
+    for tok, piece, fr in zip(tokens, pieces, frames):
+        if not words or str(piece).startswith(MARKER):
+            words.append([[tok], fr, fr])
+        else:
+            words[-1][0].append(tok)
+            words[-1][2] = fr
+    out = []
+    for ids, first, last in words:
+        text = decode(ids).strip()
+        if text:
+            out.append({"word": text, "start": offset_s + first * frame_shift_s,
+                        "end": offset_s + (last + 1) * frame_shift_s})
+    return out

@@ -1,0 +1,91 @@
+"""End to end: ``shardscribe build-lm --tokenizer DIR`` and ``transcribe --config
+transducer_beam`` (ALSD++ of "Pushing the Limits of Beam Search Decoding for
+Transducer-based ASR models" in its own pool) on a random Parakeet TDT saved here, with an
+LM, per-row key phrases and a broken file mixed in: rows in = rows out, and the beam
+pool's text for one clip equals the search run in-process on that clip."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import ROOT, manifest_with_random_bytes
+from pipeline.config import load_config
+from transducer_reference import build
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tdt")
+    build("tdt", root, max_symbols=3, zero_duration_bias=-100.0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def lm_dir(checkpoint, tmp_path_factory):
+    from pipeline.lm.build import find_lmplz
+    from pipeline.lm.sample_text import pydoc_sentences
+
+    find_lmplz(build=False)
+    tmp = tmp_path_factory.mktemp("lm")
+    (tmp / "text.txt").write_text("\n".join(pydoc_sentences()[:800]) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "build-lm", "--tokenizer", str(checkpoint),
+                           "--text", str(tmp / "text.txt"), "--order", "3", "--output", str(tmp / "out")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads((tmp / "out" / "lm.json").read_text())
+    assert info["vocab_size"] == 35          # the model's non-blank tokens (blank = 35)
+    return tmp / "out"
+
+
+def test_transcribe_transducer_beam_with_lm_phrases_and_a_broken_file(checkpoint, lm_dir, tmp_path, samples_dir,
+                                                                      sample_manifest):
+    path, lines = manifest_with_random_bytes(tmp_path, samples_dir, sample_manifest[:4], at=1)
+    lines[0]["key_phrases"] = ["the weather"]
+    lines[2]["key_phrases"] = ["pump in"]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    dst = tmp_path / "out"
+    sets = [f"model.source={checkpoint}", f"beam.lm_path={lm_dir}", "batching.recordings_per_batch=3"]
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--runner", "local", "--input", str(path),
+                           "--output", str(dst), "--config", "transducer_beam"] + [a for s in sets for a in ("--set", s)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((dst / "summary.json").read_text())
+    rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
+    assert summary["rows_in"] == summary["rows_out"] == len(lines) == len(rows)
+    assert summary["errors"] == 1 and rows["random"]["error"] and rows["random"]["text"] is None
+    for line in lines:
+        if line["id"] != "random":
+            row = rows[line["id"]]
+            assert row["error"] is None and row["decoder"] == "transducer_beam", row
+            assert all(seg["stage"] == "beam" for seg in row["segments"]), row["segments"]
+    # the pool's text for the last clip (no key phrases) equals the search run here
+    from pipeline.audio import decode_audio
+    from pipeline.decoders.transducer_beam import build_search
+    from pipeline.models import load_model
+
+    cfg = load_config("transducer_beam", sets)
+    adapter = load_model(cfg.model)
+    last = lines[-1]
+    row = rows[last["id"]]
+    assert len(row["segments"]) == 1
+    audio = decode_audio(open(last["audio"], "rb").read())[0]
+    enc = adapter.encode([audio])
+    out = build_search(cfg).search(enc.states, enc.valid_frames)
+    assert row["text"] == adapter.decode_text(out.tokens[0]).strip()
+    assert torch.isfinite(out.scores).all()
+
+
+def test_config_validation():
+    cfg = load_config("transducer_beam", ["model.source=/x"])
+    assert (cfg.model.family, cfg.decoder.kind, cfg.transducer.algorithm) == ("transducer", "transducer_beam", "alsd")
+    from pipeline.config import ConfigError
+
+    with pytest.raises(ConfigError, match="transducer.pruning"):
+        load_config("transducer_beam", ["transducer.pruning=middle"])
+    with pytest.raises(ConfigError, match="needs a model with transducer"):
+        load_config("transducer_greedy", ["model.family=ctc"])
