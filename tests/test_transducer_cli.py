@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import ROOT, manifest_with_random_bytes
+from pipeline.output import SUMMARY_NAME
 from pipeline.config import load_config
 from transducer_reference import build
 
@@ -54,7 +55,7 @@ def test_transcribe_transducer_beam_with_lm_phrases_and_a_broken_file(checkpoint
                            "--output", str(dst), "--config", "transducer_beam"] + [a for s in sets for a in ("--set", s)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((dst / "summary.json").read_text())
+    summary = json.loads((dst / SUMMARY_NAME).read_text())
     rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
     assert summary["rows_in"] == summary["rows_out"] == len(lines) == len(rows)
     assert summary["errors"] == 1 and rows["random"]["error"] and rows["random"]["text"] is None
