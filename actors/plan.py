@@ -125,7 +125,9 @@ def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None, tally=N
         ds = ray.data.from_arrow([table(rows[i:i + per_block], INPUT_SCHEMA)
                                   for i in range(0, len(rows), per_block)] or [table([], INPUT_SCHEMA)])
     else:
-        ds = _read_source(rows, per_block, items).repartition(target_num_rows_per_block=per_block)
+        ds = _read_source(rows, per_block, items)
+        if rows.kind != "files":   # a listing is already in blocks of per_block rows
+            ds = ds.repartition(target_num_rows_per_block=per_block)
     config = cfg.to_dict()
     kind = kind or decoder_kind(cfg.decoder.kind)
     if kind.name != cfg.decoder.kind:

@@ -162,21 +162,22 @@ def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_has
         print(f"shardscribe: transcribing {len(todo)} recordings with config {cfg.name} ({args.runner} runner)"
               + ("" if args.verbose else f"; Ray and worker output: {log.url}"), file=console, flush=True)
         start, started_at = time.perf_counter(), time.time()
+        ray_was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
         progress = Progress(len(todo), console, interval_s=args.progress_interval) if todo else None
         try:
             if todo:
                 _run(args.runner, rows, items, cfg, args.output, progress, job_id)
         except JobStalled as exc:
             print(f"\nshardscribe: error: {exc}", file=console, flush=True)
-            _release_ray(args.runner)
+            _release_ray(args.runner, ray_was_up)
             return 3
         except Exception as exc:
             logging.getLogger("shardscribe").exception("the job stopped")
             print(f"\nshardscribe: error: the job stopped: {_last_line(exc)} (details: {log.url})",
                   file=console, flush=True)
-            _release_ray(args.runner)
+            _release_ray(args.runner, ray_was_up)
             return 1
-        _release_ray(args.runner)
+        _release_ray(args.runner, ray_was_up)
         wall = time.perf_counter() - start
         summary = summarize(args.output, ids, {
             "config": cfg.name, "config_hash": job_hash, "runner": args.runner, "run_rows": len(todo),
@@ -237,8 +238,10 @@ def _run(runner: str, rows, items, cfg, dst: str, progress, job_id: str) -> None
         watcher.join()
 
 
-def _release_ray(runner: str) -> None:
-    if runner == "ray":
+def _release_ray(runner: str, was_up: bool) -> None:
+    """Disconnect from the Ray instance this job started or joined; a driver that was
+    already connected (a caller's session, a test's cluster) stays connected."""
+    if runner == "ray" and not was_up:
         from actors.progress import shutdown_ray
 
         shutdown_ray()

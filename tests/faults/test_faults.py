@@ -293,7 +293,7 @@ class SilentServer:
             conn.close()
 
 
-def test_a_read_that_never_finishes(cluster, tmp_path, fault_report, capsys):
+def test_a_read_that_never_finishes(cluster, tmp_path, fault_report, capfd):
     """Under audio.read_timeout_s it is an error row; with the read timeout above the job
     watchdog, the watchdog ends the job in one line (exit 3) instead of a stall."""
     server = SilentServer()
@@ -309,10 +309,10 @@ def test_a_read_that_never_finishes(cluster, tmp_path, fault_report, capsys):
                                            fault_report, errors_expected=1)}
         assert "read timeout" in rows["hung"]["error"] and "SECRET" not in rows["hung"]["error"]
         assert rows["hung"]["audio"] == f"http://127.0.0.1:{server.port}/never.wav"
-        capsys.readouterr()
+        capfd.readouterr()
         stalled = tmp_path / "stalled"
         assert transcribe(manifest, stalled, "audio.read_timeout_s=600", "ray.no_progress_timeout_s=4") == 3
-        assert "no progress for ray.no_progress_timeout_s=4 s" in capsys.readouterr().err
+        assert "no progress for ray.no_progress_timeout_s=4 s" in capfd.readouterr().err
         assert not (stalled / output.SUCCESS_NAME).exists() and not (stalled / output.LOCK_NAME).exists()
         fault_report("same, job watchdog (ray.no_progress_timeout_s)", len(lines), 0, 0, 0)
     finally:
