@@ -61,15 +61,13 @@ class CTCBeamFinisher:
     pending_type = BeamPending
 
     def __init__(self, beam_cfg, vocabulary, device="cpu"):
-        from pipeline.lm.boosting import read_phrase_file
+        from pipeline.lm.boosting import configured_phrases
 
         self.cfg = beam_cfg
         self.vocab = vocabulary
         self.device = torch.device(device)
         lm = load_lm(beam_cfg.lm_path, self.device) if beam_cfg.lm_path else None
-        self.shared_phrases = list(beam_cfg.key_phrases or [])
-        if beam_cfg.key_phrases_file:
-            self.shared_phrases += read_phrase_file(beam_cfg.key_phrases_file)
+        self.shared_phrases = configured_phrases(beam_cfg)
         self.search = CTCBeamSearch(
             beam_cfg.size, blank=vocabulary.blank, beta=beam_cfg.beta, lm=lm,
             alpha_lm=beam_cfg.alpha_lm if lm is not None else 0.0,
@@ -81,19 +79,10 @@ class CTCBeamFinisher:
         return int(result.pending.log_probs.shape[0]) * self.cfg.size
 
     def _boost(self, results):
-        from pipeline.lm.boosting import BoostingTree, batch_phrase_lists, case_variants
+        from pipeline.lm.boosting import batch_boosting_tree
 
-        per_row = [r.key_phrases for r in results]
-        if not self.shared_phrases and not any(per_row):
-            return None
-        lists, rows = batch_phrase_lists(self.shared_phrases, per_row)
-        # A vocabulary with one case spells both variants alike (it folds phrases to its case).
-        if self.cfg.boost_case_variants and self.vocab.cased:
-            lists = [case_variants(phrases) for phrases in lists]
-        tree = BoostingTree.from_phrases(lists, self.vocab.size - 1, tokenize=self.vocab.lm_token_ids,
-                                         context_score=self.cfg.context_score,
-                                         depth_scaling=self.cfg.depth_scaling)
-        return tree.to(self.device).with_lists(rows)
+        return batch_boosting_tree(self.shared_phrases, [r.key_phrases for r in results], self.vocab, self.cfg,
+                                   self.device)
 
     def finish(self, results: list[SegmentResult]) -> float:
         t0 = time.perf_counter()

@@ -49,16 +49,14 @@ class TransducerBeamFinisher:
 
     def __init__(self, cfg, adapter):
         from pipeline.decoding.transducer.search import TransducerBeamSearch
-        from pipeline.lm.boosting import read_phrase_file
+        from pipeline.lm.boosting import configured_phrases
         from pipeline.text.ctc_vocabulary import TokenizerVocabulary
 
         beam, tcfg = cfg.beam, cfg.transducer
         self.cfg, self.adapter = beam, adapter
         self.vocab = TokenizerVocabulary(adapter.tokenizer, adapter.blank, adapter.vocab_size)
         lm = load_lm(beam.lm_path, adapter.device) if beam.lm_path else None
-        self.shared_phrases = list(beam.key_phrases or [])
-        if beam.key_phrases_file:
-            self.shared_phrases += read_phrase_file(beam.key_phrases_file)
+        self.shared_phrases = configured_phrases(beam)
         self.search = TransducerBeamSearch(
             adapter, beam.size, algorithm=tcfg.algorithm, lm=lm, alpha_lm=beam.alpha_lm if lm is not None else 0.0,
             alpha_boost=beam.alpha_boost, blank_scoring=tcfg.blank_scoring, pruning=tcfg.pruning,
@@ -68,17 +66,10 @@ class TransducerBeamFinisher:
         return int(result.pending.frames.shape[0]) * self.cfg.size
 
     def _boost(self, results):
-        from pipeline.lm.boosting import BoostingTree, batch_phrase_lists, case_variants
+        from pipeline.lm.boosting import batch_boosting_tree
 
-        per_row = [r.key_phrases for r in results]
-        if not self.shared_phrases and not any(per_row):
-            return None
-        lists, rows = batch_phrase_lists(self.shared_phrases, per_row)
-        if self.cfg.boost_case_variants and self.vocab.cased:
-            lists = [case_variants(phrases) for phrases in lists]
-        tree = BoostingTree.from_phrases(lists, self.vocab.size - 1, tokenize=self.vocab.lm_token_ids,
-                                         context_score=self.cfg.context_score, depth_scaling=self.cfg.depth_scaling)
-        return tree.to(self.adapter.device).with_lists(rows)
+        return batch_boosting_tree(self.shared_phrases, [r.key_phrases for r in results], self.vocab, self.cfg,
+                                   self.adapter.device)
 
     def finish(self, results: list[SegmentResult]) -> float:
         t0 = time.perf_counter()

@@ -215,3 +215,27 @@ def batch_phrase_lists(shared: list[str], per_row: list[list[str] | None]) -> tu
             lists.append(list(key))
         rows.append(index[key])
     return lists, torch.tensor(rows, dtype=torch.int64)
+
+
+def configured_phrases(beam_cfg) -> list[str]:
+    """The phrases every row of a job is boosted with: ``beam.key_phrases`` plus the lines
+    of ``beam.key_phrases_file``."""
+    phrases = list(beam_cfg.key_phrases or [])
+    if beam_cfg.key_phrases_file:
+        phrases += read_phrase_file(beam_cfg.key_phrases_file)
+    return phrases
+
+
+def batch_boosting_tree(shared: list[str], per_row: list, vocabulary, beam_cfg, device):
+    """The boosting tree of one search batch: ``shared`` phrases plus each row's key
+    phrases, spelt in ``vocabulary``'s LM token ids, or None when there are none. A
+    vocabulary with one case spells both first-letter variants alike (it folds phrases to
+    its case), so the variants are added only where it is cased."""
+    if not shared and not any(per_row):
+        return None
+    lists, rows = batch_phrase_lists(shared, per_row)
+    if beam_cfg.boost_case_variants and vocabulary.cased:
+        lists = [case_variants(phrases) for phrases in lists]
+    tree = BoostingTree.from_phrases(lists, vocabulary.size - 1, tokenize=vocabulary.lm_token_ids,
+                                     context_score=beam_cfg.context_score, depth_scaling=beam_cfg.depth_scaling)
+    return tree.to(device).with_lists(rows)
