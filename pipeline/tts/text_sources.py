@@ -65,6 +65,19 @@ def pydoc_topic_sentences() -> list[str]:
     return out
 
 
+def _parse(source: str, attempts: int = 3):
+    """``ast.parse``, retried on CPython 3.11.7's transient "AST constructor recursion
+    depth mismatch" SystemError: its AST converter keeps that depth in interpreter-wide
+    state, which another thread compiling at the same moment (Ray's, in a test process)
+    can disturb. The same source parses on the next attempt."""
+    for attempt in range(attempts):
+        try:
+            return ast.parse(source)
+        except SystemError:
+            if attempt == attempts - 1:
+                raise
+
+
 def stdlib_docstring_sentences(max_files: int | None = None) -> list[str]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py")
@@ -73,7 +86,7 @@ def stdlib_docstring_sentences(max_files: int | None = None) -> list[str]:
     out = []
     for path in files[:max_files]:
         try:
-            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+            tree = _parse(path.read_text(encoding="utf-8", errors="replace"))
         except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
