@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import pkgutil
 import sys
+import traceback
 
 import jobs
 
@@ -46,5 +49,30 @@ def main(argv: list[str] | None = None) -> int:
     return int(args._run(args) or 0)
 
 
+def entry() -> None:
+    """The console script: ``main``, then an exit that skips interpreter finalization.
+
+    By the time ``main`` returns, every output is committed and Ray is shut down. What is
+    left is finalization, and there native code can abort a finished job: a daemon thread
+    that comes back from a GIL-releasing C++ call (torch, soxr) is ended by a forced unwind
+    that std::terminate()s when it meets a C++ destructor (seen once in CI as "terminate
+    called without an active exception", exit -6, after a job that wrote every row)."""
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
