@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.audio import SAMPLE_RATE
 from pipeline.decoders.base import SegmentResult, encode_then
 from pipeline.decoding.ar_greedy import MapDrafting, greedy_decode
 
@@ -53,12 +54,13 @@ class ARSegmentDecoder:
                                           map_drafting=self.drafting))
             return [SegmentResult(self.adapter.text(t), "ar", len(t), t_enc, t_dec, generated=len(t))
                     for t in tokens]
-        out, t_enc, t_dec = encode_then(self.adapter, audios, self._decode_whisper)
+        seconds = [len(a) / SAMPLE_RATE for a in audios]
+        out, t_enc, t_dec = encode_then(self.adapter, audios, lambda enc: self._decode_whisper(enc, seconds))
         for res in out:
             res.t_encode_s, res.t_decode_s = t_enc, t_dec
         return out
 
-    def _decode_whisper(self, enc) -> list[SegmentResult]:
+    def _decode_whisper(self, enc, seconds: list[float]) -> list[SegmentResult]:
         from pipeline.models.whisper.prompting import split_timestamps
 
         adapter, options = self.adapter, self.adapter.options
@@ -77,7 +79,7 @@ class ARSegmentDecoder:
                                 language=languages[b], language_prob=probs[b])
             if options.timestamps:
                 # Whisper reads a 30-s window: a time past the segment's audio is clamped to it.
-                last = float(enc.valid_frames[b]) * adapter.frame_stride_s
+                last = seconds[b]
                 _, spans = split_timestamps(toks, adapter.special.timestamp_begin)
                 res.spans = [{"start": round(min(a, last), 3), "end": round(min(e, last), 3), "text": adapter.text(ids)}
                              for a, e, ids in spans]
