@@ -249,3 +249,18 @@ def test_embedded_head_on_another_model_fails_up_front(tmp_path, samples_dir, mu
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1 and message in err, err
         assert not (tmp_path / "o").exists()
+
+
+def test_row_language_is_the_one_decoded_longest():
+    from pipeline.decoders.base import SegmentResult
+    from pipeline.records import OUTPUT_SCHEMA, finalize_row, segment_dict, table
+
+    segs = [segment_dict(0.0, 1.0, SegmentResult("a", "ar", language="en", language_prob=0.5)),
+            segment_dict(1.0, 3.0, SegmentResult("b", "ar", language="de", language_prob=0.9,
+                                                 spans=[{"start": 0.1, "end": 0.4, "text": "b"}])),
+            segment_dict(3.0, 4.0, SegmentResult("c", "ar", language="de", language_prob=0.6))]
+    row = finalize_row({"id": "x", "segments": segs})
+    assert row["language"] == "de" and row["language_prob"] == pytest.approx((2 * 0.9 + 0.6) / 3)
+    assert segs[1]["spans"] == [{"start": 1.1, "end": 1.4, "text": "b"}]  # recording seconds
+    assert finalize_row({"id": "y", "segments": [segment_dict(0.0, 1.0, SegmentResult("a", "ar"))]})["language"] is None
+    assert table([row], OUTPUT_SCHEMA).column("language").to_pylist() == ["de"]
