@@ -130,8 +130,8 @@ class WhisperAdapter:
         return min(total_frames, max(1, math.ceil(num_samples / SAMPLES_PER_STATE)))
 
     def run_encoder(self, features: torch.Tensor) -> torch.Tensor:
-        """Encoder states of log-mel ``features`` [B, 80, 3000], in slices of
-        ``encoder_micro_batch`` segments."""
+        """Encoder states of log-mel ``features`` [B, mel bins, 3000] (80 bins; 128 for
+        large-v3 and turbo), in slices of ``encoder_micro_batch`` segments."""
         step = self.encoder_micro_batch or features.shape[0]
         encoder = self.model.model.encoder
         if step >= features.shape[0]:
