@@ -81,8 +81,8 @@ class ARSegmentDecoder:
                 # Whisper reads a 30-s window: a time past the segment's audio is clamped to it.
                 last = seconds[b]
                 _, spans = split_timestamps(toks, adapter.special.timestamp_begin)
-                res.spans = [{"start": round(min(a, last), 3), "end": round(min(e, last), 3), "text": adapter.text(ids)}
-                             for a, e, ids in spans]
+                res.spans = [{"start": round(min(a, last), 3), "end": round(min(last if e is None else e, last), 3),
+                              "text": adapter.text(ids)} for a, e, ids in spans]
             if times is not None:
                 res.words = self._words(toks, times[b])
             results.append(res)

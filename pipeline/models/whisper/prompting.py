@@ -152,10 +152,11 @@ class TimestampRules:
         return logits
 
 
-def split_timestamps(token_ids: list[int], begin: int) -> tuple[list[int], list[tuple[float, float, list[int]]]]:
+def split_timestamps(token_ids: list[int], begin: int) -> tuple[list[int], list[tuple[float, float | None, list[int]]]]:
     """(text tokens, spans) of a row decoded with timestamps: each span is (start, end,
-    its text tokens), times in seconds from the segment's start. Text after the last time
-    token (a cut-off decode) is a span ending at the last time seen."""
+    its text tokens), times in seconds from the segment's start. Text that no time token
+    closes (end-of-text or the token limit right after text) is a span with end None: it
+    runs to the end of the audio."""
     text, spans = [], []
     start = None
     current: list[int] = []
@@ -176,5 +177,5 @@ def split_timestamps(token_ids: list[int], begin: int) -> tuple[list[int], list[
             if start is None:
                 start = last_time
     if current:
-        spans.append((start if start is not None else last_time, last_time, current))
+        spans.append((start if start is not None else last_time, None, current))
     return text, spans
