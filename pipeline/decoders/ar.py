@@ -84,18 +84,19 @@ class ARSegmentDecoder:
                 res.spans = [{"start": round(min(a, last), 3), "end": round(min(last if e is None else e, last), 3),
                               "text": adapter.text(ids)} for a, e, ids in spans]
             if times is not None:
-                res.words = self._words(toks, times[b])
+                res.words = self._words(toks, times[b], seconds[b])
             results.append(res)
         return results
 
-    def _words(self, toks: list[int], times: list[float]) -> list[dict]:
+    def _words(self, toks: list[int], times: list[float], last: float) -> list[dict]:
         from pipeline.models.whisper.alignment import words_of
 
         adapter = self.adapter
         special = {i for i, t in enumerate(toks) if t >= adapter.special.timestamp_begin} \
             if adapter.options.timestamps else set()
         words = words_of(toks, times, adapter.tokenizer.decode, special)
-        return [{**w, "start": round(w["start"], 3), "end": round(w["end"], 3)} for w in words]
+        # encoder frames are 20 ms: the last one may reach past the audio's end
+        return [{**w, "start": round(min(w["start"], last), 3), "end": round(min(w["end"], last), 3)} for w in words]
 
 
 def build(adapter, cfg) -> ARSegmentDecoder:
