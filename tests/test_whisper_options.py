@@ -191,11 +191,12 @@ def test_word_times_equal_generate_token_timestamps(multilingual, audios):
         assert _until_eot(seq, adapter.eot_id) == ours[b]
         # generate feeds every token but the last it generates: all of ours where it ended
         # with end-of-text, all but our last where the token limit cut it off
-        ended = adapter.eot_id in seq
+        # (generate returns no end-of-text and no time for it)
+        ended = len(ours[b]) < MAX_NEW
         fed = ours[b] if ended else ours[b][:-1]
         mine = times[b] if ended else token_times(adapter, enc.states[b:b + 1], [valid], prompts[b:b + 1], [fed],
                                                   adapter.alignment_heads)[0]
-        expected = out["token_timestamps"][0][:len(fed) + 1].tolist()
+        mine, expected = mine[:len(fed)], out["token_timestamps"][0][:len(fed)].tolist()
         # (a random model's heads do not follow the audio: the path is nearly flat, but
         # it is generate's, frame for frame)
         assert len(fed) > 5 and mine == pytest.approx(expected, abs=1e-6)
@@ -266,3 +267,37 @@ def test_row_language_is_the_one_decoded_longest():
     assert segs[1]["spans"] == [{"start": 1.1, "end": 1.4, "text": "b"}]  # recording seconds
     assert finalize_row({"id": "y", "segments": [segment_dict(0.0, 1.0, SegmentResult("a", "ar"))]})["language"] is None
     assert table([row], OUTPUT_SCHEMA).column("language").to_pylist() == ["de"]
+
+
+def test_word_times_on_tiny_en_equal_generate(whisper_adapter, samples_dir):
+    """The embedded tiny.en with its real alignment heads: word times that follow the
+    speech, token for token generate's ``return_token_timestamps``."""
+    from pipeline.audio import decode_audio
+    from pipeline.decoding.ar_greedy import greedy_decode
+    from pipeline.models.whisper.adapter import WhisperAdapter
+    from pipeline.decoders.ar import ARSegmentDecoder
+    from pipeline.models.whisper.alignment import token_times
+    from pipeline.models.whisper.prompting import WhisperOptions
+
+    adapter = WhisperAdapter(whisper_adapter.model, whisper_adapter.processor,
+                             options=WhisperOptions(word_timestamps=True))
+    audio = decode_audio((samples_dir / "pump_flite_rms.flac").read_bytes())[0]
+    enc = adapter.encode([audio])
+    ours = greedy_decode(adapter, enc.states)[0]
+    valid = int(enc.valid_frames[0])
+    times = token_times(adapter, enc.states, [valid], [adapter.prompt_ids], [ours], adapter.alignment_heads)[0]
+    mask = torch.zeros(1, 3000, dtype=torch.long)
+    mask[0, :2 * valid] = 1
+    attention = adapter.model.config._attn_implementation
+    out = adapter.model.generate(adapter.features([audio]), return_token_timestamps=True, attention_mask=mask,
+                                 suppress_tokens=adapter.suppress_mask.nonzero().squeeze(-1).tolist())
+    adapter.model.config._attn_implementation = attention
+    seq = out["sequences"][0].tolist()
+    assert _until_eot(seq, adapter.eot_id) == ours and len(ours) < MAX_NEW
+    # generate returns no end-of-text and no time for it; ours repeats the last for the end
+    assert times[:-1] == pytest.approx(out["token_timestamps"][0].tolist(), abs=1e-6) and times[-1] == times[-2]
+    words = ARSegmentDecoder(adapter)._words(ours, times, len(audio) / 16000)
+    assert [w["word"] for w in words] == "Please replace the pump filter before Monday morning.".split()
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts) and len(set(starts)) == len(starts) and 2.5 < starts[-1] < len(audio) / 16000
+
