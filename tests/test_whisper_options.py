@@ -301,3 +301,4 @@ def test_word_times_on_tiny_en_equal_generate(whisper_adapter, samples_dir):
     starts = [w["start"] for w in words]
     assert starts == sorted(starts) and len(set(starts)) == len(starts) and 2.5 < starts[-1] < len(audio) / 16000
 
+
