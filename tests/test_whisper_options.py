@@ -300,5 +300,3 @@ def test_word_times_on_tiny_en_equal_generate(whisper_adapter, samples_dir):
     assert [w["word"] for w in words] == "Please replace the pump filter before Monday morning.".split()
     starts = [w["start"] for w in words]
     assert starts == sorted(starts) and len(set(starts)) == len(starts) and 2.5 < starts[-1] < len(audio) / 16000
-
-
