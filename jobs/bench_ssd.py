@@ -74,6 +74,10 @@ def add_arguments(parser) -> None:
                         help="time each configuration N times, round-robin, and keep the fastest")
     parser.add_argument("--lookahead", type=int, default=4, metavar="K",
                         help="ssd.lookahead for the speculative-round rows of both presets (0: no such rows)")
+    parser.add_argument("--max-draft-error", default="", metavar="E,...",
+                        help="add high_rtfx rows with the self-calibrating gate (ssd.max_draft_error) at each E")
+    parser.add_argument("--warm-manifest", default=None, metavar="M",
+                        help="calibrated-gate rows also run warmed: the gate first learns on M (untimed)")
     parser.add_argument("--long-form", type=float, default=0.0, metavar="SECONDS",
                         help="join consecutive recordings into segments of up to SECONDS (e.g. 28)")
 
@@ -189,13 +193,21 @@ def run(args) -> dict:
 
     pack_decisions = {}  # label -> the PackGatePolicy of its latest run (adaptive packed gate rows)
 
-    def run_pipeline_ssd(label, preset, pack_gate, gate_verify_tau=None, adaptive=cfg.ssd.adaptive_pack_gate):
+    calibrated = {}  # label -> the GateCalibration of its latest run
+
+    def run_pipeline_ssd(label, preset, pack_gate, gate_verify_tau=None, adaptive=cfg.ssd.adaptive_pack_gate,
+                         max_draft_error=None, tau_cap=None, warm=None):
         # The pipeline's SSD decoder end to end, its own encoder pass(es) included: the
         # packed gate changes what the encoder does, so it cannot share the pass above.
         tc, ts, _ = thresholds[preset]
-        decoder = SSDFirstPassDecoder(adapter, tc, ts, cfg.decoder.max_new_tokens, reuse_kv=cfg.ssd.reuse_kv,
-                                      pack_gate=pack_gate, gate_verify_tau=gate_verify_tau,
-                                      adaptive_pack_gate=adaptive)
+        decoder = SSDFirstPassDecoder(adapter, tau_cap or tc, ts, cfg.decoder.max_new_tokens,
+                                      reuse_kv=cfg.ssd.reuse_kv, pack_gate=pack_gate, gate_verify_tau=gate_verify_tau,
+                                      adaptive_pack_gate=adaptive, max_draft_error=max_draft_error)
+        if decoder.ssd.gate_calibration is not None:
+            calibrated[label] = decoder.ssd.gate_calibration
+            if warm:
+                # A longer corpus: the gate has learnt on other recordings first (untimed).
+                decode_segments(decoder, warm, cfg.batching.max_tokens)
         fallback = SSDFallback(decoder.ssd, decoder.share_seeds())
         if decoder.pack_policy is not None:
             pack_decisions[label] = decoder.pack_policy
@@ -234,6 +246,19 @@ def run(args) -> dict:
         if hr_gv is not None:
             configs.append((UNVERIFIED_PACKED_ROW, hr_tc, hr_ts,
                             lambda: run_pipeline_ssd(UNVERIFIED_PACKED_ROW, "high_rtfx", True, adaptive=False)))
+    warm_audio = None
+    if args.warm_manifest:
+        warm_recordings, _ = load_recordings(args.warm_manifest, 0, cfg)
+        warm_audio = [a for _, a in flat_segments(warm_recordings)[0]]
+    cap = cfg.ssd.tau_ctc if cfg.ssd.tau_ctc is not None else None
+    for target in [float(x) for x in args.max_draft_error.split(",") if x]:
+        for gv in (hr_gv, None) if hr_gv is not None else (None,):
+            for warmed in (None, warm_audio) if warm_audio else (None,):
+                label = f"SSD high_rtfx, calibrated gate {target:g}{', gate verified' if gv else ''}" \
+                        f"{', warmed' if warmed else ''}"
+                configs.append((label, cap or hr_tc, hr_ts,
+                                lambda lb=label, t=target, g=gv, w=warmed:
+                                run_pipeline_ssd(lb, "high_rtfx", False, g, max_draft_error=t, tau_cap=cap, warm=w)))
     configs.append(("SSD high_accuracy, no KV reuse", ha_tc, ha_ts, lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False)))
     configs.append(("SSD high_accuracy, full-draft head", ha_tc, ha_ts,
                     lambda: run_ssd(ha_tc, ha_ts, verify_chunk=None)))
@@ -258,6 +283,9 @@ def run(args) -> dict:
     for k, (label, tc, ts, _) in enumerate(configs):
         texts, seconds, stages, ssd_rows = best[k]
         row = recorded[label] = record(label, texts, seconds, tc, ts, ssd_rows, stages)
+        if label in calibrated:
+            row["rtfx"], row["s_encoder"] = audio_s / seconds, None  # its own encoder pass
+            row["tau_learnt"] = calibrated[label].tau
         if label.startswith("SSD high_rtfx, pipeline"):
             row["rtfx"], row["s_encoder"] = audio_s / seconds, None  # its own encoder pass(es)
         if label in pack_decisions:

@@ -152,6 +152,10 @@ class SSDConfig:
     # a packed draft, hence an accepted text, depends on the clips sharing its window.
     pack_gate: bool | None = None
     gate_verify_tau: float | None = None  # gated drafts verified at this tau too (null: the preset's, else off)
+    # Calibrate tau_ctc online so that at most this share of the drafts the gate accepts
+    # would be rejected by verification; tau_ctc is then the cap (pipeline.ssd_gate_calibration).
+    # null: the preset's, else off (tau_ctc fixed, the paper's gate).
+    max_draft_error: float | None = None
     # With pack_gate: pack a batch only while the running gate pass rate is above that
     # batch's break-even (pipeline.pack_gate_policy); false packs every batch.
     adaptive_pack_gate: bool = True
@@ -163,10 +167,11 @@ class SSDConfig:
 
     # A preset's gate_verify_tau may be null (off), so that an override can switch a shipped
     # preset's gate verification off: --set ssd.presets.high_rtfx.gate_verify_tau=null.
-    PRESET_KEYS = {"tau_ctc": float, "tau_slm": float, "pack_gate": bool, "gate_verify_tau": float | None}
+    PRESET_KEYS = {"tau_ctc": float, "tau_slm": float, "pack_gate": bool, "gate_verify_tau": float | None,
+                   "max_draft_error": float | None}
 
     def validate(self, key: str) -> None:
-        shape = "{tau_ctc, tau_slm[, pack_gate, gate_verify_tau]}"
+        shape = "{tau_ctc, tau_slm[, pack_gate, gate_verify_tau, max_draft_error]}"
         if not isinstance(self.presets, dict) or not self.presets:
             raise ConfigError(f"{key}.presets: expected a mapping of name -> {shape}")
         for name, p in self.presets.items():
@@ -183,6 +188,9 @@ class SSDConfig:
         tau_gate = self.gate_verify_threshold()
         if tau_gate is not None and not 0.0 <= tau_gate <= 1.0:
             raise ConfigError(f"{key}.gate_verify_tau: must be in [0, 1] or null, got {tau_gate}")
+        target = self.draft_error_target()
+        if target is not None and not 0.0 < target < 1.0:
+            raise ConfigError(f"{key}.max_draft_error: must be in (0, 1) or null, got {target}")
         _at_least(f"{key}.lookahead", self.lookahead, 0)
         _choice(f"{key}.lookahead_rule", self.lookahead_rule, LOOKAHEAD_RULES)
         if self.verify_max_entropy is not None and self.verify_max_entropy < 0:
@@ -200,6 +208,11 @@ class SSDConfig:
         """tau of the gated drafts' verification; None where it is off."""
         tau = self._pick("gate_verify_tau", None)
         return None if tau is None else float(tau)
+
+    def draft_error_target(self) -> float | None:
+        """The calibrated gate's target error share; None where tau_ctc is fixed."""
+        target = self._pick("max_draft_error", None)
+        return None if target is None else float(target)
 
     def thresholds(self) -> tuple[float, float]:
         return float(self._pick("tau_ctc", None)), float(self._pick("tau_slm", None))
