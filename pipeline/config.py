@@ -280,7 +280,7 @@ class FiltersConfig:
     min_unique_word_share: float | None = 0.3   # distinct words / words in a segment
     unique_words_min_count: int = 12            # the share is judged from this many words on
     max_ngram_repeats: int | None = 4           # the same n-gram more times in a row than this
-    ngram_max_n: int = 4
+    ngram_max_n: int = 8                        # longest repeated phrase looked for, in words
     max_word_chars: int | None = 40             # longer than any dictionary word
     min_chars_per_second: float | None = 1.5    # letters and digits per second of segment
     max_chars_per_second: float | None = 30.0

@@ -16,7 +16,7 @@ finished row and segment. The checks:
 - ``phrase``: a configured phrase list (Granary-style: "thank you for watching", ...).
 - ``too_fast`` / ``too_slow``: characters per second of speech out of range for the
   segment's duration.
-- ``empty`` (a segment or row without text), ``no_speech`` (a recording where VAD found
+- ``empty`` (a segment or row without a letter or digit), ``no_speech`` (a recording where VAD found
   no speech) and ``language_mismatch`` (the row's detected ``language``, where a decoder
   writes one, differs from ``filters.language``).
 
@@ -73,7 +73,7 @@ def text_reasons(text: str, duration_s: float | None, cfg) -> list[str]:
     """The reasons ``text`` (spoken over ``duration_s`` seconds) fails ``cfg``
     (FiltersConfig), in a fixed order; [] when it passes."""
     stripped = (text or "").strip()
-    if not stripped:
+    if not any(c.isalnum() for c in stripped):   # nothing, or punctuation alone (Whisper's "." on silence)
         return ["empty"]
     words = words_of(stripped)
     reasons = []

@@ -8,8 +8,7 @@
   exports hold.
 - Utterances: each kept segment is one training utterance when it is at most
   ``max_utterance_s`` long; a longer one is cut between words (its words' start/end),
-  at the midpoint of the pause between two words; one without word times is left out and
-  counted.
+  in the pause between two words; one without word times is left out and counted.
 - The report: kept fraction against the WER of the kept rows (rows ranked by
   confidence, where references exist) and the reliability diagram (confidence bins
   against the rows' word accuracy, with the expected calibration error, ECE, of "On
@@ -70,20 +69,31 @@ def keep_flags(rows: list[dict], min_confidence: float | None = None,
 
 def _split_words(seg: dict, max_s: float) -> tuple[list[tuple[float, float, str]], int]:
     """(start, end, text) pieces of a segment cut between words, each at most ``max_s``,
-    and the number of words that fit in no piece (a single word longer than ``max_s``)."""
+    and the number of words that fit in no piece (a single word longer than ``max_s``).
+
+    Words are taken greedily while their own span fits; a piece reaches from the middle of
+    the pause before its first word to the middle of the pause after its last (the
+    segment's ends outside), trimmed back towards its words where that is too long."""
     words = [w for w in seg["words"] if w.get("word", "").strip()]
-    # Cut points: the segment's ends and the middle of each pause between two words.
     cuts = [seg["start"]] + [(a["end"] + b["start"]) / 2 for a, b in zip(words, words[1:])] + [seg["end"]]
     pieces, dropped, a = [], 0, 0
     while a < len(words):
         b = a
-        while b < len(words) and cuts[b + 1] - cuts[a] <= max_s + 1e-9:
+        while b < len(words) and words[b]["end"] - words[a]["start"] <= max_s + 1e-9:
             b += 1
         if b == a:
             dropped += 1
             a += 1
             continue
-        pieces.append((cuts[a], cuts[b], " ".join(w["word"].strip() for w in words[a:b])))
+        lo, hi = cuts[a], cuts[b]
+        excess = (hi - lo) - max_s
+        if excess > 0:
+            left, right = max(0.0, words[a]["start"] - lo), max(0.0, hi - words[b - 1]["end"])
+            dl = min(left, excess / 2)
+            dr = min(right, excess - dl)
+            dl = min(left, excess - dr)
+            lo, hi = lo + dl, hi - dr
+        pieces.append((lo, hi, " ".join(w["word"].strip() for w in words[a:b])))
         a = b
     return pieces, dropped
 
