@@ -115,10 +115,12 @@ def utterances(row: dict, max_s: float, offset_s: float | None = None) -> tuple[
             dropped += lost
         else:
             pieces, dropped = [], dropped + 1
+        # The segment's own confidence where the decoder gives one, else the row's.
+        conf = seg.get("confidence") if seg.get("confidence") is not None else row.get("confidence")
         for start, end, piece in pieces:
             out.append({"id": f"{row['id']}#{len(out)}", "source_id": row["id"], "audio_filepath": row["audio"],
                         "offset": round(base + start, 3), "duration": round(end - start, 3), "text": piece,
-                        "confidence": row.get("confidence")})
+                        "confidence": conf})
     return out, dropped
 
 

@@ -55,7 +55,7 @@ def test_long_segment_is_cut_between_words():
                                                       + words[int(cut[1]["text"].split()[0][1:])]["start"]) / 2)
 
 
-def test_curve_and_reliability_by_hand():
+def test_curve_and_reliability_by_hand(tmp_path):
     rows = [_row(0, 0.95, ref="red green blue black", text="red green blue black"),   # 0 errors / 4
             _row(1, 0.85, ref="red green blue black", text="red green blue white"),   # 1 / 4
             _row(2, 0.15, ref="alpha beta", text="gamma delta"),                      # 2 / 2
@@ -67,6 +67,26 @@ def test_curve_and_reliability_by_hand():
     # Bins: 0.9-1.0 holds accuracy 1.0 at 0.95, 0.8-0.9 holds 0.75 at 0.85, 0.1-0.2 holds 0 at 0.15.
     assert [(b["low"], b["rows"]) for b in rel["bins"]] == [(0.1, 1), (0.8, 1), (0.9, 1)]
     assert rel["ece"] == pytest.approx((0.15 + 0.10 + 0.05) / 3)
+    # --keep-fraction 0.5 of the three good rows keeps floor(1.5) = 1 row: the most confident.
+    kept = pl.keep_flags(rows, keep_fraction=0.5)
+    assert kept == [True, False, False, False]
+    data = pl.report_data(rows, kept, [], 0, 0, {"keep_fraction": 0.5}, 10)
+    assert data["wer_all"] == pytest.approx(3 / 10) and data["wer_kept"] == 0.0
+    assert data["kept_point"] == {"kept_fraction": pytest.approx(1 / 3), "wer": 0.0}
+    written = pl.write_exports(str(tmp_path), [], data)
+    assert (tmp_path / pl.PLOT_NAME).read_bytes()[:4] == b"\x89PNG" and len(written) == 4
+    assert (tmp_path / pl.MANIFEST_NAME).read_text() == ""
+
+
+def test_cli_checks_the_rule_before_running(capsys):
+    from jobs.cli import main
+
+    for bad in (["--min-confidence", "1.5"], ["--keep-fraction", "0"],
+                ["--min-confidence", "0.5", "--keep-fraction", "0.5"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["pseudo-label", "--input", "x", "--output", "y", *bad])
+        assert exc.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
