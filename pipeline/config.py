@@ -281,10 +281,11 @@ class FiltersConfig:
     unique_words_min_count: int = 12            # the share is judged from this many words on
     max_ngram_repeats: int | None = 4           # the same n-gram more times in a row than this
     ngram_max_n: int = 8                        # longest repeated phrase looked for, in words
-    max_word_chars: int | None = 40             # longer than any dictionary word
+    max_word_chars: int | None = 24             # Granary flags a word of 25 characters or more
     min_chars_per_second: float | None = 1.5    # letters and digits per second of segment
     max_chars_per_second: float | None = 30.0
     phrases: list = field(default_factory=list)  # hallucination phrases (e.g. "thank you for watching")
+    phrase_match: str = "whole"                 # whole: the text is a phrase (Granary) | contains: it holds one
     language: str | None = None                 # expected language; rows whose detected language differs
 
     def validate(self, key: str) -> None:
@@ -305,6 +306,7 @@ class FiltersConfig:
                 _at_least(f"{key}.{name}", getattr(self, name), 1)
         if not isinstance(self.phrases, list) or not all(isinstance(p, str) and p.strip() for p in self.phrases):
             raise ConfigError(f"{key}.phrases: expected a list of non-empty strings")
+        _choice(f"{key}.phrase_match", self.phrase_match, ("whole", "contains"))
 
 
 @dataclass

@@ -13,7 +13,9 @@ finished row and segment. The checks:
   share of distinct words in a segment, and a word longer than any real one.
 - ``repeated_ngram``: the same n-gram said several times in a row (a decoder loop that
   the ratio misses in short texts).
-- ``phrase``: a configured phrase list (Granary-style: "thank you for watching", ...).
+- ``phrase``: a configured phrase list (Granary-style: "thank you for watching", ...):
+  the whole text is one of them (Granary's rule), or, with ``phrase_match: contains``,
+  it holds one as whole words. Case and punctuation are ignored.
 - ``too_fast`` / ``too_slow``: characters per second of speech out of range for the
   segment's duration.
 - ``empty`` (a segment or row without a letter or digit), ``no_speech`` (a recording where VAD found
@@ -86,7 +88,9 @@ def text_reasons(text: str, duration_s: float | None, cfg) -> list[str]:
         reasons.append("repeated_ngram")
     if cfg.max_word_chars is not None and any(len(w) > cfg.max_word_chars for w in words):
         reasons.append("very_long_word")
-    if any(_has_phrase(words, words_of(p)) for p in cfg.phrases):
+    phrases = [words_of(p) for p in cfg.phrases]
+    if cfg.phrase_match == "whole" and words in phrases or (
+            cfg.phrase_match == "contains" and any(_has_phrase(words, p) for p in phrases)):
         reasons.append("phrase")
     if duration_s and duration_s > 0:
         # Characters of speech: letters and digits, so punctuation and spaces do not count.

@@ -56,14 +56,20 @@ def test_unique_word_share():
 
 def test_very_long_word_and_words_of():
     assert words_of("It's a dog-day, isn't it?") == ["it's", "a", "dog", "day", "isn't", "it"]
-    assert "very_long_word" not in text_reasons("supercalifragilisticexpialidocious indeed", 3.0, CFG)
-    assert "very_long_word" in text_reasons("a" * 41 + " indeed", 3.0, CFG)
+    # Granary's limit: a word of 25 characters or more.
+    assert "very_long_word" not in text_reasons("internationalization matters", 3.0, CFG)
+    assert "very_long_word" not in text_reasons("a" * 24 + " indeed", 3.0, CFG)
+    assert "very_long_word" in text_reasons("a" * 25 + " indeed", 3.0, CFG)
 
 
 def test_phrase_list():
-    cfg = FiltersConfig(phrases=["Thank you for watching"])
-    assert "phrase" in text_reasons("Thank you for watching!", 2.0, cfg)
-    assert text_reasons("Thank you for your watching.", 2.0, cfg) == []
+    whole = FiltersConfig(phrases=["Thank you for watching"])
+    assert text_reasons("Thank you for watching!", 2.0, whole) == ["phrase"]
+    # Granary's rule: the whole text is the phrase; a sentence that holds it is speech.
+    assert text_reasons("And thank you for watching the kids.", 2.0, whole) == []
+    contains = FiltersConfig(phrases=["Thank you for watching"], phrase_match="contains")
+    assert text_reasons("And thank you for watching the kids.", 2.0, contains) == ["phrase"]
+    assert text_reasons("Thank you for your watching.", 2.0, contains) == []
     assert text_reasons("Thank you for watching!", 2.0, CFG) == []
 
 
@@ -111,6 +117,7 @@ def test_filters_config_is_validated_in_one_place():
     for bad, key in [("filters.min_unique_word_share=2", "filters.min_unique_word_share"),
                      ("filters.max_chars_per_second=0", "filters.max_chars_per_second"),
                      ("filters.phrases=['']", "filters.phrases"),
+                     ("filters.phrase_match=prefix", "filters.phrase_match"),
                      ("pseudo_label.max_utterance_s=0", "pseudo_label.max_utterance_s")]:
         with pytest.raises(ConfigError, match=key):
             load_config("ar", [bad])

@@ -113,7 +113,8 @@ def job(tmp_path_factory, samples_dir, sample_manifest, model_cache):
     dst = root / "out"
     code = main(["pseudo-label", "--input", str(manifest), "--output", str(dst), "--runner", "local",
                  "--config", "ctc_greedy", "--set", f"model.cache_dir={model_cache}",
-                 "--set", "pseudo_label.max_utterance_s=4", "--set", "filters.phrases=[pump filter]"])
+                 "--set", "pseudo_label.max_utterance_s=4", "--set", "filters.phrases=[pump filter]",
+                 "--set", "filters.phrase_match=contains"])
     rows = {r["id"]: r for r in pq.read_table(dst).to_pylist()}
     return {"code": code, "dst": dst, "rows": rows, "lines": lines, "spans": {"beckett_span": 2.0}}
 
