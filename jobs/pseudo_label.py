@@ -82,6 +82,9 @@ def export(args: argparse.Namespace) -> int:
           f"{data['filtered']} filtered), {data['utterances']} utterances, {data['utterance_seconds']:.1f} s")
     for url in written:
         print(f"  {url}")
+    if (args.min_confidence is not None or args.keep_fraction is not None) and not data["with_confidence"]:
+        print("shardscribe: warning: no row carries a confidence (this decoder or model writes none), so "
+              "--min-confidence/--keep-fraction kept nothing", file=sys.stderr)
     return 0
 
 
