@@ -14,13 +14,15 @@ import pyarrow as pa
 # llm_verify / ar_fallback / beam / error) and its evidence: max CTC frame entropy (nats,
 # valid frames), min verified token probability, accepted prefix length j, decoder tokens
 # drafted and generated; ``words`` [{word, start, end}] (seconds in the recording) where
-# the decoder has an alignment (the CTC decoders), else null.
+# the decoder has an alignment (the CTC decoders), else null; ``filter_reasons``: the
+# pseudo-label filters it fails (pipeline.filters; [] when it passes or errored).
 WORD_TYPE = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64())])
 SEGMENT_TYPE = pa.struct([
     ("start", pa.float64()), ("end", pa.float64()), ("text", pa.string()),
     ("stage", pa.string()), ("tokens", pa.int32()), ("max_entropy", pa.float64()),
     ("min_prob", pa.float64()), ("prefix_len", pa.int32()), ("drafted", pa.int32()),
     ("generated", pa.int32()), ("error", pa.string()), ("words", pa.list_(WORD_TYPE)),
+    ("filter_reasons", pa.list_(pa.string())),
 ])
 
 # offset_s / duration_s: the span of the file that is the recording (NeMo manifests'
@@ -51,6 +53,9 @@ OUTPUT_SCHEMA = pa.schema([
     # finished (Unix seconds): a rerun with another config is told apart, and the report
     # plots throughput over time from it.
     ("config_hash", pa.string()), ("finished_at", pa.float64()),
+    # The pseudo-label filters the row fails: its own and its segments' (pipeline.filters);
+    # [] when it passes, and for an error row (never kept in any case).
+    ("filter_reasons", pa.list_(pa.string())),
 ])
 
 # Between a model pool and a second pool: the segments still waiting, each with its
