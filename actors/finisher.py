@@ -12,6 +12,7 @@ import pyarrow as pa
 from actors.registrations import adopt
 from pipeline.config import config_from_dict, config_hash
 from pipeline.decoders import decoder_kind
+from pipeline.filters import mark_rows
 from pipeline.records import OUTPUT_SCHEMA, stamp, table
 from pipeline.segment_runner import complete_pending
 
@@ -25,5 +26,6 @@ class Finisher:
         self.stage = self.kind.build_second_stage(self.cfg, first_stage)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = complete_pending(batch.to_pylist(), self.stage, self.cfg.batching.max_tokens)
+        rows = mark_rows(complete_pending(batch.to_pylist(), self.stage, self.cfg.batching.max_tokens),
+                         self.cfg.filters)
         return table(stamp(rows, self.config_hash), OUTPUT_SCHEMA)

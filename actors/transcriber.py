@@ -11,6 +11,7 @@ import pyarrow as pa
 from actors.registrations import adopt
 from pipeline.config import config_from_dict, config_hash
 from pipeline.decoders import decoder_kind
+from pipeline.filters import mark_rows
 from pipeline.models import load_model
 from pipeline.records import INTERMEDIATE_SCHEMA, OUTPUT_SCHEMA, prepared_rows, stamp, table
 from pipeline.segment_runner import transcribe_prepared
@@ -29,4 +30,5 @@ class Transcriber:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows = transcribe_prepared(prepared_rows(batch), self.decoder, self.cfg.batching.max_tokens)
+        mark_rows(rows, self.cfg.filters)
         return table(stamp(rows, self.config_hash), self.schema)

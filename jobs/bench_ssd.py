@@ -74,6 +74,15 @@ def add_arguments(parser) -> None:
                         help="time each configuration N times, round-robin, and keep the fastest")
     parser.add_argument("--lookahead", type=int, default=4, metavar="K",
                         help="ssd.lookahead for the speculative-round rows of both presets (0: no such rows)")
+    parser.add_argument("--max-draft-error", default="", metavar="E,...",
+                        help="add high_rtfx rows with the self-calibrating gate (ssd.max_draft_error) at each E")
+    parser.add_argument("--calibrated-only", action="store_true",
+                        help="run only full AR, CTC greedy and the --max-draft-error rows (unpacked gate, no gate "
+                             "verification unless --calibrated-gate-verify)")
+    parser.add_argument("--calibrated-gate-verify", action="store_true",
+                        help="with --calibrated-only: the calibrated rows also verify gated drafts (high_rtfx's tau)")
+    parser.add_argument("--warm-manifest", default=None, metavar="M",
+                        help="calibrated-gate rows also run warmed: the gate first learns on M (untimed)")
     parser.add_argument("--long-form", type=float, default=0.0, metavar="SECONDS",
                         help="join consecutive recordings into segments of up to SECONDS (e.g. 28)")
 
@@ -189,13 +198,21 @@ def run(args) -> dict:
 
     pack_decisions = {}  # label -> the PackGatePolicy of its latest run (adaptive packed gate rows)
 
-    def run_pipeline_ssd(label, preset, pack_gate, gate_verify_tau=None, adaptive=cfg.ssd.adaptive_pack_gate):
+    calibrated = {}  # label -> the GateCalibration of its latest run
+
+    def run_pipeline_ssd(label, preset, pack_gate, gate_verify_tau=None, adaptive=cfg.ssd.adaptive_pack_gate,
+                         max_draft_error=None, tau_cap=None, warm=None):
         # The pipeline's SSD decoder end to end, its own encoder pass(es) included: the
         # packed gate changes what the encoder does, so it cannot share the pass above.
         tc, ts, _ = thresholds[preset]
-        decoder = SSDFirstPassDecoder(adapter, tc, ts, cfg.decoder.max_new_tokens, reuse_kv=cfg.ssd.reuse_kv,
-                                      pack_gate=pack_gate, gate_verify_tau=gate_verify_tau,
-                                      adaptive_pack_gate=adaptive)
+        decoder = SSDFirstPassDecoder(adapter, tau_cap or tc, ts, cfg.decoder.max_new_tokens,
+                                      reuse_kv=cfg.ssd.reuse_kv, pack_gate=pack_gate, gate_verify_tau=gate_verify_tau,
+                                      adaptive_pack_gate=adaptive, max_draft_error=max_draft_error)
+        if decoder.ssd.gate_calibration is not None:
+            calibrated[label] = decoder.ssd.gate_calibration
+            if warm:
+                # A longer corpus: the gate has learnt on other recordings first (untimed).
+                decode_segments(decoder, warm, cfg.batching.max_tokens)
         fallback = SSDFallback(decoder.ssd, decoder.share_seeds())
         if decoder.pack_policy is not None:
             pack_decisions[label] = decoder.pack_policy
@@ -234,20 +251,42 @@ def run(args) -> dict:
         if hr_gv is not None:
             configs.append((UNVERIFIED_PACKED_ROW, hr_tc, hr_ts,
                             lambda: run_pipeline_ssd(UNVERIFIED_PACKED_ROW, "high_rtfx", True, adaptive=False)))
-    configs.append(("SSD high_accuracy, no KV reuse", ha_tc, ha_ts, lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False)))
-    configs.append(("SSD high_accuracy, full-draft head", ha_tc, ha_ts,
-                    lambda: run_ssd(ha_tc, ha_ts, verify_chunk=None)))
-    configs.append(("SSD high_accuracy, paper (no reuse, full head)", ha_tc, ha_ts,
-                    lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False, verify_chunk=None)))
-    for ceiling in [float(x) for x in args.verify_max_entropy.split(",") if x]:
-        configs.append((f"SSD high_accuracy, verify_max_entropy {ceiling:g}", ha_tc, ha_ts,
-                        lambda c=ceiling: run_ssd(ha_tc, ha_ts, ceiling=c)))
-    sweep = [float(x) for x in args.sweep.split(",") if x]
-    if args.quick:
-        sweep = sweep[::2]
-    for ts in [float(x) for x in str(args.sweep_slm).split(",") if x]:
-        for tc in sweep:
-            configs.append(("SSD sweep", tc, ts, lambda tc=tc, ts=ts: run_ssd(tc, ts)))
+    warm_audio = None
+    if args.warm_manifest:
+        warm_recordings, _ = load_recordings(args.warm_manifest, 0, cfg)
+        warm_audio = [a for _, a in flat_segments(warm_recordings)[0]]
+    cap = cfg.ssd.tau_ctc if cfg.ssd.tau_ctc is not None else None
+    calibrated_rows = []
+    for target in [float(x) for x in args.max_draft_error.split(",") if x]:
+        verify_options = (hr_gv, None) if hr_gv is not None else (None,)
+        if args.calibrated_only:
+            verify_options = (hr_gv if args.calibrated_gate_verify else None,)
+        for gv in verify_options:
+            for warmed in (None, warm_audio) if warm_audio else (None,):
+                label = f"SSD high_rtfx, calibrated gate {target:g}{', gate verified' if gv else ''}" \
+                        f"{', warmed' if warmed else ''}"
+                calibrated_rows.append((label, cap or hr_tc, hr_ts,
+                                        lambda lb=label, t=target, g=gv, w=warmed:
+                                        run_pipeline_ssd(lb, "high_rtfx", False, g, max_draft_error=t, tau_cap=cap,
+                                                         warm=w)))
+    if args.calibrated_only:
+        configs = [c for c in configs if c[0] in ("full AR", "SSD high_rtfx")]
+    configs += calibrated_rows
+    if not args.calibrated_only:
+        configs.append(("SSD high_accuracy, no KV reuse", ha_tc, ha_ts, lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False)))
+        configs.append(("SSD high_accuracy, full-draft head", ha_tc, ha_ts,
+                        lambda: run_ssd(ha_tc, ha_ts, verify_chunk=None)))
+        configs.append(("SSD high_accuracy, paper (no reuse, full head)", ha_tc, ha_ts,
+                        lambda: run_ssd(ha_tc, ha_ts, reuse_kv=False, verify_chunk=None)))
+        for ceiling in [float(x) for x in args.verify_max_entropy.split(",") if x]:
+            configs.append((f"SSD high_accuracy, verify_max_entropy {ceiling:g}", ha_tc, ha_ts,
+                            lambda c=ceiling: run_ssd(ha_tc, ha_ts, ceiling=c)))
+        sweep = [float(x) for x in args.sweep.split(",") if x]
+        if args.quick:
+            sweep = sweep[::2]
+        for ts in [float(x) for x in str(args.sweep_slm).split(",") if x]:
+            for tc in sweep:
+                configs.append(("SSD sweep", tc, ts, lambda tc=tc, ts=ts: run_ssd(tc, ts)))
     best: list[tuple | None] = [None] * len(configs)
     for _ in range(max(1, args.repeat)):
         for k, (_, _, _, fn) in enumerate(configs):
@@ -258,6 +297,9 @@ def run(args) -> dict:
     for k, (label, tc, ts, _) in enumerate(configs):
         texts, seconds, stages, ssd_rows = best[k]
         row = recorded[label] = record(label, texts, seconds, tc, ts, ssd_rows, stages)
+        if label in calibrated:
+            row["rtfx"], row["s_encoder"] = audio_s / seconds, None  # its own encoder pass
+            row["tau_learnt"] = calibrated[label].tau
         if label.startswith("SSD high_rtfx, pipeline"):
             row["rtfx"], row["s_encoder"] = audio_s / seconds, None  # its own encoder pass(es)
         if label in pack_decisions:
@@ -273,6 +315,8 @@ def run(args) -> dict:
                                                                           *run_packed_ctc())
                 packed["rtfx"] = audio_s / packed["decode_s"]  # its own encoder pass
                 packed["s_encoder"] = None
+    if args.calibrated_only:
+        return {"rows": rows, "summary": _calibrated_summary(recorded, calibrated)}
     ar, ctc, no_reuse = recorded["full AR"], recorded["CTC greedy"], recorded["SSD high_accuracy, no KV reuse"]
     t_ar = ar["decode_s"]
     presets = {name: recorded[f"SSD {name}"] for name in ("high_accuracy", "high_rtfx")}
@@ -326,6 +370,22 @@ def _pack_gate_summary(recorded: dict, ceiling_rtfx: float, packed_ceiling_rtfx:
             "high_rtfx_packed_gate_share_of_ceiling": on["rtfx"] / ceiling_rtfx,
             "high_rtfx_packed_gate_share_of_packed_ceiling":
                 on["rtfx"] / packed_ceiling_rtfx if packed_ceiling_rtfx else None}
+
+
+def _calibrated_summary(recorded: dict, calibrated: dict) -> dict:
+    """Per calibrated-gate row: WER and RTFx relative to full AR in the same run, the share
+    of segments the gate accepted and the threshold it had learnt by the end."""
+    ar = recorded["full AR"]
+    fixed = recorded["SSD high_rtfx"]
+    out = {"ar_wer": ar["wer"], "ar_rtfx": ar["rtfx"], "ctc_greedy_rtfx": recorded["CTC greedy"]["rtfx"],
+           "high_rtfx_fixed_gate": {"wer": fixed["wer"], "rtfx_vs_ar": fixed["rtfx"] / ar["rtfx"],
+                                    "pct_ctc_gated": fixed["pct_C"]}}
+    for label in calibrated:
+        row = recorded[label]
+        out[label] = {"wer": row["wer"], "wer_rel_ar": row["wer"] / ar["wer"] if ar["wer"] else None,
+                      "rtfx": row["rtfx"], "rtfx_vs_ar": row["rtfx"] / ar["rtfx"], "pct_ctc_gated": row["pct_C"],
+                      "tau_learnt": row["tau_learnt"]}
+    return out
 
 
 def _lookahead_summary(recorded: dict, k: int) -> dict:

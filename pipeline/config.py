@@ -172,6 +172,10 @@ class SSDConfig:
     # a packed draft, hence an accepted text, depends on the clips sharing its window.
     pack_gate: bool | None = None
     gate_verify_tau: float | None = None  # gated drafts verified at this tau too (null: the preset's, else off)
+    # Calibrate tau_ctc online so that at most this share of the drafts the gate accepts
+    # would be rejected by verification; tau_ctc is then the cap (pipeline.ssd_gate_calibration).
+    # null: the preset's, else off (tau_ctc fixed, the paper's gate).
+    max_draft_error: float | None = None
     # With pack_gate: pack a batch only while the running gate pass rate is above that
     # batch's break-even (pipeline.pack_gate_policy); false packs every batch.
     adaptive_pack_gate: bool = True
@@ -183,10 +187,11 @@ class SSDConfig:
 
     # A preset's gate_verify_tau may be null (off), so that an override can switch a shipped
     # preset's gate verification off: --set ssd.presets.high_rtfx.gate_verify_tau=null.
-    PRESET_KEYS = {"tau_ctc": float, "tau_slm": float, "pack_gate": bool, "gate_verify_tau": float | None}
+    PRESET_KEYS = {"tau_ctc": float, "tau_slm": float, "pack_gate": bool, "gate_verify_tau": float | None,
+                   "max_draft_error": float | None}
 
     def validate(self, key: str) -> None:
-        shape = "{tau_ctc, tau_slm[, pack_gate, gate_verify_tau]}"
+        shape = "{tau_ctc, tau_slm[, pack_gate, gate_verify_tau, max_draft_error]}"
         if not isinstance(self.presets, dict) or not self.presets:
             raise ConfigError(f"{key}.presets: expected a mapping of name -> {shape}")
         for name, p in self.presets.items():
@@ -203,6 +208,9 @@ class SSDConfig:
         tau_gate = self.gate_verify_threshold()
         if tau_gate is not None and not 0.0 <= tau_gate <= 1.0:
             raise ConfigError(f"{key}.gate_verify_tau: must be in [0, 1] or null, got {tau_gate}")
+        target = self.draft_error_target()
+        if target is not None and not 0.0 < target < 1.0:
+            raise ConfigError(f"{key}.max_draft_error: must be in (0, 1) or null, got {target}")
         _at_least(f"{key}.lookahead", self.lookahead, 0)
         _choice(f"{key}.lookahead_rule", self.lookahead_rule, LOOKAHEAD_RULES)
         if self.verify_max_entropy is not None and self.verify_max_entropy < 0:
@@ -220,6 +228,11 @@ class SSDConfig:
         """tau of the gated drafts' verification; None where it is off."""
         tau = self._pick("gate_verify_tau", None)
         return None if tau is None else float(tau)
+
+    def draft_error_target(self) -> float | None:
+        """The calibrated gate's target error share; None where tau_ctc is fixed."""
+        target = self._pick("max_draft_error", None)
+        return None if target is None else float(target)
 
     def thresholds(self) -> tuple[float, float]:
         return float(self._pick("tau_ctc", None)), float(self._pick("tau_slm", None))
@@ -293,6 +306,55 @@ class OutputConfig:
 
 
 @dataclass
+class FiltersConfig:
+    """Pseudo-label filters run in the pass (pipeline.filters; docs/pseudo_label.md has
+    what each catches). A threshold set to null switches its check off."""
+    max_compression_ratio: float | None = 2.4   # Whisper's failed-decode threshold per 30-s window
+    min_unique_word_share: float | None = 0.3   # distinct words / words in a segment
+    unique_words_min_count: int = 12            # the share is judged from this many words on
+    max_ngram_repeats: int | None = 4           # the same n-gram more times in a row than this
+    ngram_max_n: int = 8                        # longest repeated phrase looked for, in words
+    max_word_chars: int | None = 24             # Granary flags a word of 25 characters or more
+    min_chars_per_second: float | None = 1.5    # letters and digits per second of segment
+    max_chars_per_second: float | None = 30.0
+    phrases: list = field(default_factory=list)  # hallucination phrases (e.g. "thank you for watching")
+    phrase_match: str = "whole"                 # whole: the text is a phrase (Granary) | contains: it holds one
+    language: str | None = None                 # expected language; rows whose detected language differs
+
+    def validate(self, key: str) -> None:
+        for name in ("max_compression_ratio", "max_chars_per_second", "min_chars_per_second"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{key}.{name}: must be > 0 or null, got {value}")
+        if self.min_unique_word_share is not None and not 0.0 < self.min_unique_word_share <= 1.0:
+            raise ConfigError(f"{key}.min_unique_word_share: must be in (0, 1] or null, "
+                              f"got {self.min_unique_word_share}")
+        if (self.min_chars_per_second is not None and self.max_chars_per_second is not None
+                and self.min_chars_per_second >= self.max_chars_per_second):
+            raise ConfigError(f"{key}.min_chars_per_second: must be below max_chars_per_second")
+        _at_least(f"{key}.unique_words_min_count", self.unique_words_min_count, 1)
+        _at_least(f"{key}.ngram_max_n", self.ngram_max_n, 1)
+        for name in ("max_ngram_repeats", "max_word_chars"):
+            if getattr(self, name) is not None:
+                _at_least(f"{key}.{name}", getattr(self, name), 1)
+        if not isinstance(self.phrases, list) or not all(isinstance(p, str) and p.strip() for p in self.phrases):
+            raise ConfigError(f"{key}.phrases: expected a list of non-empty strings")
+        _choice(f"{key}.phrase_match", self.phrase_match, ("whole", "contains"))
+
+
+@dataclass
+class PseudoLabelConfig:
+    """The exports of `shardscribe pseudo-label` (they do not change the rows)."""
+    max_utterance_s: float = 30.0     # training utterances are at most this long (cut at word times)
+    reliability_bins: int = 10        # confidence bins of the reliability diagram
+
+    def validate(self, key: str) -> None:
+        if self.max_utterance_s <= 0:
+            raise ConfigError(f"{key}.max_utterance_s: must be > 0, got {self.max_utterance_s}")
+        _at_least(f"{key}.reliability_bins", self.reliability_bins, 2)
+
+
+@dataclass
 class StorageConfig:
     # fsspec storage options, applied to the input, the audio it names and the output alike
     # (s3: endpoint_url, client_kwargs.region_name, anon, ...). Credentials come from each
@@ -336,6 +398,8 @@ class JobConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    filters: FiltersConfig = field(default_factory=FiltersConfig)
+    pseudo_label: PseudoLabelConfig = field(default_factory=PseudoLabelConfig)
 
     def validate(self) -> "JobConfig":
         """Check every section, then the decoder kind and the model family against their
@@ -585,7 +649,8 @@ def config_from_dict(data: dict) -> JobConfig:
 # Keys that change how a job runs but not what it writes (where and how fast it runs,
 # where checkpoints are cached): a rerun that changes only these is the same config.
 _EXECUTION_KEYS = {"name", "ray", "batching", "model.cache_dir", "model.num_threads",
-                   "model.encoder_micro_batch", "model.device", "beam.use_cuda_graphs", "beam.native"}
+                   "model.encoder_micro_batch", "model.device", "beam.use_cuda_graphs", "beam.native",
+                   "pseudo_label"}
 
 
 def config_hash(cfg: JobConfig) -> str:

@@ -15,11 +15,12 @@ import pyarrow as pa
 # valid frames), min verified token probability, accepted prefix length j, decoder tokens
 # drafted and generated; ``words`` [{word, start, end}] (seconds in the recording) where
 # the decoder has an alignment (the CTC decoders, Whisper with model.word_timestamps),
-# else null. ``start``/``end`` are always the VAD segment's; a Whisper decode with
-# model.timestamps also cuts the segment's text into ``spans`` [{start, end, text}]
-# (seconds in the recording) at its timestamp tokens, else null. ``language`` and
-# ``language_prob``: the language Whisper decoded in (model.language) and, where it was
-# detected (auto), its probability among the language tokens.
+# else null; ``filter_reasons``: the pseudo-label filters it fails (pipeline.filters; []
+# when it passes or errored). ``start``/``end`` are always the VAD segment's; a Whisper
+# decode with model.timestamps also cuts the segment's text into ``spans``
+# [{start, end, text}] (seconds in the recording) at its timestamp tokens, else null.
+# ``language`` and ``language_prob``: the language Whisper decoded in (model.language)
+# and, where it was detected (auto), its probability among the language tokens.
 WORD_TYPE = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64())])
 SPAN_TYPE = pa.struct([("start", pa.float64()), ("end", pa.float64()), ("text", pa.string())])
 SEGMENT_TYPE = pa.struct([
@@ -27,6 +28,7 @@ SEGMENT_TYPE = pa.struct([
     ("stage", pa.string()), ("tokens", pa.int32()), ("max_entropy", pa.float64()),
     ("min_prob", pa.float64()), ("prefix_len", pa.int32()), ("drafted", pa.int32()),
     ("generated", pa.int32()), ("error", pa.string()), ("words", pa.list_(WORD_TYPE)),
+    ("filter_reasons", pa.list_(pa.string())),
     ("spans", pa.list_(SPAN_TYPE)), ("language", pa.string()), ("language_prob", pa.float64()),
 ])
 
@@ -58,6 +60,9 @@ OUTPUT_SCHEMA = pa.schema([
     # finished (Unix seconds): a rerun with another config is told apart, and the report
     # plots throughput over time from it.
     ("config_hash", pa.string()), ("finished_at", pa.float64()),
+    # The pseudo-label filters the row fails: its own and its segments' (pipeline.filters);
+    # [] when it passes, and for an error row (never kept in any case).
+    ("filter_reasons", pa.list_(pa.string())),
     # The recording's language (Whisper, model.language set): the one its segments'
     # speech was decoded in the longest; with auto, the duration-weighted mean of those
     # segments' detection probabilities. Null otherwise.

@@ -108,6 +108,9 @@ def test_broken_inputs_under_every_config_on_ray(config, manifest, ray_session, 
     for name, message in BROKEN.items():
         row = rows[name]
         assert row["stage"] == "error" and message in (row["error"] or "") and row["text"] is None, row
+        assert row["filter_reasons"] == [], row      # an error row is never judged by the filters
+    # The filters ran in the pass, in whichever pool finished the row.
+    assert all(isinstance(r["filter_reasons"], list) for r in rows.values())
     assert rows["silence.wav"]["error"] is None
     assert rows[good]["error"] is None
     summary = json.loads((dst / output.SUMMARY_NAME).read_text())

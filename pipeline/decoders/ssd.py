@@ -26,6 +26,7 @@ from pipeline.decoding.ssd import CTC_GATE, SelfSpeculativeDecoder, SSDRow
 from pipeline.decoding.ssd_packed_verify import verify_packed_drafts
 from pipeline.models.base import PACKABLE, require
 from pipeline.pack_gate_policy import PackGatePolicy
+from pipeline.ssd_gate_calibration import GateCalibration
 from pipeline.timing import synchronize, timed
 
 
@@ -102,7 +103,8 @@ class SSDFirstPassDecoder:
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None, lookahead: int = 0,
                  lookahead_rule: str = "greedy", pack_gate: bool = False,
-                 gate_verify_tau: float | None = None, adaptive_pack_gate: bool = False, map_drafting=None):
+                 gate_verify_tau: float | None = None, adaptive_pack_gate: bool = False, map_drafting=None,
+                 max_draft_error: float | None = None):
         if pack_gate:
             require(adapter, PACKABLE, what="ssd.pack_gate")
         self.adapter = adapter
@@ -113,7 +115,9 @@ class SSDFirstPassDecoder:
         self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens, reuse_kv=reuse_kv,
                                           verify_max_entropy=verify_max_entropy, lookahead=lookahead,
                                           lookahead_rule=lookahead_rule, gate_verify_tau=gate_verify_tau,
-                                          map_drafting=map_drafting)
+                                          map_drafting=map_drafting,
+                                          gate_calibration=None if max_draft_error is None else
+                                          GateCalibration(max_draft_error, cap=tau_ctc))
         self.seeds: SeedStore | None = None
 
     def share_seeds(self) -> SeedStore:
@@ -334,7 +338,8 @@ def _options(cfg) -> dict:
 
 def build_first_pass(adapter, cfg) -> SSDFirstPassDecoder:
     return SSDFirstPassDecoder(adapter, pack_gate=cfg.ssd.packs_gate(), adaptive_pack_gate=cfg.ssd.adaptive_pack_gate,
-                               map_drafting=map_drafting(adapter, cfg), **_options(cfg))
+                               map_drafting=map_drafting(adapter, cfg), max_draft_error=cfg.ssd.draft_error_target(),
+                               **_options(cfg))
 
 
 def build_fallback(cfg, first_stage: SSDFirstPassDecoder | None = None) -> SSDFallback:

@@ -72,6 +72,7 @@ class SSDRow:
     generated: int = 0                # tokens produced by AR fallback
     tokens: list[int] = field(default_factory=list)        # final decoder tokens (not for ctc_gate)
     seed: DecodeSeed | None = field(default=None, repr=False)  # decoder state after the prefix
+    probe: bool = False               # accepted by a calibrated gate, verified anyway (a label)
 
     @property
     def prefix_len(self) -> int | None:
@@ -87,7 +88,8 @@ class SelfSpeculativeDecoder:
     def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None,
                  verify_chunk: int | None = VERIFY_HEAD_CHUNK, lookahead: int = 0,
-                 lookahead_rule: str = "greedy", gate_verify_tau: float | None = None, map_drafting=None):
+                 lookahead_rule: str = "greedy", gate_verify_tau: float | None = None, map_drafting=None,
+                 gate_calibration=None):
         if lookahead_rule not in LOOKAHEAD_RULES:
             raise ValueError(f"lookahead_rule must be one of {LOOKAHEAD_RULES}, got {lookahead_rule!r}")
         self.adapter = adapter
@@ -103,6 +105,9 @@ class SelfSpeculativeDecoder:
         if map_drafting is not None and lookahead and lookahead_rule != "greedy":
             raise ValueError("token-map drafting verifies greedily: it cannot join lookahead_rule tau_slm")
         self.map_drafting = map_drafting
+        # pipeline.ssd_gate_calibration.GateCalibration: tau_ctc learnt from verification
+        # outcomes as the job runs (tau_ctc is then its cap); None: tau_ctc is fixed.
+        self.gate_calibration = gate_calibration
 
     def _verifies(self, row: SSDRow) -> bool:
         if not row.draft_text.strip():
@@ -111,10 +116,17 @@ class SelfSpeculativeDecoder:
 
     def gate_rows(self, draft_texts: list[str], max_entropy: torch.Tensor) -> list[SSDRow]:
         """Eq. 3: one row per draft, final (ctc_gate) where the gate accepts it, else pending."""
-        nonempty = torch.tensor([bool(t.strip()) for t in draft_texts], device=max_entropy.device)
-        gated = gate(max_entropy, nonempty, self.tau_ctc).tolist()
-        return [SSDRow(stage=CTC_GATE if g else None, text=t.strip() if g else "", max_entropy=float(h), draft_text=t)
-                for g, t, h in zip(gated, draft_texts, max_entropy.tolist())]
+        nonempty = [bool(t.strip()) for t in draft_texts]
+        if self.gate_calibration is not None:
+            gated, probes = self.gate_calibration.decide(max_entropy.float().cpu().numpy(), nonempty)
+            gated = (gated & ~probes).tolist()
+            probes = probes.tolist()
+        else:
+            gated = gate(max_entropy, torch.tensor(nonempty, device=max_entropy.device), self.tau_ctc).tolist()
+            probes = [False] * len(draft_texts)
+        return [SSDRow(stage=CTC_GATE if g else None, text=t.strip() if g else "", max_entropy=float(h), draft_text=t,
+                       probe=p)
+                for g, p, t, h in zip(gated, probes, draft_texts, max_entropy.tolist())]
 
     @torch.inference_mode()
     def first_pass(self, encoder_states: torch.Tensor, draft_texts: list[str],
@@ -150,6 +162,11 @@ class SelfSpeculativeDecoder:
                     row.stage, row.text, row.tokens = LLM_VERIFY, ad.text(drafts[n]), drafts[n]
                 elif gated[n]:
                     row.stage, row.text = None, ""
+            if self.gate_calibration is not None:
+                # Labels at tau_slm only: a gated draft scored at gate_verify_tau is not one.
+                labelled = [n for n in range(len(todo)) if not gated[n]]
+                self.gate_calibration.observe([rows[todo[n]].max_entropy for n in labelled],
+                                              [not bool(ver.accepted[n]) for n in labelled])
             if self.reuse_kv:
                 rejected = [n for n, i in enumerate(todo) if rows[i].stage is None]
                 lead = ver.lead.tolist()

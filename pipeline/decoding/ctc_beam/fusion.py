@@ -138,6 +138,31 @@ def fold_dense(model, max_bytes: int):
     return DenseFusionTable.maybe(model, max_bytes)
 
 
+class ShallowFusion:
+    """The LM and boosting tree a beam search fuses, each folded into a dense table where it
+    is small. A tree passed per call (per-batch key phrases) is folded once and kept while
+    the same tree comes back, so lookups and CUDA graphs built over it stay valid."""
+
+    def __init__(self, lm, alpha_lm: float, boost, alpha_boost: float, max_bytes: int):
+        self.lm, self.alpha_lm = fold_dense(lm, max_bytes), float(alpha_lm)
+        self.boost, self.alpha_boost = fold_dense(boost, max_bytes), float(alpha_boost)
+        self.max_bytes = max_bytes
+        self._call_boost = None  # (tree given to the call, its dense table)
+
+    def active(self, boost=None) -> list:
+        """[(model, alpha)] of the models to fuse; ``boost`` replaces the search's own tree."""
+        out = [(self.lm, self.alpha_lm)] if self.lm is not None else []
+        if boost is None:
+            boost = self.boost
+        else:
+            if self._call_boost is None or self._call_boost[0] is not boost:
+                self._call_boost = (boost, fold_dense(boost, self.max_bytes))
+            boost = self._call_boost[1]
+        if boost is not None:
+            out.append((boost, self.alpha_boost))
+        return out
+
+
 class LookupCache:
     """One lookup per fusion model, kept while the same model comes back, so folded
     tables are built once and CUDA graphs captured over them stay valid."""

@@ -28,7 +28,7 @@ import torch
 
 import pipeline.decoding.ctc_beam.loop_native as loop_native
 from pipeline.decoding.ctc_beam.frames import prepare_frames
-from pipeline.decoding.ctc_beam.fusion import (FusionModel, LookupCache, add_final_scores, fold_dense,
+from pipeline.decoding.ctc_beam.fusion import (FusionModel, LookupCache, ShallowFusion, add_final_scores,
                                                initial_states)
 from pipeline.decoding.ctc_beam.loop_eager import eager_loop
 from pipeline.decoding.ctc_beam.loop_graphs import GraphedFrameLoop
@@ -108,8 +108,9 @@ class CTCBeamSearch:
         if preselect < 1:
             raise ValueError("preselect must be >= 1")
         self.preselect = preselect
-        self.lm, self.alpha_lm = fold_dense(lm, dense_fusion_max_bytes), float(alpha_lm)
-        self.boost, self.alpha_boost = fold_dense(boost, dense_fusion_max_bytes), float(alpha_boost)
+        self.fusion = ShallowFusion(lm, alpha_lm, boost, alpha_boost, dense_fusion_max_bytes)
+        self.lm, self.alpha_lm = self.fusion.lm, self.fusion.alpha_lm
+        self.boost, self.alpha_boost = self.fusion.boost, self.fusion.alpha_boost
         self.prune_threshold = prune_threshold
         self.flop_top_n, self.flop_ratio = flop_top_n, flop_ratio
         self.compress_frames = compress_frames
@@ -122,7 +123,6 @@ class CTCBeamSearch:
         self.last_loop: str | None = None
         self._graphs: dict = {}  # (input shape, device) -> GraphedFrameLoop
         self._lookups = LookupCache()
-        self._call_boost = None  # (tree given to __call__, its dense table)
 
     # ------------------------------------------------------------------ public
     @torch.inference_mode()
@@ -140,7 +140,7 @@ class CTCBeamSearch:
         if lengths is None:
             lengths = torch.full((b,), t, dtype=torch.int64)
         lengths = lengths.to(device=device, dtype=torch.int64)
-        fusion = self._fusion(boost)
+        fusion = self.fusion.active(boost)
         frames = prepare_frames(log_probs, lengths, blank=self.blank, prune_threshold=self.prune_threshold,
                                 flop_top_n=self.flop_top_n, flop_ratio=self.flop_ratio,
                                 compress=self.compress_frames, merge=self.merge, native=self._native(device))
@@ -213,17 +213,3 @@ class CTCBeamSearch:
                                                           self.track_beams)
         return graphs
 
-    def _fusion(self, boost) -> list:
-        """[(model, alpha)] of the active fusion models."""
-        out = []
-        if self.lm is not None:
-            out.append((self.lm, self.alpha_lm))
-        if boost is None:
-            boost = self.boost
-        else:  # per-batch tree: keep its table while the same tree comes back (graph reuse)
-            if self._call_boost is None or self._call_boost[0] is not boost:
-                self._call_boost = (boost, fold_dense(boost, self.dense_fusion_max_bytes))
-            boost = self._call_boost[1]
-        if boost is not None:
-            out.append((boost, self.alpha_boost))
-        return out

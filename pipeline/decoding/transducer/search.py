@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.decoding.ctc_beam.fusion import LookupCache, add_final_scores, fold_dense, initial_states
+from pipeline.decoding.ctc_beam.fusion import LookupCache, ShallowFusion, add_final_scores, initial_states
 from pipeline.decoding.ctc_beam.state import HASH_BASE, HASH_MOD, NEG_INF
 from pipeline.decoding.transducer import advance_predictor
 from pipeline.decoding.transducer.fusion import (BLANK_SCORINGS, PRUNINGS, blank_terms, full_rows,
@@ -123,13 +123,12 @@ class TransducerBeamSearch:
                                  f"{model.vocab_size - 1} non-blank tokens (build the LM with "
                                  "`build-lm --tokenizer MODEL_DIR`)")
         self.model, self.beam_size, self.algorithm = model, beam_size, algorithm
-        self.max_bytes = dense_fusion_max_bytes
-        self.lm, self.alpha_lm = fold_dense(lm, dense_fusion_max_bytes), float(alpha_lm)
-        self.boost, self.alpha_boost = fold_dense(boost, dense_fusion_max_bytes), float(alpha_boost)
+        self.fusion = ShallowFusion(lm, alpha_lm, boost, alpha_boost, dense_fusion_max_bytes)
+        self.lm, self.alpha_lm = self.fusion.lm, self.fusion.alpha_lm
+        self.boost, self.alpha_boost = self.fusion.boost, self.fusion.alpha_boost
         self.blank_scoring, self.pruning = blank_scoring, pruning
         self.max_symbols = int(max_symbols or model.max_symbols)
         self._lookups = LookupCache()
-        self._call_boost = None
         self._masks: dict = {}
 
     # ------------------------------------------------------------------ public
@@ -139,7 +138,7 @@ class TransducerBeamSearch:
         device = frames.device
         k = self.beam_size
         lengths = lengths.to(device=device, dtype=torch.long)
-        fusion = self._fusion(boost)
+        fusion = self.fusion.active(boost)
         lookups = self._lookups.lookups(fusion, 0.0, self.model.vocab_size - 1, device)
         hyps = self._initial(b, k, device, initial_states(fusion, lookups, b, k, device))
         self._setup(device)
@@ -162,20 +161,6 @@ class TransducerBeamSearch:
         return self._result(hyps, fusion, lookups, trie)
 
     # --------------------------------------------------------------- internals
-    def _fusion(self, boost) -> list:
-        out = []
-        if self.lm is not None:
-            out.append((self.lm, self.alpha_lm))
-        if boost is None:
-            boost = self.boost
-        else:
-            if self._call_boost is None or self._call_boost[0] is not boost:
-                self._call_boost = (boost, fold_dense(boost, self.max_bytes))
-            boost = self._call_boost[1]
-        if boost is not None:
-            out.append((boost, self.alpha_boost))
-        return out
-
     def _initial(self, b: int, k: int, device, fusion_states) -> _Hyps:
         score = torch.full((b, k), NEG_INF, device=device)
         score[:, 0] = 0.0

@@ -1,0 +1,284 @@
+"""Pseudo-label selection and exports over a transcribe job's output (what
+`shardscribe pseudo-label` writes beside the rows).
+
+- The keep rule: a row is kept iff it has no ``error``, no ``filter_reasons``
+  (pipeline.filters) and its ``confidence`` is at least C, or is among the top fraction F
+  of the rows that pass the first two by confidence. A row without a confidence passes
+  no threshold. Rows are never dropped from the Parquet: the rule only picks what the
+  exports hold.
+- Utterances: each kept segment is one training utterance when it is at most
+  ``max_utterance_s`` long; a longer one is cut between words (its words' start/end),
+  in the pause between two words; one without word times is left out and counted.
+- The report: kept fraction against the WER of the kept rows (rows ranked by
+  confidence, where references exist) and the reliability diagram (confidence bins
+  against the rows' word accuracy, with the expected calibration error, ECE, of "On
+  Calibration of Modern Neural Networks", eq. 3).
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import posixpath
+
+import jiwer
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.metrics import normalize
+from pipeline.output import SIDECAR_DIR
+from pipeline.storage import url_to_fs
+
+EXPORT_DIR = f"{SIDECAR_DIR}/pseudo_label"
+MANIFEST_NAME = f"{EXPORT_DIR}/manifest.jsonl"
+DATASET_DIR = f"{EXPORT_DIR}/dataset"
+DATASET_FILE = f"{DATASET_DIR}/train-00000-of-00001.parquet"
+REPORT_NAME = f"{EXPORT_DIR}/_report.json"
+PLOT_NAME = f"{EXPORT_DIR}/pseudo_label.png"
+
+UTTERANCE_SCHEMA = pa.schema([
+    ("id", pa.string()), ("source_id", pa.string()), ("audio_filepath", pa.string()),
+    ("offset", pa.float64()), ("duration", pa.float64()), ("text", pa.string()),
+    ("confidence", pa.float64()),
+])
+
+
+def eligible(row: dict) -> bool:
+    """No error and no filter reason: the rows a confidence rule may keep."""
+    return not row.get("error") and not row.get("filter_reasons")
+
+
+def keep_flags(rows: list[dict], min_confidence: float | None = None,
+               keep_fraction: float | None = None) -> list[bool]:
+    """Per row, whether the keep rule keeps it (one of the two thresholds, or neither:
+    every eligible row)."""
+    ok = [eligible(r) for r in rows]
+    if min_confidence is not None:
+        return [o and r.get("confidence") is not None and r["confidence"] >= min_confidence
+                for o, r in zip(ok, rows)]
+    if keep_fraction is None:
+        return ok
+    # At most the fraction F of the eligible rows, the most confident first; ties broken by
+    # id so that a rerun keeps the same rows.
+    n_keep = math.floor(keep_fraction * sum(ok) + 1e-9)
+    ranked = sorted((i for i, r in enumerate(rows) if ok[i] and r.get("confidence") is not None),
+                    key=lambda i: (-rows[i]["confidence"], rows[i]["id"]))
+    chosen = set(ranked[:n_keep])
+    return [i in chosen for i in range(len(rows))]
+
+
+def _split_words(seg: dict, max_s: float) -> tuple[list[tuple[float, float, str]], int]:
+    """(start, end, text) pieces of a segment cut between words, each at most ``max_s``,
+    and the number of words that fit in no piece (a single word longer than ``max_s``).
+
+    Words are taken greedily while their own span fits; a piece reaches from the middle of
+    the pause before its first word to the middle of the pause after its last (the
+    segment's ends outside), trimmed back towards its words where that is too long."""
+    words = [w for w in seg["words"] if w.get("word", "").strip()]
+    cuts = [seg["start"]] + [(a["end"] + b["start"]) / 2 for a, b in zip(words, words[1:])] + [seg["end"]]
+    pieces, dropped, a = [], 0, 0
+    while a < len(words):
+        b = a
+        while b < len(words) and words[b]["end"] - words[a]["start"] <= max_s + 1e-9:
+            b += 1
+        if b == a:
+            dropped += 1
+            a += 1
+            continue
+        lo, hi = cuts[a], cuts[b]
+        excess = (hi - lo) - max_s
+        if excess > 0:
+            left, right = max(0.0, words[a]["start"] - lo), max(0.0, hi - words[b - 1]["end"])
+            dl = min(left, excess / 2)
+            dr = min(right, excess - dl)
+            dl = min(left, excess - dr)
+            lo, hi = lo + dl, hi - dr
+        pieces.append((lo, hi, " ".join(w["word"].strip() for w in words[a:b])))
+        a = b
+    return pieces, dropped
+
+
+def utterances(row: dict, max_s: float, offset_s: float | None = None) -> tuple[list[dict], int]:
+    """Training utterances of a kept row, as NeMo manifest entries (times in the file:
+    ``offset_s`` is where the recording starts in it), and how many segments (or words)
+    could not be cut to ``max_s``."""
+    base = offset_s or 0.0
+    out, dropped = [], 0
+    for seg in row.get("segments") or []:
+        text = (seg.get("text") or "").strip()
+        if not text or seg.get("error"):
+            continue
+        if seg["end"] - seg["start"] <= max_s + 1e-9:
+            pieces = [(seg["start"], seg["end"], text)]
+        elif seg.get("words"):
+            pieces, lost = _split_words(seg, max_s)
+            dropped += lost
+        else:
+            pieces, dropped = [], dropped + 1
+        # The segment's own confidence where the decoder gives one, else the row's.
+        conf = seg.get("confidence") if seg.get("confidence") is not None else row.get("confidence")
+        for start, end, piece in pieces:
+            out.append({"id": f"{row['id']}#{len(out)}", "source_id": row["id"], "audio_filepath": row["audio"],
+                        "offset": round(base + start, 3), "duration": round(end - start, 3), "text": piece,
+                        "confidence": conf})
+    return out, dropped
+
+
+def row_errors(reference: str, hypothesis: str) -> tuple[int, int] | None:
+    """(word errors, reference words) after Whisper's normalisation; None without a
+    reference that has words."""
+    ref, hyp = normalize(reference or ""), normalize(hypothesis or "")
+    if not ref:
+        return None
+    out = jiwer.process_words(ref, hyp)
+    return out.substitutions + out.deletions + out.insertions, len(ref.split())
+
+
+def kept_fraction_curve(rows: list[dict]) -> list[dict]:
+    """WER of the most confident rows against the fraction kept, over the rows without an
+    error that have a reference and a confidence (the ranking the confidence gives)."""
+    scored = []
+    for r in rows:
+        if r.get("error") or r.get("confidence") is None:
+            continue
+        counts = row_errors(r.get("reference"), r.get("text"))
+        if counts is not None:
+            scored.append((r["confidence"], r["id"], *counts))
+    scored.sort(key=lambda x: (-x[0], x[1]))
+    curve, errors, words = [], 0, 0
+    for k, (conf, _, e, n) in enumerate(scored, 1):
+        errors, words = errors + e, words + n
+        curve.append({"kept_fraction": k / len(scored), "wer": errors / words, "confidence": conf})
+    return curve
+
+
+def reliability(rows: list[dict], bins: int) -> dict:
+    """Confidence bins [i/bins, (i+1)/bins) against the rows' word accuracy (1 - WER, at
+    least 0), with the expected calibration error: sum_b n_b/N |acc_b - conf_b|."""
+    pairs = []
+    for r in rows:
+        if r.get("error") or r.get("confidence") is None:
+            continue
+        counts = row_errors(r.get("reference"), r.get("text"))
+        if counts is not None:
+            pairs.append((min(max(r["confidence"], 0.0), 1.0), max(0.0, 1.0 - counts[0] / counts[1])))
+    table = []
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        members = [(c, a) for c, a in pairs if lo <= c < hi or (b == bins - 1 and c == 1.0)]
+        if members:
+            table.append({"low": lo, "high": hi, "rows": len(members),
+                          "confidence": sum(c for c, _ in members) / len(members),
+                          "accuracy": sum(a for _, a in members) / len(members)})
+    ece = (sum(t["rows"] * abs(t["accuracy"] - t["confidence"]) for t in table) / len(pairs)) if pairs else None
+    return {"rows": len(pairs), "bin_width": 1 / bins, "bins": table, "ece": ece}
+
+
+def _wer(rows: list[dict]) -> float | None:
+    counts = [row_errors(r.get("reference"), r.get("text")) for r in rows if not r.get("error")]
+    counts = [c for c in counts if c is not None]
+    words = sum(n for _, n in counts)
+    return sum(e for e, _ in counts) / words if words else None
+
+
+def report_data(rows: list[dict], kept: list[bool], utterance_rows: list[dict], unsplit: int,
+                no_path: int, rule: dict, bins: int) -> dict:
+    reasons: dict[str, int] = {}
+    for r in rows:
+        for reason in r.get("filter_reasons") or []:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    kept_rows = [r for r, k in zip(rows, kept) if k]
+    # The job's own operating point on the curve's population (rows with a reference and a
+    # confidence, no error).
+    population = [(r, k) for r, k in zip(rows, kept) if not r.get("error") and r.get("confidence") is not None
+                  and row_errors(r.get("reference"), r.get("text")) is not None]
+    point_rows = [r for r, k in population if k]
+    point = ({"kept_fraction": len(point_rows) / len(population), "wer": _wer(point_rows)}
+             if population and point_rows else None)
+    return {
+        "rows": len(rows),
+        "errors": sum(1 for r in rows if r.get("error")),
+        "filtered": sum(1 for r in rows if not r.get("error") and r.get("filter_reasons")),
+        "filter_reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+        "with_confidence": sum(1 for r in rows if r.get("confidence") is not None),
+        "kept": len(kept_rows),
+        "kept_fraction": len(kept_rows) / len(rows) if rows else None,
+        "kept_with_error": sum(1 for r in kept_rows if r.get("error")),
+        "rule": rule,
+        "utterances": len(utterance_rows),
+        "utterance_seconds": round(sum(u["duration"] for u in utterance_rows), 3),
+        "longest_utterance_s": max((u["duration"] for u in utterance_rows), default=None),
+        "left_out_too_long": unsplit,
+        "left_out_no_audio_path": no_path,
+        "wer_all": _wer(rows),
+        "wer_kept": _wer(kept_rows),
+        "curve": kept_fraction_curve(rows),
+        "kept_point": point,
+        "reliability": reliability(rows, bins),
+    }
+
+
+def plot(data: dict):
+    """The report's figure: kept fraction vs WER of the kept rows, and the reliability
+    diagram (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    curve = data["curve"]
+    if curve:
+        left.plot([p["kept_fraction"] for p in curve], [p["wer"] for p in curve], marker=".")
+        if data["wer_all"] is not None:
+            left.axhline(data["wer_all"], color="grey", linestyle="--", label="all rows")
+        point = data["kept_point"]
+        if point is not None:
+            left.scatter([point["kept_fraction"]], [point["wer"]], color="red", zorder=3, label="kept by this job")
+        left.legend()
+    else:
+        left.text(0.5, 0.5, "no rows with both a reference\nand a confidence", ha="center", va="center")
+    left.set(xlabel="fraction of rows kept (most confident first)", ylabel="WER of the kept rows",
+             title="Kept fraction vs WER")
+    bins = data["reliability"]["bins"]
+    right.plot([0, 1], [0, 1], color="grey", linestyle="--")
+    if bins:
+        right.bar([(b["low"] + b["high"]) / 2 for b in bins], [b["accuracy"] for b in bins],
+                  width=0.9 * data["reliability"]["bin_width"], alpha=0.7, edgecolor="black")
+    ece = data["reliability"]["ece"]
+    right.set(xlabel="confidence", ylabel="word accuracy of the rows", xlim=(0, 1), ylim=(0, 1),
+              title="Reliability" + (f" (ECE {ece:.3f})" if ece is not None else " (no confidence or references)"))
+    fig.tight_layout()
+    return fig
+
+
+def write_exports(dst: str, utterance_rows: list[dict], data: dict, options: dict | None = None,
+                  with_plot: bool = True) -> list[str]:
+    """The NeMo manifest, the datasets folder, the report and its figure under
+    DST/__shardscribe__/pseudo_label/; returns their URLs."""
+    fs, path = url_to_fs(dst, options)
+    root = dst.rstrip("/")
+    fs.makedirs(posixpath.join(path, DATASET_DIR), exist_ok=True)
+    written = []
+
+    def put(name: str, data_bytes: bytes) -> None:
+        with fs.open(posixpath.join(path, name), "wb") as fh:
+            fh.write(data_bytes)
+        written.append(f"{root}/{name}")
+
+    nemo_keys = ("audio_filepath", "offset", "duration", "text", "confidence")
+    put(MANIFEST_NAME, "".join(json.dumps({k: u[k] for k in nemo_keys}, ensure_ascii=False) + "\n"
+                               for u in utterance_rows).encode())
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(utterance_rows, schema=UTTERANCE_SCHEMA), buf)
+    put(DATASET_FILE, buf.getvalue())
+    put(REPORT_NAME, json.dumps(data, indent=2).encode())
+    if with_plot:
+        import matplotlib.pyplot as plt
+
+        fig = plot(data)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=100)
+        plt.close(fig)
+        put(PLOT_NAME, png.getvalue())
+    return written

@@ -1,0 +1,195 @@
+"""`shardscribe pseudo-label`: the keep rule, the cutting into utterances, the report's
+numbers against hand computations, and one job (local runner, the embedded model with its
+CTC head, so words carry times) over good, span and broken inputs, whose exports are read
+back with the tools they are made for: the NeMo manifest against the audio (soundfile)
+and the rows' segment times, the dataset folder with ``datasets.load_dataset``."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+
+from pipeline import output
+from pipeline import pseudo_label as pl
+
+
+def _row(i, conf, error=None, reasons=(), ref="a b c d", text="a b c d"):
+    return {"id": f"r{i}", "confidence": conf, "error": error, "filter_reasons": list(reasons),
+            "reference": ref, "text": text}
+
+
+def test_keep_rule_never_keeps_bad_rows():
+    rows = [_row(0, 0.99, error="cannot decode: x"), _row(1, 0.98, reasons=["compression_ratio"]),
+            _row(2, 0.9), _row(3, 0.7), _row(4, 0.5), _row(5, None), _row(6, 0.6)]
+    assert pl.keep_flags(rows) == [False, False, True, True, True, True, True]
+    assert pl.keep_flags(rows, min_confidence=0.6) == [False, False, True, True, False, False, True]
+    # 5 eligible rows; F = 0.6 keeps the 3 most confident (the row without one cannot rank).
+    assert pl.keep_flags(rows, keep_fraction=0.6) == [False, False, True, True, False, False, True]
+    assert pl.keep_flags(rows, keep_fraction=1.0) == [False, False, True, True, True, False, True]
+
+
+def test_long_segment_is_cut_between_words():
+    words = [{"word": f"w{i}", "start": 10.0 + i, "end": 10.0 + i + 0.6} for i in range(50)]
+    row = {"id": "long", "audio": "/a.wav", "confidence": 0.9,
+           "segments": [{"start": 10.0, "end": 60.0, "text": "ignored when cut", "error": None, "words": words},
+                        {"start": 61.0, "end": 91.0, "text": "no word times", "error": None, "words": None},
+                        {"start": 92.0, "end": 94.0, "text": "short one", "error": None, "words": None}]}
+    utts, lost = pl.utterances(row, 20.0, offset_s=100.0)
+    assert lost == 1                                   # the 30-s segment without word times
+    assert utts[-1]["text"] == "short one" and utts[-1]["offset"] == 192.0 and utts[-1]["duration"] == 2.0
+    cut = utts[:-1]
+    assert " ".join(u["text"] for u in cut) == " ".join(w["word"] for w in words)
+    assert all(u["duration"] <= 20.0 for u in cut) and len(cut) == 3
+    assert cut[0]["offset"] == 110.0 and cut[-1]["offset"] + cut[-1]["duration"] == pytest.approx(160.0)
+    for u in cut:                                      # every word lies inside its utterance
+        for w in u["text"].split():
+            i = int(w[1:])
+            assert u["offset"] <= 100.0 + words[i]["start"] and 100.0 + words[i]["end"] <= u["offset"] + u["duration"]
+    # Consecutive pieces meet in the middle of the pause between two words.
+    assert cut[1]["offset"] == pytest.approx(cut[0]["offset"] + cut[0]["duration"])
+    assert cut[1]["offset"] - 100.0 == pytest.approx((words[int(cut[1]["text"].split()[0][1:]) - 1]["end"]
+                                                      + words[int(cut[1]["text"].split()[0][1:])]["start"]) / 2)
+
+
+def test_curve_and_reliability_by_hand(tmp_path):
+    rows = [_row(0, 0.95, ref="red green blue black", text="red green blue black"),   # 0 errors / 4
+            _row(1, 0.85, ref="red green blue black", text="red green blue white"),   # 1 / 4
+            _row(2, 0.15, ref="alpha beta", text="gamma delta"),                      # 2 / 2
+            _row(3, 0.99, error="cannot decode: x", ref="x y", text=None)]
+    curve = pl.kept_fraction_curve(rows)
+    assert [p["kept_fraction"] for p in curve] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert [p["wer"] for p in curve] == pytest.approx([0.0, 1 / 8, 3 / 10])
+    rel = pl.reliability(rows, 10)
+    # Bins: 0.9-1.0 holds accuracy 1.0 at 0.95, 0.8-0.9 holds 0.75 at 0.85, 0.1-0.2 holds 0 at 0.15.
+    assert [(b["low"], b["rows"]) for b in rel["bins"]] == [(0.1, 1), (0.8, 1), (0.9, 1)]
+    assert rel["ece"] == pytest.approx((0.15 + 0.10 + 0.05) / 3)
+    # --keep-fraction 0.5 of the three good rows keeps floor(1.5) = 1 row: the most confident.
+    kept = pl.keep_flags(rows, keep_fraction=0.5)
+    assert kept == [True, False, False, False]
+    data = pl.report_data(rows, kept, [], 0, 0, {"keep_fraction": 0.5}, 10)
+    assert data["wer_all"] == pytest.approx(3 / 10) and data["wer_kept"] == 0.0
+    assert data["kept_point"] == {"kept_fraction": pytest.approx(1 / 3), "wer": 0.0}
+    written = pl.write_exports(str(tmp_path), [], data)
+    assert (tmp_path / pl.PLOT_NAME).read_bytes()[:4] == b"\x89PNG" and len(written) == 4
+    assert (tmp_path / pl.MANIFEST_NAME).read_text() == ""
+
+
+def test_cli_checks_the_rule_before_running(capsys):
+    from jobs.cli import main
+
+    for bad in (["--min-confidence", "1.5"], ["--keep-fraction", "0"],
+                ["--min-confidence", "0.5", "--keep-fraction", "0.5"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["pseudo-label", "--input", "x", "--output", "y", *bad])
+        assert exc.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, samples_dir, sample_manifest, model_cache):
+    """One pseudo-label job over three samples, a NeMo span of a fourth, silence and broken
+    files (the set of tests/test_broken_inputs.py, a missing file among them)."""
+    from jobs.cli import main
+
+    root = tmp_path_factory.mktemp("plabel")
+    by_id = {m["id"]: m for m in sample_manifest}
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(24000, dtype=np.float32), 16000, format="WAV", subtype="PCM_16")
+    broken = {"empty.wav": b"", "random.wav": bytes(np.random.default_rng(1).integers(0, 256, 4000, dtype=np.uint8)),
+              "text_renamed.flac": b"just some text, not audio\n" * 10, "silence.wav": buf.getvalue()}
+    for name, data in broken.items():
+        (root / name).write_bytes(data)
+    lines = [{"id": i, "audio": str(samples_dir / by_id[i]["audio"]), "text": by_id[i]["text"]}
+             for i in ("fox_flite_slt", "pump_flite_rms", "beckett_human")]
+    lines.append({"id": "beckett_span", "audio_filepath": str(samples_dir / by_id["beckett_human"]["audio"]),
+                  "offset": 2.0, "duration": 6.0})
+    lines += [{"id": name, "audio": str(root / name)} for name in [*broken, "missing.wav"]]
+    manifest = root / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    dst = root / "out"
+    code = main(["pseudo-label", "--input", str(manifest), "--output", str(dst), "--runner", "local",
+                 "--config", "ctc_greedy", "--set", f"model.cache_dir={model_cache}",
+                 "--set", "pseudo_label.max_utterance_s=4", "--set", "filters.phrases=[pump filter]",
+                 "--set", "filters.phrase_match=contains"])
+    rows = {r["id"]: r for r in pq.read_table(dst).to_pylist()}
+    return {"code": code, "dst": dst, "rows": rows, "lines": lines, "spans": {"beckett_span": 2.0}}
+
+
+def _utterances(dst):
+    return pq.read_table(dst / pl.DATASET_FILE).to_pylist()
+
+
+def test_job_keeps_rows_in_equal_rows_out_and_never_keeps_bad_rows(job):
+    assert job["code"] == 0
+    rows, dst = job["rows"], job["dst"]
+    assert sorted(rows) == sorted(x["id"] for x in job["lines"])
+    for bad in ("empty.wav", "random.wav", "text_renamed.flac", "missing.wav"):
+        assert rows[bad]["error"] and rows[bad]["filter_reasons"] == []
+    # Silence: a segment whose text is empty.
+    assert rows["silence.wav"]["error"] is None and rows["silence.wav"]["filter_reasons"] == ["empty"]
+    # The phrase filter, set on the command line, ran in the pass.
+    assert "phrase" in rows["pump_flite_rms"]["filter_reasons"]
+    assert rows["pump_flite_rms"]["segments"][0]["filter_reasons"] == ["phrase"]
+    kept = {u["source_id"] for u in _utterances(dst)}
+    assert kept == {"fox_flite_slt", "beckett_human", "beckett_span"}
+    report = json.loads((dst / pl.REPORT_NAME).read_text())
+    assert report["rows"] == len(job["lines"]) and report["errors"] == 4 and report["kept"] == 3
+    assert report["kept_with_error"] == 0 and report["filter_reasons"] == {"phrase": 1, "empty": 1}
+    # A CTC "word" longer than 4 s (two words run together) fits no utterance; it is counted.
+    too_long = sum(1 for i in kept for s in rows[i]["segments"] if s["end"] - s["start"] > 4.0
+                   for w in s["words"] if w["end"] - w["start"] > 4.0)
+    assert report["left_out_too_long"] == too_long and report["longest_utterance_s"] <= 4.0
+    assert (dst / pl.PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (dst / output.SUCCESS_NAME).exists()
+
+
+def test_nemo_manifest_matches_the_audio_and_the_segments(job):
+    dst, rows = job["dst"], job["rows"]
+    lines = [json.loads(x) for x in (dst / pl.MANIFEST_NAME).read_text().splitlines()]
+    utts = _utterances(dst)
+    assert len(lines) == len(utts) >= 4
+    audio_of = {x["id"]: x.get("audio") or x.get("audio_filepath") for x in job["lines"]}
+    for line, utt in zip(lines, utts):
+        assert set(line) >= {"audio_filepath", "offset", "duration", "text"} and line["text"].strip()
+        assert line["audio_filepath"] == audio_of[utt["source_id"]]
+        info = sf.info(line["audio_filepath"])
+        assert 0.0 <= line["offset"] and line["offset"] + line["duration"] <= info.duration + 1e-3
+        assert 0.0 < line["duration"] <= 4.0 + 1e-6
+        # The span lies inside one of its row's segments, in file time.
+        base = job["spans"].get(utt["source_id"], 0.0)
+        segs = rows[utt["source_id"]]["segments"]
+        assert any(base + s["start"] - 1e-3 <= line["offset"] and line["offset"] + line["duration"]
+                   <= base + s["end"] + 1e-3 for s in segs), (line, segs)
+        # It holds speech: the cut is read back at its offset and is not silence.
+        samples, rate = sf.read(line["audio_filepath"], start=int(line["offset"] * info.samplerate),
+                                frames=int(line["duration"] * info.samplerate))
+        assert len(samples) > 0.9 * line["duration"] * rate and np.sqrt(np.mean(samples ** 2)) > 1e-3
+    # The 10-s recordings were cut at word boundaries into pieces of at most 4 s, which
+    # together hold their words, less any single word longer than that.
+    for source in ("beckett_human", "beckett_span"):
+        pieces = [u for u in utts if u["source_id"] == source]
+        words = [w["word"].strip() for s in rows[source]["segments"] for w in s["words"]
+                 if w["end"] - w["start"] <= 4.0]
+        assert len(pieces) >= (2 if source == "beckett_human" else 1)
+        assert " ".join(u["text"] for u in pieces).split() == words
+    span = [u for u in utts if u["source_id"] == "beckett_span"]
+    assert span and min(u["offset"] for u in span) >= 2.0 and max(u["offset"] + u["duration"] for u in span) <= 8.0 + 1e-3
+
+
+def test_dataset_folder_loads_with_datasets(job, tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    dst = job["dst"]
+    loaded = datasets.load_dataset("parquet", data_dir=str(dst / pl.DATASET_DIR), split="train",
+                                   cache_dir=str(tmp_path / "hf"))
+    utts = _utterances(dst)
+    assert loaded.num_rows == len(utts) and loaded["text"] == [u["text"] for u in utts]
+    assert set(loaded.column_names) >= {"audio_filepath", "offset", "duration", "text", "confidence"}
+    # DST itself still loads (every row, the exports in the sidecar folder are skipped).
+    everything = datasets.load_dataset("parquet", data_dir=str(dst), split="train", cache_dir=str(tmp_path / "hf2"))
+    assert everything.num_rows == len(job["lines"]) and "filter_reasons" in everything.column_names
