@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +18,12 @@ import yaml
 
 from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 from pipeline.models.base import ATTENTION_DECODER
+
+WHISPER_TASKS = ("transcribe", "translate")
+# Model options that change Whisper's decoding: the decoder kinds with an attention
+# decoder read them; some need the ar kind's own loop (per-row prompts, timestamp rules).
+PROMPT_OPTIONS = ("language", "task", "initial_prompt")
+AR_ONLY_OPTIONS = ("timestamps", "word_timestamps")
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -38,9 +45,22 @@ class ModelConfig:
     # Segments per encoder call: a batch is encoded in slices of this many (0: whole
     # batches; null: the family's default for the device, e.g. Whisper's on CPU).
     encoder_micro_batch: int | None = None
+    # Whisper's decoder prompt (docs/ar.md, "Whisper options"). language: a code such as
+    # "de" (checked against the checkpoint's languages before any worker starts), "auto"
+    # (detected per segment from Whisper's language token), or null: the model's own
+    # default (none on an English-only model, "en" on a multilingual one).
+    language: str | None = None
+    task: str = "transcribe"          # transcribe | translate (into English; multilingual models)
+    initial_prompt: str | None = None  # text the decoder reads as previous text (<|startofprev|>)
+    timestamps: bool = False          # decode with Whisper's timestamp tokens: segments[].spans
+    word_timestamps: bool = False     # segments[].words from cross-attention alignment (DTW)
 
     def validate(self, key: str) -> None:
         _choice(f"{key}.dtype", self.dtype, ("float32", "float16", "bfloat16"))
+        _choice(f"{key}.task", self.task, WHISPER_TASKS)
+        if self.language is not None and not re.fullmatch(r"auto|[a-z]{2,3}|[a-z]{2}-[a-z]{2,4}", self.language):
+            raise ConfigError(f"{key}.language: expected a language code such as en or de, auto, or null; "
+                              f"got {self.language!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"{key}.device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
         _at_least(f"{key}.num_threads", self.num_threads, 0)
@@ -401,6 +421,7 @@ class JobConfig:
                 hint = family.hint(need)
                 raise ConfigError(f"model: decoder.kind={kind.name} needs a model with {need}; "
                                   f"model.family={family.name} {'(' + hint + ')' if hint else 'has none'}")
+        self._check_whisper_options(kind)
         if self.decoder.token_map is not None:
             if ATTENTION_DECODER not in kind.needs_for(self):
                 raise ConfigError(f"decoder.token_map: drafts for an attention decoder's greedy decoding; "
@@ -427,6 +448,26 @@ class JobConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def _check_whisper_options(self, kind) -> None:
+        """Whisper's prompt options need an attention decoder; detection, timestamps and
+        word times need the ar kind's loop; timestamp rules and drafting do not mix."""
+        m = self.model
+        default = ModelConfig()
+        set_options = [o for o in PROMPT_OPTIONS + AR_ONLY_OPTIONS if getattr(m, o) != getattr(default, o)]
+        if not set_options:
+            return
+        if m.family != "whisper":
+            raise ConfigError(f"model.{set_options[0]}: a Whisper option; model.family={m.family}")
+        if ATTENTION_DECODER not in kind.needs_for(self):
+            raise ConfigError(f"model.{set_options[0]}: decoder.kind={kind.name} does not run Whisper's decoder")
+        ar_only = [o for o in AR_ONLY_OPTIONS if getattr(m, o)] + (["language"] if m.language == "auto" else [])
+        if ar_only and kind.name != "ar":
+            option = ar_only[0] + ("=auto" if ar_only[0] == "language" else "")
+            raise ConfigError(f"model.{option}: only decoder.kind=ar decodes with it, not {kind.name}")
+        if m.timestamps and self.decoder.token_map is not None:
+            raise ConfigError("decoder.token_map: token-map drafting does not apply Whisper's timestamp rules; "
+                              "set decoder.token_map=null with model.timestamps")
 
 
 def _check_token_map(key: str, path: str) -> None:

@@ -6,8 +6,9 @@ boundaries (preferably where a sentence ends), holds at most ``MAX_LINES`` lines
 lasts at most ``MAX_CUE_S`` seconds; cues are in time order and never overlap.
 
 Word times: a segment that carries ``words`` ([{word, start, end}], e.g. from a CTC
-decoder's frame alignment) is cut at those times. A segment without them (Whisper's
-attention decoder here) gets its words' times by splitting the segment's span in
+decoder's frame alignment, or Whisper's cross-attention with model.word_timestamps) is
+cut at those times. A segment without them gets its words' times by splitting each of
+its timed ``spans`` (Whisper's timestamp tokens, model.timestamps), else its span, in
 proportion to each word's characters (the word plus one space): an approximation, good
 to a fraction of a second on steady speech, which the JSON output marks with
 ``"word_times": "proportional"``.
@@ -56,17 +57,23 @@ def segment_words(segment: dict) -> tuple[list[tuple[str, float, float]], bool]:
     words = [w for w in (segment.get("words") or []) if (w.get("word") or "").strip()]
     if words:
         return [(w["word"].strip(), float(w["start"]), float(w["end"])) for w in words], True
-    tokens = (segment.get("text") or "").split()
+    spans = segment.get("spans")
+    if spans:  # Whisper's timestamp tokens: split each timed span alone
+        return [w for sp in spans for w in _proportional(sp["text"], float(sp["start"]), float(sp["end"]))], False
+    return _proportional(segment.get("text"), float(segment["start"]), float(segment["end"])), False
+
+
+def _proportional(text: str | None, start: float, end: float) -> list[tuple[str, float, float]]:
+    tokens = (text or "").split()
     if not tokens:
-        return [], False
-    start, end = float(segment["start"]), float(segment["end"])
+        return []
     total = sum(len(t) + 1 for t in tokens)
     out, t = [], start
     for tok in tokens:
         step = (end - start) * (len(tok) + 1) / total
         out.append((tok, t, t + step))
         t += step
-    return out, False
+    return out
 
 
 def _sentence_end(lines: list[str], min_chars: int) -> bool:
@@ -158,7 +165,8 @@ def to_json(row: dict) -> str:
                          "stage": seg.get("stage"),
                          "words": [{"word": w, "start": round(s, 3), "end": round(e, 3)} for w, s, e in words]})
     doc = {"id": row["id"], "audio": row.get("audio"), "duration_s": row.get("duration_s"),
-           "text": row.get("text"), "error": row.get("error"), "segments": segments,
+           "text": row.get("text"), "error": row.get("error"), "language": row.get("language"),
+           "language_prob": row.get("language_prob"), "segments": segments,
            "word_times": "measured" if measured else "proportional"}
     return json.dumps(doc, ensure_ascii=False, indent=1) + "\n"
 

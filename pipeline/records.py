@@ -14,15 +14,22 @@ import pyarrow as pa
 # llm_verify / ar_fallback / beam / error) and its evidence: max CTC frame entropy (nats,
 # valid frames), min verified token probability, accepted prefix length j, decoder tokens
 # drafted and generated; ``words`` [{word, start, end}] (seconds in the recording) where
-# the decoder has an alignment (the CTC decoders), else null; ``filter_reasons``: the
-# pseudo-label filters it fails (pipeline.filters; [] when it passes or errored).
+# the decoder has an alignment (the CTC decoders, Whisper with model.word_timestamps),
+# else null; ``filter_reasons``: the pseudo-label filters it fails (pipeline.filters; []
+# when it passes or errored). ``start``/``end`` are always the VAD segment's; a Whisper
+# decode with model.timestamps also cuts the segment's text into ``spans``
+# [{start, end, text}] (seconds in the recording) at its timestamp tokens, else null.
+# ``language`` and ``language_prob``: the language Whisper decoded in (model.language)
+# and, where it was detected (auto), its probability among the language tokens.
 WORD_TYPE = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64())])
+SPAN_TYPE = pa.struct([("start", pa.float64()), ("end", pa.float64()), ("text", pa.string())])
 SEGMENT_TYPE = pa.struct([
     ("start", pa.float64()), ("end", pa.float64()), ("text", pa.string()),
     ("stage", pa.string()), ("tokens", pa.int32()), ("max_entropy", pa.float64()),
     ("min_prob", pa.float64()), ("prefix_len", pa.int32()), ("drafted", pa.int32()),
     ("generated", pa.int32()), ("error", pa.string()), ("words", pa.list_(WORD_TYPE)),
     ("filter_reasons", pa.list_(pa.string())),
+    ("spans", pa.list_(SPAN_TYPE)), ("language", pa.string()), ("language_prob", pa.float64()),
 ])
 
 # offset_s / duration_s: the span of the file that is the recording (NeMo manifests'
@@ -56,6 +63,10 @@ OUTPUT_SCHEMA = pa.schema([
     # The pseudo-label filters the row fails: its own and its segments' (pipeline.filters);
     # [] when it passes, and for an error row (never kept in any case).
     ("filter_reasons", pa.list_(pa.string())),
+    # The recording's language (Whisper, model.language set): the one its segments'
+    # speech was decoded in the longest; with auto, the duration-weighted mean of those
+    # segments' detection probabilities. Null otherwise.
+    ("language", pa.string()), ("language_prob", pa.float64()),
 ])
 
 # Between a model pool and a second pool: the segments still waiting, each with its
@@ -84,15 +95,31 @@ def segment_dict(start: float, end: float, res) -> dict:
     return {"start": start, "end": end, "text": res.text, "stage": res.stage,
             "tokens": res.tokens, "max_entropy": res.max_entropy, "min_prob": res.min_prob,
             "prefix_len": res.prefix_len, "drafted": res.drafted, "generated": res.generated,
-            "error": res.error, "words": shift_words(res.words, start)}
+            "error": res.error, "words": shift_words(res.words, start), "spans": shift_words(res.spans, start),
+            "language": res.language, "language_prob": res.language_prob}
 
 
 def shift_words(words: list[dict] | None, offset: float) -> list[dict] | None:
-    """Segment-relative word times -> recording times."""
+    """Segment-relative word (or span) times -> recording times."""
     if words is None:
         return None
-    return [{"word": w["word"], "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)}
-            for w in words]
+    return [{**w, "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)} for w in words]
+
+
+def recording_language(segments: list[dict]) -> tuple[str | None, float | None]:
+    """(language, probability) of a recording from its segments' (records.OUTPUT_SCHEMA)."""
+    seconds: dict[str, float] = {}
+    for sg in segments:
+        if sg.get("language"):
+            seconds[sg["language"]] = seconds.get(sg["language"], 0.0) + max(sg["end"] - sg["start"], 1e-3)
+    if not seconds:
+        return None, None
+    language = max(seconds, key=seconds.get)
+    probs = [(sg["language_prob"], max(sg["end"] - sg["start"], 1e-3)) for sg in segments
+             if sg.get("language") == language and sg.get("language_prob") is not None]
+    if not probs:
+        return language, None
+    return language, sum(p * w for p, w in probs) / sum(w for _, w in probs)
 
 
 def finalize_row(row: dict) -> dict:
@@ -102,6 +129,7 @@ def finalize_row(row: dict) -> dict:
     row["error"] = error
     row["text"] = None if error else " ".join(sg["text"] for sg in segments if sg["text"])
     row["stage"] = recording_stage([sg["stage"] for sg in segments], error)
+    row["language"], row["language_prob"] = (None, None) if error else recording_language(segments)
     return row
 
 

@@ -1,11 +1,17 @@
 """Decoder kind ``ar``: full autoregressive greedy decoding of each segment, the baseline
 every speculative decoder must reproduce or beat (pipeline.decoding.ar_greedy); with
 ``decoder.token_map``, drafted from a token map ("Model-free Speculative Decoding for
-Transformer-based ASR with Token Map Drafting"), with the same output."""
+Transformer-based ASR with Token Map Drafting"), with the same output.
+
+On Whisper it also runs the model options that need per-row decoding: a language
+detected per segment (the prompt then differs per row), timestamp tokens (the segment's
+text cut into timed spans) and word times from cross-attention alignment
+(pipeline.models.whisper.prompting, pipeline.models.whisper.alignment)."""
 from __future__ import annotations
 
 import numpy as np
 
+from pipeline.audio import SAMPLE_RATE
 from pipeline.decoders.base import SegmentResult, encode_then
 from pipeline.decoding.ar_greedy import MapDrafting, greedy_decode
 
@@ -40,12 +46,57 @@ class ARSegmentDecoder:
         return self.adapter.segment_cost(len(audio))
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
-        tokens, t_enc, t_dec = encode_then(
-            self.adapter, audios,
-            lambda enc: greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens,
-                                      map_drafting=self.drafting))
-        return [SegmentResult(self.adapter.text(t), "ar", len(t), t_enc, t_dec, generated=len(t))
-                for t in tokens]
+        options = getattr(self.adapter, "options", None)
+        if options is None:
+            tokens, t_enc, t_dec = encode_then(
+                self.adapter, audios,
+                lambda enc: greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens,
+                                          map_drafting=self.drafting))
+            return [SegmentResult(self.adapter.text(t), "ar", len(t), t_enc, t_dec, generated=len(t))
+                    for t in tokens]
+        seconds = [len(a) / SAMPLE_RATE for a in audios]
+        out, t_enc, t_dec = encode_then(self.adapter, audios, lambda enc: self._decode_whisper(enc, seconds))
+        for res in out:
+            res.t_encode_s, res.t_decode_s = t_enc, t_dec
+        return out
+
+    def _decode_whisper(self, enc, seconds: list[float]) -> list[SegmentResult]:
+        from pipeline.models.whisper.prompting import split_timestamps
+
+        adapter, options = self.adapter, self.adapter.options
+        prompts, languages, probs = adapter.language_prompts(enc.states)
+        tokens = greedy_decode(adapter, enc.states, max_new_tokens=self.max_new_tokens, map_drafting=self.drafting,
+                               prompts=prompts, rules=adapter.timestamp_rules)
+        times = None
+        if options.word_timestamps:
+            from pipeline.models.whisper.alignment import token_times
+
+            times = token_times(adapter, enc.states, enc.valid_frames.tolist(), prompts, tokens,
+                                adapter.alignment_heads, adapter.median_filter_width)
+        results = []
+        for b, toks in enumerate(tokens):
+            res = SegmentResult(adapter.text(toks), "ar", len(toks), generated=len(toks),
+                                language=languages[b], language_prob=probs[b])
+            if options.timestamps:
+                # Whisper reads a 30-s window: a time past the segment's audio is clamped to it.
+                last = seconds[b]
+                _, spans = split_timestamps(toks, adapter.special.timestamp_begin)
+                res.spans = [{"start": round(min(a, last), 3), "end": round(min(last if e is None else e, last), 3),
+                              "text": adapter.text(ids)} for a, e, ids in spans]
+            if times is not None:
+                res.words = self._words(toks, times[b], seconds[b])
+            results.append(res)
+        return results
+
+    def _words(self, toks: list[int], times: list[float], last: float) -> list[dict]:
+        from pipeline.models.whisper.alignment import words_of
+
+        adapter = self.adapter
+        special = {i for i, t in enumerate(toks) if t >= adapter.special.timestamp_begin} \
+            if adapter.options.timestamps else set()
+        words = words_of(toks, times, adapter.tokenizer.decode, special)
+        # encoder frames are 20 ms: the last one may reach past the audio's end
+        return [{**w, "start": round(min(w["start"], last), 3), "end": round(min(w["end"], last), 3)} for w in words]
 
 
 def build(adapter, cfg) -> ARSegmentDecoder:

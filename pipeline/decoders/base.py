@@ -66,6 +66,10 @@ class SegmentResult:
     key_phrases: list[str] | None = None   # the recording's key phrases (input contract)
     # [{word, start, end}], seconds from the segment's start (decoders with an alignment)
     words: list[dict] | None = None
+    # [{start, end, text}], seconds from the segment's start (Whisper with timestamps)
+    spans: list[dict] | None = None
+    language: str | None = None       # the language the segment was decoded in (Whisper)
+    language_prob: float | None = None  # its detection probability (model.language=auto)
 
 
 class FirstStage(Protocol):

@@ -260,11 +260,14 @@ class SSDFirstPassDecoder:
         # One device-to-host copy for all pending rows (the CPU offload), not one per row.
         host_rows = dict(zip((needs[k] for k in pending), states[pending].float().cpu().numpy())) if pending else {}
         shipped_kv = self._ship_kv([rows[needs[k]] for k in pending])
+        # A fixed model.language (auto needs the ar kind) is every segment's language.
+        language = getattr(getattr(self.adapter, "options", None), "language", None)
         out = []
         for i, row in enumerate(rows):
             res = SegmentResult(row.text, row.stage or PENDING, len(row.tokens), t_enc, t_dec,
                                 max_entropy=row.max_entropy, min_prob=row.min_prob,
-                                prefix_len=row.prefix_len, drafted=len(row.draft_tokens), generated=0)
+                                prefix_len=row.prefix_len, drafted=len(row.draft_tokens), generated=0,
+                                language=language)
             if row.stage is None:
                 state = SSDPending(states=host_rows[i], prefix=list(row.prefix), draft=list(row.draft_tokens))
                 if self.seeds is not None and row.seed is not None:

@@ -185,7 +185,8 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
                   timer: dict | None = None, drafts: list[list[int]] | None = None,
                   draft_starts: list[int] | None = None, lookahead: int = 0,
                   verify_chunk: int = LOOKAHEAD_CHUNK, accept_prob: float | None = None,
-                  map_drafting: MapDrafting | None = None) -> list[list[int]]:
+                  map_drafting: MapDrafting | None = None, prompts: list[list[int]] | None = None,
+                  rules=None) -> list[list[int]]:
     """Return, per row, the generated tokens after its prefix (end-of-text excluded).
 
     With ``seeds`` (one per row, each for that row's prompt + prefix), the prefill pass is
@@ -199,12 +200,16 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     "prefill" (the first step) and "decode" (the rest); each step already waits for its
     tokens on the host. Drafting steps add counts: "tm_rounds" (row-steps with a
     candidate), "tm_drafted" (draft tokens fed), "tm_accepted", "tm_passes" and
-    "tm_plain_passes"."""
+    "tm_plain_passes".
+    ``prompts`` (one per row) replace ``adapter.batch_prompts`` (Whisper's detected
+    languages); ``rules(logits, generated_per_row)`` edits each step's suppressed logits
+    in place from what each row has generated (Whisper's timestamp rules; plain steps
+    only, not with drafting)."""
     t0 = time.perf_counter()
     B = encoder_states.shape[0]
     device = encoder_states.device
     prefixes = prefixes or [[] for _ in range(B)]
-    prompts = adapter.batch_prompts(encoder_states)
+    prompts = prompts if prompts is not None else adapter.batch_prompts(encoder_states)
     seqs = [prompt + list(p) for prompt, p in zip(prompts, prefixes)]
     L = max(len(s) for s in seqs)
     limit = min(max_new_tokens, adapter.max_positions - L)
@@ -218,6 +223,8 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     if use_draft and len(drafts) != B:
         raise ValueError("one draft per row")
     tree = map_drafting is not None
+    if rules is not None and (use_draft or tree):
+        raise ValueError("logit rules apply to plain greedy steps, not to drafting")
     speculate = use_draft and not tree  # linear rounds over the draft alone
     ptrs = list(draft_starts) if draft_starts is not None else [0] * B
 
@@ -239,6 +246,8 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
                 rows = empty.nonzero().squeeze(-1)
                 if rows.numel():
                     logits[rows.unsqueeze(-1), adapter.begin_suppress_ids] = float("-inf")
+            if rules is not None:
+                rules(logits, [list(p) for p in prefixes])
             next_tok = logits.argmax(-1)
     generated: list[list[int]] = [[] for _ in range(B)]
     if limit <= 0:
@@ -296,6 +305,8 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         if width == 1:
             logits = adapter.logits(hidden[:, -1])
             logits.masked_fill_(adapter.suppress_mask, float("-inf"))
+            if rules is not None:
+                rules(logits, [prefixes[r] + generated[r] for r in alive])
             next_tok = logits.argmax(-1)
             pos = pos + 1
         else:

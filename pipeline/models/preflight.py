@@ -29,6 +29,18 @@ def check_device(device: str) -> None:
         raise ModelError(f"model.device={device}: only {torch.cuda.device_count()} CUDA device(s) here")
 
 
+def checkpoint_json(source: str, name: str) -> dict | None:
+    """Another JSON file of a checkpoint (a directory, or a hub id in the local cache);
+    None where it has none."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return json.loads((path / name).read_text()) if (path / name).is_file() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(source, name)
+    return json.loads(Path(cached).read_text()) if isinstance(cached, str) else None
+
+
 def checkpoint_config(source: str, cache_dir: str | None = None) -> dict:
     """The ``config.json`` of a checkpoint directory or of a hub id in the local Hugging
     Face cache (jobs read models offline); ModelError when there is none."""
@@ -51,8 +63,36 @@ def checkpoint_config(source: str, cache_dir: str | None = None) -> dict:
     return json.loads(Path(cached).read_text())
 
 
+# The encoder the embedded CTC head was trained on (Whisper tiny.en): config.json values.
+TINY_EN = {"d_model": 384, "encoder_layers": 4, "num_mel_bins": 80, "vocab_size": 51864}
+
+
+def _whisper_options(model_config, generation: dict | None) -> None:
+    """model.language / task / timestamps / word_timestamps against what the checkpoint's
+    generation config offers (the embedded model is tiny.en: English-only)."""
+    from pipeline.models.whisper.prompting import WhisperTokens, options_error
+
+    gen = generation or {}
+    tokens = WhisperTokens(sot=0, eot=0, no_timestamps=gen.get("no_timestamps_token_id"), prev=None,
+                           lang_to_id={k.strip("<|>"): v for k, v in (gen.get("lang_to_id") or {}).items()},
+                           task_to_id=gen.get("task_to_id") or {}, multilingual=bool(gen.get("is_multilingual")))
+    problem = options_error(tokens, model_config.language, model_config.task, model_config.timestamps)
+    if problem:
+        raise ModelError(f"{problem} (model.source={model_config.source})")
+    if model_config.word_timestamps and not gen.get("alignment_heads"):
+        raise ModelError(f"model.word_timestamps: model.source={model_config.source} names no alignment_heads in "
+                         "its generation_config.json")
+
+
 def _whisper_components(model_config, config: dict) -> None:
-    """A CTC head reads the encoder's states: its width must be the model's."""
+    """The feature extractor must make the mel bins the encoder reads; a CTC head reads
+    the encoder's states: its width must be the model's, and the embedded head fits the
+    encoder it was trained on (tiny.en) only."""
+    features = checkpoint_json(model_config.source, "preprocessor_config.json") or {}
+    bins, size = config.get("num_mel_bins"), features.get("feature_size")
+    if bins is not None and size is not None and bins != size:
+        raise ModelError(f"model.source={model_config.source}: its feature extractor makes {size} mel bins, "
+                         f"its encoder reads {bins}")
     if not model_config.ctc_head:
         return
     from pipeline.models.whisper.ctc_head import CONFIG_FILE, EMBEDDED, embedded_head_dir
@@ -67,6 +107,14 @@ def _whisper_components(model_config, config: dict) -> None:
                          f"states, model.source={model_config.source} has {width} (the embedded head fits "
                          "Whisper tiny.en only); train a head for this model or set model.ctc_head=null "
                          "with --config ar")
+    if model_config.ctc_head == EMBEDDED:
+        differs = [k for k, v in TINY_EN.items() if config.get(k) not in (None, v)]
+        if differs:
+            k = differs[0]
+            raise ModelError(f"model.ctc_head=embedded: the embedded CTC head reads Whisper tiny.en's encoder; "
+                             f"model.source={model_config.source} is another model ({k} {config[k]}, tiny.en "
+                             f"{TINY_EN[k]}); train a head for it (shardscribe train-ctc-head) or use a decoder "
+                             "without one (--config ar)")
 
 
 def check_model(model_config) -> None:
@@ -78,10 +126,14 @@ def check_model(model_config) -> None:
         if not model_family(model_config.family).has_embedded:
             raise ModelError(f"model.source=embedded: the {model_config.family} family has no embedded "
                              "model; set model.source to a checkpoint directory")
+        if model_config.family == "whisper":
+            _whisper_options(model_config, {"is_multilingual": False, "no_timestamps_token_id": 50362,
+                                            "alignment_heads": [[1, 0]]})
         return
     config = checkpoint_config(model_config.source)
     if model_config.family == "whisper":
         _whisper_components(model_config, config)
+        _whisper_options(model_config, checkpoint_json(model_config.source, "generation_config.json"))
 
 
 def checkpoint_architectures(source: str) -> list[str]:

@@ -17,10 +17,11 @@ def load(model_config, device: str, dtype):
     import torch
 
     from pipeline.models.whisper.adapter import load_whisper_adapter
+    from pipeline.models.whisper.prompting import WhisperOptions
 
     micro = model_config.encoder_micro_batch
     if micro is None:
         micro = CPU_ENCODER_MICRO_BATCH if torch.device(device).type == "cpu" else 0
     return load_whisper_adapter(model_config.source, device=device, dtype=dtype,
                                 cache_dir=model_config.cache_dir, ctc_head=model_config.ctc_head,
-                                encoder_micro_batch=micro)
+                                encoder_micro_batch=micro, options=WhisperOptions.of(model_config))

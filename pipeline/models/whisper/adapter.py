@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from pipeline.audio import SAMPLE_RATE
+from pipeline.models.whisper.prompting import (TimestampRules, WhisperOptions, WhisperTokens, detect_language,
+                                               options_error, prefix)
 from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE, CTCDraftBatch, EncoderBatch
 
 SAMPLES_PER_STATE = 320  # hop 160 x conv stride 2
@@ -27,7 +29,7 @@ PACKED_EXTRA_FRAMES = 16
 
 class WhisperAdapter:
     def __init__(self, model, processor, device: str | torch.device = "cpu", ctc_head=None,
-                 ctc_decode=None, encoder_micro_batch: int = 0):
+                 ctc_decode=None, encoder_micro_batch: int = 0, options: WhisperOptions | None = None):
         self.model = model.requires_grad_(False)
         # A CTC head over the encoder states: module(states [B,T,D], lengths [B]) -> logits
         # [B,T,C]; ctc_decode maps its collapsed ids to text.
@@ -42,23 +44,35 @@ class WhisperAdapter:
         self.dtype = next(model.parameters()).dtype
         cfg = model.config
         gen = model.generation_config
-        self.eot_id = int(gen.eos_token_id if gen.eos_token_id is not None else cfg.eos_token_id)
-        sot = int(cfg.decoder_start_token_id)
-        no_ts = getattr(gen, "no_timestamps_token_id", None)
-        if getattr(gen, "is_multilingual", False):
-            lang = gen.lang_to_id.get("<|en|>") if getattr(gen, "lang_to_id", None) else None
-            task = gen.task_to_id.get("transcribe") if getattr(gen, "task_to_id", None) else None
-            self.prompt_ids = [sot] + [t for t in (lang, task) if t is not None]
-        else:
-            self.prompt_ids = [sot]
-        if no_ts is not None:
-            self.prompt_ids.append(int(no_ts))
+        fe = processor.feature_extractor
+        if fe.feature_size != cfg.num_mel_bins:
+            raise ValueError(f"the checkpoint's feature extractor makes {fe.feature_size} mel bins, its encoder "
+                             f"reads {cfg.num_mel_bins}")
+        self.options = options = options or WhisperOptions()
+        self.special = special = WhisperTokens.of(model, self.tokenizer)
+        problem = options_error(special, options.language, options.task, options.timestamps)
+        if problem:
+            raise ValueError(problem)
+        if options.word_timestamps and not getattr(gen, "alignment_heads", None):
+            raise ValueError("model.word_timestamps: the model's generation config names no alignment_heads")
+        self.eot_id = special.eot
+        sot, no_ts = special.sot, special.no_timestamps
+        self.previous_ids = self._previous_text(options.initial_prompt, int(cfg.max_target_positions))
+        fixed = options.language if options.language not in (None, "auto") else "en"
+        self.prompt_ids = prefix(special, special.lang_to_id.get(fixed), options.task, options.timestamps,
+                                 self.previous_ids)
+        self.timestamp_rules = (TimestampRules(special, getattr(gen, "max_initial_timestamp_index", None))
+                                if options.timestamps else None)
+        self.alignment_heads = [tuple(h) for h in getattr(gen, "alignment_heads", None) or []]
+        self.median_filter_width = int(getattr(cfg, "median_filter_width", 7))
         self.vocab_size = int(cfg.vocab_size)
         suppress = torch.zeros(self.vocab_size, dtype=torch.bool)
         ids = [t for t in (gen.suppress_tokens or cfg.suppress_tokens or []) if t < self.vocab_size]
         suppress[ids] = True
-        # Timestamp and other special tokens are never produced in no-timestamp greedy mode.
-        suppress[int(no_ts) + 1 if no_ts is not None else self.vocab_size:] = True
+        # Timestamp and other special tokens are never produced in no-timestamp greedy mode
+        # (with timestamps, TimestampRules decides where time tokens go).
+        if not options.timestamps:
+            suppress[int(no_ts) + 1 if no_ts is not None else self.vocab_size:] = True
         suppress[sot] = True
         if no_ts is not None:
             suppress[int(no_ts)] = True
@@ -81,8 +95,29 @@ class WhisperAdapter:
         return WINDOW_FRAMES
 
     def batch_prompts(self, encoder_states: torch.Tensor) -> list[list[int]]:
-        """Per-row decoder prompts (the decoders' interface); Whisper's is the same for all."""
+        """Per-row decoder prompts (the decoders' interface); with a fixed language
+        Whisper's is the same for all (``language_prompts`` detects per row)."""
         return [self.prompt_ids] * encoder_states.shape[0]
+
+    def language_prompts(self, encoder_states: torch.Tensor):
+        """Per row: the decoder prompt, the language it decodes in (None: not configured)
+        and, where the language was detected (model.language=auto), its probability."""
+        B, opts = encoder_states.shape[0], self.options
+        if opts.language != "auto":
+            return [self.prompt_ids] * B, [opts.language] * B, [None] * B
+        ids, probs = detect_language(self, encoder_states, self.special)
+        names = {v: k for k, v in self.special.lang_to_id.items()}
+        prompts = [prefix(self.special, i, opts.task, opts.timestamps, self.previous_ids) for i in ids]
+        return prompts, [names[i] for i in ids], probs
+
+    def _previous_text(self, text: str | None, max_positions: int) -> list[int]:
+        """The initial prompt's tokens, at most the last half-context's worth (as Whisper
+        keeps previous text)."""
+        if not text or not text.strip():
+            return []
+        if self.special.prev is None:
+            raise ValueError("model.initial_prompt: the model's tokenizer has no <|startofprev|> token")
+        return self.tokenize(text)[-(max_positions // 2 - 1):]
 
     # --- audio side -------------------------------------------------------------------
     def features(self, audios: list[np.ndarray]) -> torch.Tensor:
@@ -95,8 +130,8 @@ class WhisperAdapter:
         return min(total_frames, max(1, math.ceil(num_samples / SAMPLES_PER_STATE)))
 
     def run_encoder(self, features: torch.Tensor) -> torch.Tensor:
-        """Encoder states of log-mel ``features`` [B, 80, 3000], in slices of
-        ``encoder_micro_batch`` segments."""
+        """Encoder states of log-mel ``features`` [B, mel bins, 3000] (80 bins; 128 for
+        large-v3 and turbo), in slices of ``encoder_micro_batch`` segments."""
         step = self.encoder_micro_batch or features.shape[0]
         encoder = self.model.model.encoder
         if step >= features.shape[0]:
@@ -216,6 +251,8 @@ class WhisperAdapter:
         return self.model.proj_out(hidden).float()
 
     def text(self, token_ids: list[int]) -> str:
+        if self.options.timestamps:
+            token_ids = [t for t in token_ids if t < self.special.timestamp_begin]
         return self.tokenizer.decode(token_ids, skip_special_tokens=True).strip()
 
     def tokenize(self, text: str) -> list[int]:
@@ -225,7 +262,8 @@ class WhisperAdapter:
 
 def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
                          dtype: torch.dtype = torch.float32, cache_dir=None,
-                         ctc_head: str | None = None, encoder_micro_batch: int = 0) -> WhisperAdapter:
+                         ctc_head: str | None = None, encoder_micro_batch: int = 0,
+                         options: WhisperOptions | None = None) -> WhisperAdapter:
     """Whisper (+ an optional character CTC head: "embedded" or a head directory)."""
     from pipeline.models.whisper.loader import load_whisper
 
@@ -237,4 +275,4 @@ def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
 
         head, decode = load_ctc_head(ctc_head, device=device), charset.decode
     return WhisperAdapter(model, processor, device=device, ctc_head=head, ctc_decode=decode,
-                          encoder_micro_batch=encoder_micro_batch)
+                          encoder_micro_batch=encoder_micro_batch, options=options)
