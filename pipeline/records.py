@@ -14,13 +14,17 @@ import pyarrow as pa
 # llm_verify / ar_fallback / beam / error) and its evidence: max CTC frame entropy (nats,
 # valid frames), min verified token probability, accepted prefix length j, decoder tokens
 # drafted and generated; ``words`` [{word, start, end}] (seconds in the recording) where
-# the decoder has an alignment (the CTC decoders), else null.
-WORD_TYPE = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64())])
+# the decoder has an alignment (the CTC decoders; null times for decoders without one).
+# ``confidence``: the calibrated P(word correct) of a word, P(no error) of a segment and of
+# a row (pipeline.confidence); null where there is no evidence (errors, empty text).
+WORD_TYPE = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64()),
+                       ("confidence", pa.float64())])
 SEGMENT_TYPE = pa.struct([
     ("start", pa.float64()), ("end", pa.float64()), ("text", pa.string()),
     ("stage", pa.string()), ("tokens", pa.int32()), ("max_entropy", pa.float64()),
     ("min_prob", pa.float64()), ("prefix_len", pa.int32()), ("drafted", pa.int32()),
     ("generated", pa.int32()), ("error", pa.string()), ("words", pa.list_(WORD_TYPE)),
+    ("confidence", pa.float64()),
 ])
 
 # offset_s / duration_s: the span of the file that is the recording (NeMo manifests'
@@ -51,6 +55,7 @@ OUTPUT_SCHEMA = pa.schema([
     # finished (Unix seconds): a rerun with another config is told apart, and the report
     # plots throughput over time from it.
     ("config_hash", pa.string()), ("finished_at", pa.float64()),
+    ("confidence", pa.float64()),
 ])
 
 # Between a model pool and a second pool: the segments still waiting, each with its
@@ -79,15 +84,17 @@ def segment_dict(start: float, end: float, res) -> dict:
     return {"start": start, "end": end, "text": res.text, "stage": res.stage,
             "tokens": res.tokens, "max_entropy": res.max_entropy, "min_prob": res.min_prob,
             "prefix_len": res.prefix_len, "drafted": res.drafted, "generated": res.generated,
-            "error": res.error, "words": shift_words(res.words, start)}
+            "error": res.error, "words": shift_words(res.words, start),
+            "confidence": getattr(res, "confidence", None)}
 
 
 def shift_words(words: list[dict] | None, offset: float) -> list[dict] | None:
-    """Segment-relative word times -> recording times."""
+    """Segment-relative word times -> recording times (null times stay null)."""
     if words is None:
         return None
-    return [{"word": w["word"], "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)}
-            for w in words]
+    return [{"word": w["word"], "start": None if w.get("start") is None else round(w["start"] + offset, 3),
+             "end": None if w.get("end") is None else round(w["end"] + offset, 3),
+             "confidence": w.get("confidence")} for w in words]
 
 
 def finalize_row(row: dict) -> dict:

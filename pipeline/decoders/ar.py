@@ -31,22 +31,36 @@ def map_drafting(adapter, cfg) -> MapDrafting | None:
 class ARSegmentDecoder:
     name = "ar"
 
-    def __init__(self, adapter, max_new_tokens: int = 224, drafting: MapDrafting | None = None):
+    def __init__(self, adapter, max_new_tokens: int = 224, drafting: MapDrafting | None = None,
+                 confidence: bool = False):
         self.adapter = adapter
         self.max_new_tokens = max_new_tokens
         self.drafting = drafting
+        self.confidence = confidence
 
     def segment_cost(self, audio: np.ndarray) -> int:
         return self.adapter.segment_cost(len(audio))
 
+    def _decode(self, enc):
+        tokens = greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens,
+                               map_drafting=self.drafting)
+        if not self.confidence:
+            return tokens, None
+        from pipeline.confidence.features import decoder_words
+        from pipeline.models.base import CTC
+
+        # A model with a CTC head offers a second view for free: agreement with its draft.
+        drafts = self.adapter.ctc_draft(enc).texts if CTC in self.adapter.capabilities else None
+        return tokens, decoder_words(self.adapter, enc.states, tokens, drafts)
+
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
-        tokens, t_enc, t_dec = encode_then(
-            self.adapter, audios,
-            lambda enc: greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens,
-                                      map_drafting=self.drafting))
-        return [SegmentResult(self.adapter.text(t), "ar", len(t), t_enc, t_dec, generated=len(t))
-                for t in tokens]
+        (tokens, words), t_enc, t_dec = encode_then(self.adapter, audios, self._decode)
+        out = [SegmentResult(self.adapter.text(t), "ar", len(t), t_enc, t_dec, generated=len(t)) for t in tokens]
+        for res, w in zip(out, words or []):
+            res.words, res.word_features = w
+        return out
 
 
 def build(adapter, cfg) -> ARSegmentDecoder:
-    return ARSegmentDecoder(adapter, cfg.decoder.max_new_tokens, map_drafting(adapter, cfg))
+    return ARSegmentDecoder(adapter, cfg.decoder.max_new_tokens, map_drafting(adapter, cfg),
+                            confidence=cfg.confidence.enabled)
