@@ -9,7 +9,8 @@ probability; its mean over a recording's words) in the same run.
 DATA is a `shardscribe make-bench-sets` output. The calibration is fitted on hv_dev (the
 dev half of the held-out voices) and the held-out-text clips whose sentence hashes even;
 it is scored on heldout_voice (the test half of the voices), the held-out-text clips whose
-sentence hashes odd, and the real clips in pipeline/assets/samples; a test clip whose
+sentence hashes odd, the real recordings of DATA/real/real_all.jsonl where make-bench-sets
+wrote them, and the clips in pipeline/assets/samples; a test clip whose
 normalised sentence also occurs in the fitting split is dropped, so the two share neither
 clips nor sentences. Without --sets, --manifest (default: the samples) is split the same
 way by sentence.
@@ -46,28 +47,31 @@ def _odd(text: str) -> bool:
 
 
 def splits(args):
-    """(fit, test) lists of (recording segments, reference)."""
+    """(fit, test) lists of (recording segments, reference, subset name)."""
     from jobs.benchmark_data import DEFAULT_MANIFEST, load_recordings
     from pipeline.metrics import normalize
 
-    def load(path):
+    def load(path, tag):
         recs, refs = load_recordings(str(path))
-        return list(zip(recs, refs))
+        return [(a, r, tag) for a, r in zip(recs, refs)]
 
-    samples = load(DEFAULT_MANIFEST)
+    samples = load(DEFAULT_MANIFEST, "samples")
     if args.sets:
         base = Path(args.sets) / "tts_v1"
-        text = load(base / "heldout_text_all.jsonl")
-        fit = load(base / "hv_dev.jsonl") + [x for x in text if not _odd(x[1])]
-        test = load(base / "heldout_voice.jsonl") + [x for x in text if _odd(x[1])]
+        text = load(base / "heldout_text_all.jsonl", "synthetic")
+        fit = load(base / "hv_dev.jsonl", "synthetic") + [x for x in text if not _odd(x[1])]
+        test = load(base / "heldout_voice.jsonl", "synthetic") + [x for x in text if _odd(x[1])]
+        real = Path(args.sets) / "real" / "real_all.jsonl"
+        if real.exists():
+            test += load(real, "real")
     else:
-        pool = load(args.manifest) if args.manifest else []
+        pool = load(args.manifest, "manifest") if args.manifest else []
         fit = [x for x in pool if not _odd(x[1])]
         test = [x for x in pool if _odd(x[1])]
         if not fit:     # the samples alone: fit on their even half, score on the rest
             fit = [x for x in samples if not _odd(x[1])]
             samples = [x for x in samples if _odd(x[1])]
-    seen = {normalize(r) for _, r in fit}
+    seen = {normalize(x[1]) for x in fit}
     test = [x for x in test + samples if normalize(x[1]) not in seen]
     limit = args.limit or (40 if args.quick else 0)
     if limit:
@@ -182,15 +186,30 @@ def run(args) -> dict:
     from pipeline.config import load_config
 
     fit, test = splits(args)
-    rows, summary, curves, merged = [], {"fit_recordings": len(fit), "test_recordings": len(test)}, {}, None
+    rows, curves, merged = [], {}, None
+    summary = {"fit_recordings": len(fit), "test_recordings": len(test),
+               "test_subsets": {t: sum(x[2] == t for x in test) for t in sorted({x[2] for x in test})}}
     for kind in [k for k in args.kinds.split(",") if k]:
         cfg = load_config(kind)
         if args.device:
             cfg.model.device = args.device
-        decoded = decode_recordings(cfg, [segs for segs, _ in fit + test])
-        recs = [Recording(ref, d) for (_, ref), d in zip(fit + test, decoded)]
+        decoded = decode_recordings(cfg, [x[0] for x in fit + test])
+        recs = [Recording(x[1], d) for x, d in zip(fit + test, decoded)]
         cal = fit_calibration(cfg, recs[:len(fit)], {"bench": "confidence"})
-        res, curves[kind] = evaluate(cfg, cal, recs[len(fit):])
+        test_recs = recs[len(fit):]
+        res, curves[kind] = evaluate(cfg, cal, test_recs)
+        for tag in sorted({x[2] for x in test}):
+            part = [r for r, x in zip(test_recs, test) if x[2] == tag]
+            sub, _ = evaluate(cfg, cal, part)
+            for level in ("word", "utterance"):
+                for method in ("calibrated", "baseline"):
+                    rows.append({"decoder": kind, "level": f"{level}/{tag}", "confidence": method,
+                                 **sub[level][method]})
+            res.setdefault("subsets", {})[tag] = {
+                "recordings": len(part), "word_auc_roc": sub["word"]["calibrated"]["auc_roc"],
+                "word_auc_roc_baseline": sub["word"]["baseline"]["auc_roc"],
+                "word_ece": sub["word"]["calibrated"]["ece"], "word_ece_baseline": sub["word"]["baseline"]["ece"],
+                "kept_80_ratio": sub["kept"]["calibrated"]["ratio"], "wer_all": sub["kept"]["calibrated"]["wer_all"]}
         if merged is None:
             merged = Calibration(dict(cal.model, ctc_head="embedded"), {}, {}, {"fitted_on": {}})
         merged.word.update(cal.word)
@@ -207,7 +226,7 @@ def run(args) -> dict:
             "wer_all": res["kept"]["calibrated"]["wer_all"], "wer_kept_80": res["kept"]["calibrated"]["wer_kept_80"],
             "kept_80_ratio": res["kept"]["calibrated"]["ratio"],
             "kept_80_ratio_baseline": res["kept"]["baseline"]["ratio"],
-            "agreement": res.get("agreement"), "stages": res["stages"],
+            "agreement": res.get("agreement"), "stages": res["stages"], "subsets": res.get("subsets"),
             "targets": {"word_auc_roc>=0.85": res["word"]["calibrated"]["auc_roc"] >= 0.85,
                         "word_ece<=0.05": res["word"]["calibrated"]["ece"] <= 0.05,
                         "kept_80_ratio<=0.5": res["kept"]["calibrated"]["ratio"] <= 0.5}}

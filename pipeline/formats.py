@@ -5,9 +5,9 @@ Captions follow the usual subtitle limits: a cue is cut at segment boundaries an
 boundaries (preferably where a sentence ends), holds at most ``MAX_LINES`` lines of at most ``MAX_CHARS`` characters and
 lasts at most ``MAX_CUE_S`` seconds; cues are in time order and never overlap.
 
-Word times: a segment that carries ``words`` ([{word, start, end}], e.g. from a CTC
+Word times: a segment that carries timed ``words`` ([{word, start, end}], e.g. from a CTC
 decoder's frame alignment) is cut at those times. A segment without them (Whisper's
-attention decoder here) gets its words' times by splitting the segment's span in
+attention decoder here, whose words have null times) gets its words' times by splitting the segment's span in
 proportion to each word's characters (the word plus one space): an approximation, good
 to a fraction of a second on steady speech, which the JSON output marks with
 ``"word_times": "proportional"``.
@@ -54,7 +54,9 @@ def segment_words(segment: dict) -> tuple[list[tuple[str, float, float]], bool]:
     """(word, start, end) of a segment and whether the times were measured (False: split
     in proportion to characters)."""
     words = [w for w in (segment.get("words") or []) if (w.get("word") or "").strip()]
-    if words:
+    # Words with null times (an attention decoder's, which carry confidences only) are split
+    # like a segment without words.
+    if words and all(w.get("start") is not None and w.get("end") is not None for w in words):
         return [(w["word"].strip(), float(w["start"]), float(w["end"])) for w in words], True
     tokens = (segment.get("text") or "").split()
     if not tokens:
