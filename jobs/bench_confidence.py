@@ -38,6 +38,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--calibration-out", default=None, help="write the fitted calibration (all kinds) here")
     parser.add_argument("--plot", default=None, help="PNG path (default: beside --out, else confidence.png)")
     parser.add_argument("--limit", type=int, default=0, help="recordings per split (0: all)")
+    parser.add_argument("--cost-clips", type=int, default=0, metavar="N",
+                        help="also time ar and ssd on N fit-split recordings with confidence on vs off")
 
 
 def _odd(text: str) -> bool:
@@ -180,6 +182,48 @@ def plot(path: str, curves: dict) -> None:
     plt.close(fig)
 
 
+def cost(recordings: list[list], kinds=("ar", "ssd"), rounds: int = 2) -> dict:
+    """Seconds to decode ``recordings`` with confidence features on and off, per kind: the
+    same built stages with their flag toggled, the two timed in turn for ``rounds`` rounds
+    after a warm-up round, fastest kept."""
+    import numpy as np
+
+    from pipeline.batching import pack_by_budget
+    from pipeline.config import load_config
+    from pipeline.decoders import decoder_kind
+    from pipeline.decoders.base import PENDING
+    from pipeline.models import load_model
+    from pipeline.segment_runner import decode_segments
+    from pipeline.timing import timed
+
+    audios = [np.asarray(a, dtype=np.float32) for segs in recordings for a in segs]
+    out = {}
+    for name in kinds:
+        cfg = load_config(name)
+        kind = decoder_kind(cfg.decoder.kind)
+        first = kind.build_first_stage(load_model(cfg.model), cfg)
+        second = kind.build_second_stage(cfg, first) if kind.two_stage else None
+
+        def decode():
+            res = decode_segments(first, audios, cfg.batching.max_tokens)
+            pend = [r for r in res if r.stage == PENDING]
+            for batch in (pack_by_budget([second.cost(r) for r in pend], cfg.batching.max_tokens) if pend else []):
+                second.finish([pend[i] for i in batch])
+
+        best = {}
+        for r in range(rounds + 1):
+            for on in (True, False):
+                for stage in (first, second):
+                    if stage is not None:
+                        stage.confidence = on
+                _, secs = timed(decode)
+                if r:
+                    best[on] = min(best.get(on, secs), secs)
+        out[name] = {"segments": len(audios), "on_s": best[True], "off_s": best[False],
+                     "ratio": best[True] / best[False]}
+    return out
+
+
 def run(args) -> dict:
     from jobs.calibrate import Recording, decode_recordings, fit_calibration
     from pipeline.confidence.calibration import Calibration
@@ -230,6 +274,8 @@ def run(args) -> dict:
             "targets": {"word_auc_roc>=0.85": res["word"]["calibrated"]["auc_roc"] >= 0.85,
                         "word_ece<=0.05": res["word"]["calibrated"]["ece"] <= 0.05,
                         "kept_80_ratio<=0.5": res["kept"]["calibrated"]["ratio"] <= 0.5}}
+    if args.cost_clips:
+        summary["cost"] = cost([x[0] for x in fit[:args.cost_clips]])
     if args.calibration_out and merged is not None:
         merged.notes["made_by"] = "shardscribe bench confidence" + (f" --sets {args.sets}" if args.sets else "")
         merged.save(args.calibration_out)
