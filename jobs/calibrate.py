@@ -161,8 +161,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if args.merge and out.exists():
         old = Calibration.load(out)
-        if old.model != cal.model:
+        heads = {old.model.get("ctc_head"), cal.model.get("ctc_head")} - {None}
+        same = all(old.model.get(k) == cal.model.get(k) for k in ("family", "source")) and len(heads) <= 1
+        if not same:
             raise SystemExit(f"calibrate: {out} was fitted for another model ({old.model}); not merging")
+        # A kind without a CTC head (ar) shares the file of the same model with its head.
+        old.model["ctc_head"] = next(iter(heads), None)
         old.word.update(cal.word)
         old.utterance.update(cal.utterance)
         old.notes.setdefault("fitted_on", {}).update(cal.notes["fitted_on"])
