@@ -10,6 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from actors.registrations import adopt
+from pipeline.confidence.apply import ConfidenceScorer
 from pipeline.config import config_from_dict, config_hash
 from pipeline.decoders import decoder_kind
 from pipeline.filters import mark_rows
@@ -24,8 +25,9 @@ class Finisher:
         self.config_hash = config_hash(self.cfg)
         self.kind = kind or decoder_kind(self.cfg.decoder.kind)
         self.stage = self.kind.build_second_stage(self.cfg, first_stage)
+        self.confidence = ConfidenceScorer.from_config(self.cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = mark_rows(complete_pending(batch.to_pylist(), self.stage, self.cfg.batching.max_tokens),
-                         self.cfg.filters)
+        rows = mark_rows(complete_pending(batch.to_pylist(), self.stage, self.cfg.batching.max_tokens,
+                                          confidence=self.confidence), self.cfg.filters)
         return table(stamp(rows, self.config_hash), OUTPUT_SCHEMA)

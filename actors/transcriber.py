@@ -9,6 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from actors.registrations import adopt
+from pipeline.confidence.apply import ConfidenceScorer
 from pipeline.config import config_from_dict, config_hash
 from pipeline.decoders import decoder_kind
 from pipeline.filters import mark_rows
@@ -27,8 +28,10 @@ class Transcriber:
         self.adapter = load_model(self.cfg.model) if self.kind.needs else None
         self.decoder = self.kind.build_first_stage(self.adapter, self.cfg)
         self.schema = INTERMEDIATE_SCHEMA if self.kind.two_stage else OUTPUT_SCHEMA
+        self.confidence = ConfidenceScorer.from_config(self.cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = transcribe_prepared(prepared_rows(batch), self.decoder, self.cfg.batching.max_tokens)
+        rows = transcribe_prepared(prepared_rows(batch), self.decoder, self.cfg.batching.max_tokens,
+                                   confidence=self.confidence)
         mark_rows(rows, self.cfg.filters)
         return table(stamp(rows, self.config_hash), self.schema)

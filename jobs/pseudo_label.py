@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
         print("shardscribe: error: pseudo-label's figure needs matplotlib: pip install 'shardscribe[report]'",
               file=sys.stderr)
         return 2
+    # Confidence is off in plain transcription (an extra decoder pass for attention
+    # decoders); the keep rule needs it. An explicit --set confidence.enabled=... wins.
+    if not any(o.split("=", 1)[0].strip() == "confidence.enabled" for o in args.overrides):
+        args.overrides = ["confidence.enabled=true"] + list(args.overrides)
     code = transcribe.run(args)
     if code != 0:
         return code

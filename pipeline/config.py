@@ -239,6 +239,22 @@ class SSDConfig:
 
 
 @dataclass
+class ConfidenceConfig:
+    # Word, segment and row confidence (pipeline.confidence): the features cost one
+    # teacher-forced decoder pass per segment for attention decoders (ar, ssd).
+    enabled: bool = False
+    # "embedded": the calibration shipped for the embedded model (pipeline/assets/confidence;
+    # another model gets uncalibrated confidences); a `shardscribe calibrate` output; null:
+    # uncalibrated.
+    calibration: str | None = "embedded"
+
+    def validate(self, key: str) -> None:
+        if self.calibration not in (None, "embedded") and not Path(self.calibration).is_file():
+            raise ConfigError(f"{key}.calibration: no calibration file at {self.calibration} "
+                              "(write one with `shardscribe calibrate`)")
+
+
+@dataclass
 class AudioConfig:
     max_segment_s: float = 30.0       # longer recordings are segmented (at most the family's window)
     vad_threshold: float = 0.5        # silero-vad speech probability
@@ -393,6 +409,7 @@ class JobConfig:
     beam: BeamConfig = field(default_factory=BeamConfig)
     token_map: TokenMapConfig = field(default_factory=TokenMapConfig)
     transducer: TransducerConfig = field(default_factory=TransducerConfig)
+    confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     ray: RayConfig = field(default_factory=RayConfig)

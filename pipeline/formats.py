@@ -5,10 +5,11 @@ Captions follow the usual subtitle limits: a cue is cut at segment boundaries an
 boundaries (preferably where a sentence ends), holds at most ``MAX_LINES`` lines of at most ``MAX_CHARS`` characters and
 lasts at most ``MAX_CUE_S`` seconds; cues are in time order and never overlap.
 
-Word times: a segment that carries ``words`` ([{word, start, end}], e.g. from a CTC
+Word times: a segment that carries timed ``words`` ([{word, start, end}], e.g. from a CTC
 decoder's frame alignment, or Whisper's cross-attention with model.word_timestamps) is
-cut at those times. A segment without them gets its words' times by splitting each of
-its timed ``spans`` (Whisper's timestamp tokens, model.timestamps), else its span, in
+cut at those times. A segment without them (or whose words have null times: Whisper's
+words without model.word_timestamps carry confidences only) gets its words' times by
+splitting each of its timed ``spans`` (Whisper's timestamp tokens, model.timestamps), else its span, in
 proportion to each word's characters (the word plus one space): an approximation, good
 to a fraction of a second on steady speech, which the JSON output marks with
 ``"word_times": "proportional"``.
@@ -55,7 +56,9 @@ def segment_words(segment: dict) -> tuple[list[tuple[str, float, float]], bool]:
     """(word, start, end) of a segment and whether the times were measured (False: split
     in proportion to characters)."""
     words = [w for w in (segment.get("words") or []) if (w.get("word") or "").strip()]
-    if words:
+    # Words with null times (an attention decoder's, which carry confidences only) are split
+    # like a segment without words.
+    if words and all(w.get("start") is not None and w.get("end") is not None for w in words):
         return [(w["word"].strip(), float(w["start"]), float(w["end"])) for w in words], True
     spans = segment.get("spans")
     if spans:  # Whisper's timestamp tokens: split each timed span alone

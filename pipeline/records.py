@@ -21,7 +21,10 @@ import pyarrow as pa
 # [{start, end, text}] (seconds in the recording) at its timestamp tokens, else null.
 # ``language`` and ``language_prob``: the language Whisper decoded in (model.language)
 # and, where it was detected (auto), its probability among the language tokens.
-WORD_TYPE = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64())])
+# ``confidence``: the calibrated P(word correct) of a word, P(no error) of a segment and of
+# a row (pipeline.confidence); null where there is no evidence (errors, empty text).
+WORD_TYPE = pa.struct([("word", pa.string()), ("start", pa.float64()), ("end", pa.float64()),
+                       ("confidence", pa.float64())])
 SPAN_TYPE = pa.struct([("start", pa.float64()), ("end", pa.float64()), ("text", pa.string())])
 SEGMENT_TYPE = pa.struct([
     ("start", pa.float64()), ("end", pa.float64()), ("text", pa.string()),
@@ -30,6 +33,7 @@ SEGMENT_TYPE = pa.struct([
     ("generated", pa.int32()), ("error", pa.string()), ("words", pa.list_(WORD_TYPE)),
     ("filter_reasons", pa.list_(pa.string())),
     ("spans", pa.list_(SPAN_TYPE)), ("language", pa.string()), ("language_prob", pa.float64()),
+    ("confidence", pa.float64()),
 ])
 
 # offset_s / duration_s: the span of the file that is the recording (NeMo manifests'
@@ -67,6 +71,7 @@ OUTPUT_SCHEMA = pa.schema([
     # speech was decoded in the longest; with auto, the duration-weighted mean of those
     # segments' detection probabilities. Null otherwise.
     ("language", pa.string()), ("language_prob", pa.float64()),
+    ("confidence", pa.float64()),
 ])
 
 # Between a model pool and a second pool: the segments still waiting, each with its
@@ -96,14 +101,16 @@ def segment_dict(start: float, end: float, res) -> dict:
             "tokens": res.tokens, "max_entropy": res.max_entropy, "min_prob": res.min_prob,
             "prefix_len": res.prefix_len, "drafted": res.drafted, "generated": res.generated,
             "error": res.error, "words": shift_words(res.words, start), "spans": shift_words(res.spans, start),
-            "language": res.language, "language_prob": res.language_prob}
+            "language": res.language, "language_prob": res.language_prob,
+            "confidence": getattr(res, "confidence", None)}
 
 
 def shift_words(words: list[dict] | None, offset: float) -> list[dict] | None:
-    """Segment-relative word (or span) times -> recording times."""
+    """Segment-relative word (or span) times -> recording times (null times stay null)."""
     if words is None:
         return None
-    return [{**w, "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)} for w in words]
+    return [{**w, "start": None if w.get("start") is None else round(w["start"] + offset, 3),
+             "end": None if w.get("end") is None else round(w["end"] + offset, 3)} for w in words]
 
 
 def recording_language(segments: list[dict]) -> tuple[str | None, float | None]:

@@ -44,9 +44,26 @@ def _decode_isolating(decoder, audios: list[np.ndarray], batch: list[int]) -> li
     return _decode_isolating(decoder, audios, batch[:half]) + _decode_isolating(decoder, audios, batch[half:])
 
 
-def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict]:
+def _score(confidence, results) -> None:
+    """Confidence of the final results among ``results`` (pipeline.confidence.apply)."""
+    if confidence is None:
+        return
+    for res in results:
+        if res.stage not in (PENDING, "error"):
+            confidence.fill_result(res)
+
+
+def _finish_row(row: dict, confidence) -> dict:
+    finalize_row(row)
+    if confidence is not None and not row.get("pending_index"):
+        confidence.fill_row(row)
+    return row
+
+
+def transcribe_prepared(rows: list[dict], decoder, max_tokens: int, confidence=None) -> list[dict]:
     """Output rows, one per input row; pending segments keep their state in the
-    ``pending_*`` fields (records.INTERMEDIATE_SCHEMA)."""
+    ``pending_*`` fields (records.INTERMEDIATE_SCHEMA). ``confidence``: a
+    pipeline.confidence.apply.ConfidenceScorer, or None for none."""
     flat: list[tuple[int, int]] = []
     audios: list[np.ndarray] = []
     for r, row in enumerate(rows):
@@ -56,6 +73,7 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict
             flat.append((r, s))
             audios.append(np.asarray(audio, dtype=np.float32))
     results = decode_segments(decoder, audios, max_tokens) if audios else []
+    _score(confidence, results)
     per_row: dict[int, list[tuple[int, SegmentResult]]] = {}
     for (r, s), res in zip(flat, results):
         per_row.setdefault(r, []).append((s, res))
@@ -74,7 +92,7 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int) -> list[dict
             "pending_index": [s for s, _ in pending],
             "pending_state": [res.pending.to_bytes() for _, res in pending],
         }
-        out.append(finalize_row(out_row))
+        out.append(_finish_row(out_row, confidence))
     return out
 
 
@@ -92,7 +110,7 @@ def _finish_isolating(finisher, items: list[SegmentResult], batch: list[int]):
             + _finish_isolating(finisher, items[half:], batch[half:]))
 
 
-def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
+def complete_pending(rows: list[dict], finisher, max_tokens: int, confidence=None) -> list[dict]:
     """Finish every pending segment of ``rows`` with ``finisher`` (a second stage),
     re-batched across rows under the token budget; other segments and rows pass through
     untouched."""
@@ -106,14 +124,15 @@ def complete_pending(rows: list[dict], finisher, max_tokens: int) -> list[dict]:
             work.append((r, s, res))
     for batch in pack_by_budget([finisher.cost(w[2]) for w in work], max_tokens):
         for part, seconds in _finish_isolating(finisher, [work[i][2] for i in batch], batch):
+            _score(confidence, [work[i][2] for i in part])
             for i in part:
                 r, s, res = work[i]
                 seg = rows[r]["segments"][s]
                 seg.update(text=res.text, stage=res.stage, tokens=res.tokens, prefix_len=res.prefix_len,
                            generated=res.generated, error=res.error,
-                           words=shift_words(res.words, seg["start"]))
+                           words=shift_words(res.words, seg["start"]), confidence=res.confidence)
                 rows[r]["t_fallback_s"] = (rows[r].get("t_fallback_s") or 0.0) + seconds / len(part)
     for row in rows:
         clear_pending(row)
-        finalize_row(row)
+        _finish_row(row, confidence)
     return rows

@@ -37,23 +37,29 @@ def map_drafting(adapter, cfg) -> MapDrafting | None:
 class ARSegmentDecoder:
     name = "ar"
 
-    def __init__(self, adapter, max_new_tokens: int = 224, drafting: MapDrafting | None = None):
+    def __init__(self, adapter, max_new_tokens: int = 224, drafting: MapDrafting | None = None,
+                 confidence: bool = False):
         self.adapter = adapter
         self.max_new_tokens = max_new_tokens
         self.drafting = drafting
+        self.confidence = confidence
 
     def segment_cost(self, audio: np.ndarray) -> int:
         return self.adapter.segment_cost(len(audio))
 
+    def _decode(self, enc):
+        tokens = greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens,
+                               map_drafting=self.drafting)
+        return tokens, self._confidence_words(enc, tokens) if self.confidence else None
+
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
         options = getattr(self.adapter, "options", None)
         if options is None:
-            tokens, t_enc, t_dec = encode_then(
-                self.adapter, audios,
-                lambda enc: greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens,
-                                          map_drafting=self.drafting))
-            return [SegmentResult(self.adapter.text(t), "ar", len(t), t_enc, t_dec, generated=len(t))
-                    for t in tokens]
+            (tokens, words), t_enc, t_dec = encode_then(self.adapter, audios, self._decode)
+            out = [SegmentResult(self.adapter.text(t), "ar", len(t), t_enc, t_dec, generated=len(t)) for t in tokens]
+            for res, w in zip(out, words or []):
+                res.words, res.word_features = w
+            return out
         seconds = [len(a) / SAMPLE_RATE for a in audios]
         out, t_enc, t_dec = encode_then(self.adapter, audios, lambda enc: self._decode_whisper(enc, seconds))
         for res in out:
@@ -86,7 +92,19 @@ class ARSegmentDecoder:
             if times is not None:
                 res.words = self._words(toks, times[b], seconds[b])
             results.append(res)
+        if self.confidence:
+            for res, (words, feats) in zip(results, self._confidence_words(enc, tokens, prompts,
+                                                                           [r.words for r in results])):
+                res.words, res.word_features = words, feats
         return results
+
+    def _confidence_words(self, enc, tokens, prompts=None, timed=None):
+        from pipeline.confidence.features import decoder_words
+        from pipeline.models.base import CTC
+
+        # A model with a CTC head offers a second view for free: agreement with its draft.
+        drafts = self.adapter.ctc_draft(enc).texts if CTC in self.adapter.capabilities else None
+        return decoder_words(self.adapter, enc.states, tokens, drafts, timed=timed, prompts=prompts)
 
     def _words(self, toks: list[int], times: list[float], last: float) -> list[dict]:
         from pipeline.models.whisper.alignment import words_of
@@ -100,4 +118,5 @@ class ARSegmentDecoder:
 
 
 def build(adapter, cfg) -> ARSegmentDecoder:
-    return ARSegmentDecoder(adapter, cfg.decoder.max_new_tokens, map_drafting(adapter, cfg))
+    return ARSegmentDecoder(adapter, cfg.decoder.max_new_tokens, map_drafting(adapter, cfg),
+                            confidence=cfg.confidence.enabled)

@@ -64,12 +64,16 @@ class SegmentResult:
     generated: int | None = None
     pending: PendingState | None = dataclasses.field(default=None, repr=False)
     key_phrases: list[str] | None = None   # the recording's key phrases (input contract)
-    # [{word, start, end}], seconds from the segment's start (decoders with an alignment)
+    # [{word, start, end}], seconds from the segment's start (null times for decoders
+    # without an alignment); one feature dict per word for the confidence
+    # (pipeline.confidence), which fills each word's ``confidence`` and the segment's
     words: list[dict] | None = None
     # [{start, end, text}], seconds from the segment's start (Whisper with timestamps)
     spans: list[dict] | None = None
     language: str | None = None       # the language the segment was decoded in (Whisper)
     language_prob: float | None = None  # its detection probability (model.language=auto)
+    word_features: list[dict] | None = dataclasses.field(default=None, repr=False)
+    confidence: float | None = None
 
 
 class FirstStage(Protocol):

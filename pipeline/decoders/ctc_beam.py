@@ -60,9 +60,10 @@ class CTCBeamFinisher:
     name = "ctc_beam"
     pending_type = BeamPending
 
-    def __init__(self, beam_cfg, vocabulary, device="cpu"):
+    def __init__(self, beam_cfg, vocabulary, device="cpu", confidence: bool = False):
         from pipeline.lm.boosting import configured_phrases
 
+        self.confidence = confidence
         self.cfg = beam_cfg
         self.vocab = vocabulary
         self.device = torch.device(device)
@@ -97,12 +98,27 @@ class CTCBeamFinisher:
             lp[i, :a.shape[0]] = torch.tensor(a)  # arrow buffers are read-only
         out = self.search(lp.to(self.device), lengths.to(self.device), boost=self._boost(results))
         paths = out.alignments[:, 0].tolist()    # the best hypothesis's surviving alignment
-        for r, toks, path, n in zip(results, out.tokens, paths, lengths.tolist()):
+        for b, (r, toks, path, n) in enumerate(zip(results, out.tokens, paths, lengths.tolist())):
             r.text, r.stage, r.tokens = self.vocab.decode(toks).strip(), BEAM, len(toks)
             stride = r.pending.frame_stride_s
             r.words = None if stride is None else words_from_path(path[:n], self.vocab.blank, self.vocab, stride)
+            if self.confidence:
+                r.words, r.word_features = self._confidence(lp[b, :n], path[:n], out, b, stride)
             r.pending = None
         return time.perf_counter() - t0
+
+
+    def _confidence(self, lp: torch.Tensor, path: list[int], out, b: int, stride):
+        """Words and confidence features of hypothesis 0 of row ``b``: its frames, its
+        agreement with the greedy path's text and the N-best posterior of each word."""
+        from pipeline.confidence.features import ctc_words
+        from pipeline.decoding.ctc_greedy import ctc_greedy
+
+        greedy = ctc_greedy(lp.unsqueeze(0), blank=self.vocab.blank).tokens[0]
+        scores = out.nbest_scores[b].tolist()
+        texts = [self.vocab.decode(t).strip() for t in out.nbest_tokens[b]]
+        return ctc_words(lp, path, self.vocab.blank, self.vocab, stride, greedy_text=self.vocab.decode(greedy),
+                         nbest=(texts, scores))
 
 
 def build_log_probs(adapter, cfg) -> CTCLogProbsDecoder:
@@ -116,4 +132,5 @@ def build_search(cfg, first_stage=None) -> CTCBeamFinisher:
     from pipeline.models import model_family
 
     vocabulary = model_family(cfg.model.family).ctc_vocabulary(cfg.model)
-    return CTCBeamFinisher(cfg.beam, vocabulary, device=resolve_device(cfg.model.device))
+    return CTCBeamFinisher(cfg.beam, vocabulary, device=resolve_device(cfg.model.device),
+                           confidence=cfg.confidence.enabled)

@@ -13,10 +13,11 @@ from pipeline.decoders.base import SegmentResult, encode_then
 class CTCGreedySegmentDecoder:
     name = "ctc_greedy"
 
-    def __init__(self, adapter, pack: bool = False, vocabulary=None):
+    def __init__(self, adapter, pack: bool = False, vocabulary=None, confidence: bool = False):
         self.adapter = adapter
         self.pack = pack
         self.vocabulary = vocabulary
+        self.confidence = confidence
         self.stride_s = getattr(adapter, "frame_stride_s", None)
 
     def segment_cost(self, audio: np.ndarray) -> int:
@@ -24,9 +25,18 @@ class CTCGreedySegmentDecoder:
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
         draft, t_enc, t_dec = encode_then(self.adapter, audios, self.adapter.ctc_draft, packed=self.pack)
-        words = self.words(draft.log_probs.argmax(-1), draft.lengths)
-        return [SegmentResult(t.strip(), "ctc_greedy", len(t), t_enc, t_dec, max_entropy=float(h), words=w)
-                for t, h, w in zip(draft.texts, draft.max_entropy.tolist(), words)]
+        paths = draft.log_probs.argmax(-1)
+        words = self.words(paths, draft.lengths)
+        out = [SegmentResult(t.strip(), "ctc_greedy", len(t), t_enc, t_dec, max_entropy=float(h), words=w)
+               for t, h, w in zip(draft.texts, draft.max_entropy.tolist(), words)]
+        if self.confidence and self.vocabulary is not None:
+            from pipeline.confidence.features import ctc_words
+
+            lp = draft.log_probs.float().cpu()
+            for i, (res, n) in enumerate(zip(out, draft.lengths.tolist())):
+                res.words, res.word_features = ctc_words(lp[i, :n], paths[i, :n].tolist(), self.vocabulary.blank,
+                                                         self.vocabulary, self.stride_s)
+        return out
 
     def words(self, paths, lengths) -> list[list[dict] | None]:
         """Word timings of each row's frame path [B, T] over its valid frames."""
@@ -50,4 +60,5 @@ def word_vocabulary(cfg):
 
 
 def build(adapter, cfg) -> CTCGreedySegmentDecoder:
-    return CTCGreedySegmentDecoder(adapter, pack=cfg.decoder.pack_windows, vocabulary=word_vocabulary(cfg))
+    return CTCGreedySegmentDecoder(adapter, pack=cfg.decoder.pack_windows, vocabulary=word_vocabulary(cfg),
+                                   confidence=cfg.confidence.enabled)

@@ -44,6 +44,7 @@ class SSDPending(PendingState):
     # the prefix, so that fallback skips its prefill.
     kv: np.ndarray | None = None
     next_token: int | None = None
+    draft_text: str | None = None     # the CTC draft, for the confidence's agreement feature
 
 
 class SeedStore:
@@ -104,7 +105,8 @@ class SSDFirstPassDecoder:
                  reuse_kv: bool = True, verify_max_entropy: float | None = None, lookahead: int = 0,
                  lookahead_rule: str = "greedy", pack_gate: bool = False,
                  gate_verify_tau: float | None = None, adaptive_pack_gate: bool = False, map_drafting=None,
-                 max_draft_error: float | None = None):
+                 max_draft_error: float | None = None, confidence: bool = False):
+        self.confidence = confidence
         if pack_gate:
             require(adapter, PACKABLE, what="ssd.pack_gate")
         self.adapter = adapter
@@ -269,7 +271,8 @@ class SSDFirstPassDecoder:
                                 prefix_len=row.prefix_len, drafted=len(row.draft_tokens), generated=0,
                                 language=language)
             if row.stage is None:
-                state = SSDPending(states=host_rows[i], prefix=list(row.prefix), draft=list(row.draft_tokens))
+                state = SSDPending(states=host_rows[i], prefix=list(row.prefix), draft=list(row.draft_tokens),
+                                   draft_text=row.draft_text)
                 if self.seeds is not None and row.seed is not None:
                     state.handle = self.seeds.keep(row.seed)
                 elif id(row) in shipped_kv:
@@ -277,7 +280,35 @@ class SSDFirstPassDecoder:
                 row.seed = None
                 res.pending = state
             out.append(res)
+        if self.confidence:
+            self._confidence(rows, states, needs, out)
         return out
+
+    def _confidence(self, rows: list[SSDRow], states, needs: list[int], out: list[SegmentResult]) -> None:
+        """Words and confidence features of the segments final after the first pass: their
+        final tokens scored by the decoder (a gated draft re-tokenised) and each word's
+        agreement with the CTC draft. A gated clip of a shared packed window has no solo
+        encoder states: its words get the agreement alone. The seconds count as decoding."""
+        from pipeline.confidence.features import decoder_words
+        from pipeline.confidence.words import segment_words
+
+        t0 = time.perf_counter()
+        has_states = {i: k for k, i in enumerate(needs)}
+        done = [i for i, row in enumerate(rows) if row.stage is not None and i in has_states]
+        if done:
+            tokens = [rows[i].tokens if rows[i].tokens else self.adapter.tokenize(rows[i].text)
+                      if rows[i].text.strip() else [] for i in done]
+            scored = decoder_words(self.adapter, states[[has_states[i] for i in done]], tokens,
+                                   [rows[i].draft_text for i in done])
+            for i, (words, feats) in zip(done, scored):
+                out[i].words, out[i].word_features = words, feats
+        for i, row in enumerate(rows):
+            if row.stage is not None and i not in has_states:
+                out[i].words = segment_words(row.text)
+                out[i].word_features = [{"agree": 1.0} for _ in out[i].words]
+        share = (time.perf_counter() - t0) / max(len(out), 1)
+        for res in out:
+            res.t_decode_s += share
 
 
 class SSDFallback:
@@ -288,7 +319,8 @@ class SSDFallback:
     name = "ssd"
     pending_type = SSDPending
 
-    def __init__(self, ssd: SelfSpeculativeDecoder, seeds: SeedStore | None = None):
+    def __init__(self, ssd: SelfSpeculativeDecoder, seeds: SeedStore | None = None, confidence: bool = False):
+        self.confidence = confidence
         self.ssd = ssd
         self.adapter = ssd.adapter
         self.seeds = seeds
@@ -321,9 +353,17 @@ class SSDFallback:
                                draft_tokens=list(p.draft), prefix=list(p.prefix), min_prob=r.min_prob,
                                seed=seed))
         rows = self.ssd.fallback(states, rows)
-        for res, row in zip(results, rows):
+        scored = None
+        if self.confidence:
+            from pipeline.confidence.features import decoder_words
+
+            drafts = [p.draft_text if p.draft_text is not None else self.adapter.text(p.draft) for p in pend]
+            scored = decoder_words(self.adapter, states, [row.tokens for row in rows], drafts)
+        for n, (res, row) in enumerate(zip(results, rows)):
             res.text, res.stage, res.tokens = row.text, row.stage, len(row.tokens)
             res.prefix_len, res.generated = len(row.prefix), row.generated
+            if scored is not None:
+                res.words, res.word_features = scored[n]
             res.pending = None
         return time.perf_counter() - t0
 
@@ -339,6 +379,7 @@ def _options(cfg) -> dict:
 def build_first_pass(adapter, cfg) -> SSDFirstPassDecoder:
     return SSDFirstPassDecoder(adapter, pack_gate=cfg.ssd.packs_gate(), adaptive_pack_gate=cfg.ssd.adaptive_pack_gate,
                                map_drafting=map_drafting(adapter, cfg), max_draft_error=cfg.ssd.draft_error_target(),
+                               confidence=cfg.confidence.enabled,
                                **_options(cfg))
 
 
@@ -346,10 +387,11 @@ def build_fallback(cfg, first_stage: SSDFirstPassDecoder | None = None) -> SSDFa
     """In the first pass's process: its model and its verification caches; elsewhere a
     model of its own."""
     if first_stage is not None:
-        return SSDFallback(first_stage.ssd, first_stage.share_seeds())
+        return SSDFallback(first_stage.ssd, first_stage.share_seeds(), confidence=cfg.confidence.enabled)
     from pipeline.models import load_model
 
     adapter = load_model(cfg.model)
-    return SSDFallback(SelfSpeculativeDecoder(adapter, map_drafting=map_drafting(adapter, cfg), **_options(cfg)))
+    return SSDFallback(SelfSpeculativeDecoder(adapter, map_drafting=map_drafting(adapter, cfg), **_options(cfg)),
+                       confidence=cfg.confidence.enabled)
 
 

@@ -54,6 +54,7 @@ class TransducerBeamFinisher:
 
         beam, tcfg = cfg.beam, cfg.transducer
         self.cfg, self.adapter = beam, adapter
+        self.confidence = cfg.confidence.enabled
         self.vocab = TokenizerVocabulary(adapter.tokenizer, adapter.blank, adapter.vocab_size)
         lm = load_lm(beam.lm_path, adapter.device) if beam.lm_path else None
         self.shared_phrases = configured_phrases(beam)
@@ -80,8 +81,14 @@ class TransducerBeamFinisher:
             frames[i, :a.shape[0]] = torch.tensor(a)   # arrow buffers are read-only
         out = self.search(frames.to(self.adapter.device, self.adapter.dtype), lengths.to(self.adapter.device),
                           boost=self._boost(results))
-        for r, toks in zip(results, out.tokens):
+        for b, (r, toks) in enumerate(zip(results, out.tokens)):
             r.text, r.stage, r.tokens = self.adapter.decode_text(toks).strip(), BEAM, len(toks)
+            if self.confidence:
+                from pipeline.confidence.features import transducer_words
+
+                n = int(lengths[b])
+                r.words, r.word_features = transducer_words(
+                    self.adapter, frames[b, :n].to(self.adapter.device, self.adapter.dtype), toks, out.frames[b])
             r.pending = None
         return time.perf_counter() - t0
 

@@ -11,8 +11,9 @@ from pipeline.decoders.base import SegmentResult, encode_then
 class TransducerGreedyDecoder:
     name = "transducer_greedy"
 
-    def __init__(self, adapter):
+    def __init__(self, adapter, confidence: bool = False):
         self.adapter = adapter
+        self.confidence = confidence
 
     def segment_cost(self, audio: np.ndarray) -> int:
         return self.adapter.segment_cost(len(audio))
@@ -20,13 +21,22 @@ class TransducerGreedyDecoder:
     def _greedy(self, enc):
         from pipeline.decoding.transducer.greedy import transducer_greedy
 
-        return transducer_greedy(self.adapter, enc.states, enc.valid_frames)
+        out = transducer_greedy(self.adapter, enc.states, enc.valid_frames)
+        if not self.confidence:
+            return out, None
+        from pipeline.confidence.features import transducer_words
+
+        return out, [transducer_words(self.adapter, enc.states[i, :int(n)], toks, frs)
+                     for i, (toks, frs, n) in enumerate(zip(out.tokens, out.frames, enc.valid_frames.tolist()))]
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
-        out, t_enc, t_dec = encode_then(self.adapter, audios, self._greedy)
-        return [SegmentResult(self.adapter.decode_text(toks).strip(), self.name, len(toks), t_enc, t_dec)
-                for toks in out.tokens]
+        (out, words), t_enc, t_dec = encode_then(self.adapter, audios, self._greedy)
+        results = [SegmentResult(self.adapter.decode_text(toks).strip(), self.name, len(toks), t_enc, t_dec)
+                   for toks in out.tokens]
+        for res, w in zip(results, words or []):
+            res.words, res.word_features = w
+        return results
 
 
 def build(adapter, cfg) -> TransducerGreedyDecoder:
-    return TransducerGreedyDecoder(adapter)
+    return TransducerGreedyDecoder(adapter, confidence=cfg.confidence.enabled)

@@ -36,18 +36,28 @@ def token_runs(path: Sequence[int], blank: int) -> tuple[list[int], list[int], l
 
 def words_from_path(path: Sequence[int], blank: int, vocabulary, stride_s: float) -> list[dict]:
     """``[{word, start, end}]`` (seconds from the path's first frame) of a frame path."""
+    return words_and_tokens(path, blank, vocabulary, stride_s)[0]
+
+
+def words_and_tokens(path: Sequence[int], blank: int, vocabulary, stride_s: float) -> tuple[list[dict], list[list[int]]]:
+    """The words of ``words_from_path`` and, per word, the indices of its emitted tokens
+    (in the order of ``token_runs``), for word-level confidence."""
     tokens, starts, ends = token_runs(path, blank)
     words: list[dict] = []
+    members: list[list[int]] = []
     current: list[int] = []
+    current_idx: list[int] = []
     first = last = 0
 
     def close():
         text = vocabulary.decode(current).strip()
         if text:
             words.append({"word": text, "start": round(first * stride_s, 3), "end": round(last * stride_s, 3)})
+            members.append(list(current_idx))
         current.clear()
+        current_idx.clear()
 
-    for tok, start, end, role in zip(tokens, starts, ends, vocabulary.word_roles(tokens)):
+    for k, (tok, start, end, role) in enumerate(zip(tokens, starts, ends, vocabulary.word_roles(tokens))):
         if role == SEPARATOR or (role == WORD_START and current):
             if current:
                 close()
@@ -56,7 +66,8 @@ def words_from_path(path: Sequence[int], blank: int, vocabulary, stride_s: float
         if not current:
             first = start
         current.append(tok)
+        current_idx.append(k)
         last = end
     if current:
         close()
-    return words
+    return words, members

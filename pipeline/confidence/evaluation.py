@@ -1,0 +1,85 @@
+"""Scoring confidence against references: labels and the metrics of "Fast Entropy-Based
+Methods of Word-Level Confidence Estimation for End-to-End Automatic Speech Recognition"
+(AUC-ROC and AUC-PR for detecting wrong words, normalised cross-entropy, expected
+calibration error).
+
+A hypothesis word is correct when every token of its normalised form (the normaliser the
+project's WER uses, pipeline.metrics.normalize) is aligned as a match to the normalised
+reference (jiwer's alignment); a word that normalises to nothing has no label. An utterance
+is correct when its normalised text equals the normalised reference.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def word_labels(words: list[str], reference: str) -> list[bool | None]:
+    """Correctness of each hypothesis word against ``reference`` (None: no label)."""
+    import jiwer
+
+    from pipeline.metrics import normalize
+
+    pieces = [normalize(w).split() for w in words]
+    hyp = [p for ps in pieces for p in ps]
+    ref = normalize(reference).split()
+    ok = [False] * len(hyp)
+    if hyp and ref:
+        out = jiwer.process_words(" ".join(ref), " ".join(hyp))
+        for chunk in out.alignments[0]:
+            if chunk.type == "equal":
+                for j in range(chunk.hyp_start_idx, chunk.hyp_end_idx):
+                    ok[j] = True
+    labels, k = [], 0
+    for ps in pieces:
+        labels.append(all(ok[k:k + len(ps)]) if ps else None)
+        k += len(ps)
+    return labels
+
+
+def utterance_correct(text: str, reference: str) -> bool:
+    from pipeline.metrics import normalize
+
+    return normalize(text).split() == normalize(reference).split()
+
+
+def ece(confidence, correct, bins: int = 10) -> float:
+    """Expected calibration error: sum over equal-width confidence bins of the bin's share
+    times |accuracy - mean confidence| in it (a confidence of 1.0 falls in the last bin)."""
+    c = np.asarray(confidence, dtype=np.float64)
+    y = np.asarray(correct, dtype=np.float64)
+    which = np.minimum((c * bins).astype(np.int64), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        m = which == b
+        if m.any():
+            total += m.mean() * abs(y[m].mean() - c[m].mean())
+    return float(total)
+
+
+def nce(confidence, correct, eps: float = 1e-7) -> float:
+    """Normalised cross-entropy: (H(C) - H(C | confidence)) / H(C), H(C) the entropy of the
+    labels at their base rate; 1 is perfect, 0 no better than the base rate, negative worse.
+    NaN when every label is the same."""
+    c = np.clip(np.asarray(confidence, dtype=np.float64), eps, 1.0 - eps)
+    y = np.asarray(correct, dtype=bool)
+    p = y.mean()
+    if p in (0.0, 1.0):
+        return math.nan
+    h = -(y.sum() * math.log(p) + (~y).sum() * math.log(1.0 - p))
+    h_c = -(np.log(c[y]).sum() + np.log(1.0 - c[~y]).sum())
+    return float((h - h_c) / h)
+
+
+def scores(confidence, correct) -> dict:
+    """AUC-ROC and AUC-PR of detecting wrong items (scikit-learn), NCE and ECE."""
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    c = np.asarray(confidence, dtype=np.float64)
+    wrong = ~np.asarray(correct, dtype=bool)
+    both = 0 < wrong.sum() < len(wrong)
+    return {"n": int(len(c)), "error_rate": float(wrong.mean()) if len(c) else math.nan,
+            "auc_roc": float(roc_auc_score(wrong, -c)) if both else math.nan,
+            "auc_pr": float(average_precision_score(wrong, -c)) if both else math.nan,
+            "nce": nce(c, ~wrong), "ece": ece(c, ~wrong)}

@@ -1,0 +1,195 @@
+"""Word, segment and row confidence (pipeline.confidence):
+
+- the metrics against hand-computed values (ECE, NCE) and a pair count (AUC-ROC);
+- the entropy measures of "Fast Entropy-Based Methods of Word-Level Confidence Estimation
+  for End-to-End Automatic Speech Recognition" at their end points and against scipy's
+  Shannon entropy;
+- word labels, agreement and the N-best posterior on hand-aligned examples;
+- the calibration's JSON round trip equals scikit-learn's own predictions;
+- the embedded Whisper's confidence of a deliberately wrong word is low and of the words
+  it heard is high;
+- the job's rows carry confidences for every decoder kind (embedded model; tiny random CTC
+  and transducer checkpoints), an error row none, in the output schema.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT
+
+
+# ----------------------------------------------------------------------------- metrics
+def test_ece_and_nce_against_hand_computed_values():
+    from pipeline.confidence.evaluation import ece, nce, scores
+
+    conf = [0.95, 0.9, 0.15, 0.25, 0.6]
+    correct = [True, False, False, True, True]
+    # 10 bins: [0.9,1.0]: {0.95 T, 0.9 F} acc 0.5 conf 0.925; [0.1,0.2): {0.15 F} acc 0 conf 0.15;
+    # [0.2,0.3): {0.25 T} acc 1 conf 0.25; [0.6,0.7): {0.6 T} acc 1 conf 0.6.
+    want_ece = (2 / 5) * 0.425 + (1 / 5) * 0.15 + (1 / 5) * 0.75 + (1 / 5) * 0.4
+    assert ece(conf, correct) == pytest.approx(want_ece)
+    p = 3 / 5
+    h = -(3 * math.log(p) + 2 * math.log(1 - p))
+    h_c = -(math.log(0.95) + math.log(0.25) + math.log(0.6) + math.log(1 - 0.9) + math.log(1 - 0.15))
+    assert nce(conf, correct) == pytest.approx((h - h_c) / h)
+    # AUC-ROC of detecting wrong words: the share of (wrong, right) pairs where the wrong
+    # word has the lower confidence: wrong {0.9, 0.15} vs right {0.95, 0.25, 0.6}: 0.9 is
+    # below 0.95 only (1 of 3), 0.15 below all three -> 4 / 6.
+    assert scores(conf, correct)["auc_roc"] == pytest.approx(4 / 6)
+
+
+def test_entropy_measures_at_their_end_points_and_against_shannon():
+    from scipy.stats import entropy as shannon
+
+    from pipeline.confidence.measures import confidence, entropy
+
+    v = 7
+    uniform = torch.full((1, v), -math.log(v))
+    certain = torch.log(torch.tensor([[1.0 - 6e-30] + [1e-30] * 6], dtype=torch.float64))
+    for measure in ("max_prob", "gibbs", "tsallis", "renyi"):
+        for norm in ("lin", "exp"):
+            assert confidence(uniform, measure, 1 / 3, norm).item() == pytest.approx(0.0, abs=1e-6)
+            assert confidence(certain, measure, 1 / 3, norm).item() == pytest.approx(1.0, abs=1e-3)
+    p = torch.tensor([[0.5, 0.2, 0.1, 0.1, 0.05, 0.03, 0.02]], dtype=torch.float64)
+    want = shannon(p[0].numpy())
+    for measure in ("gibbs", "tsallis", "renyi"):     # alpha -> 1: Shannon's entropy
+        assert entropy(p.log(), measure, 1.0).item() == pytest.approx(want, rel=1e-6)
+    assert entropy(p.log(), "tsallis", 1.0 + 1e-5).item() == pytest.approx(want, rel=1e-4)
+    assert entropy(p.log(), "renyi", 1.0 + 1e-5).item() == pytest.approx(want, rel=1e-4)
+    # Shannon's exponential normalisation is (V exp(-H) - 1) / (V - 1).
+    assert confidence(p.log(), "gibbs", 1.0, "exp").item() == pytest.approx((v * math.exp(-want) - 1) / (v - 1))
+
+
+def test_word_labels_agreement_and_nbest_posterior():
+    from pipeline.confidence.evaluation import utterance_correct, word_labels
+    from pipeline.confidence.words import agreement, nbest_posterior, token_word_index
+
+    assert word_labels(["The", "bat", "sat,", "down", "—"], "the cat sat") == [True, False, True, False, None]
+    assert utterance_correct("The cat, sat.", "the cat sat") and not utterance_correct("the cat", "the cat sat")
+    assert agreement(["the", "quick", "fox", "jumps"], "the quack fox jumps high") == [1.0, 0.0, 1.0, 1.0]
+    post, best = nbest_posterior(["a", "b", "c"], ["a b c", "a x c", "a b"], [0.0, math.log(0.5), math.log(0.5)])
+    # softmax of (0, log .5, log .5) = (.5, .25, .25): a in all, b in 1st and 3rd, c in 1st and 2nd
+    assert best == pytest.approx(0.5) and post == pytest.approx([1.0, 0.75, 0.75])
+    pieces = {1: " Hello", 2: ",", 3: " wor", 4: "ld"}
+    assert token_word_index(lambda ids: "".join(pieces[i] for i in ids), [1, 2, 3, 4]) == [0, 0, 1, 1]
+
+
+def test_calibration_round_trip_equals_scikit_learn(tmp_path):
+    from sklearn.isotonic import IsotonicRegression
+    from sklearn.linear_model import LogisticRegression
+
+    from jobs.calibrate import fit_map
+    from pipeline.confidence.calibration import FORMAT, Calibration
+
+    rng = np.random.default_rng(0)
+    n = 400
+    x = rng.normal(size=(n, 2))
+    y = rng.random(n) < 1 / (1 + np.exp(-(2 * x[:, 0] - x[:, 1])))
+    rows = [{"a": float(a), "b": float(b)} for a, b in x]
+    cal = Calibration({"family": "f"}, {"k:s": fit_map(rows, y.tolist())}, {}, {})
+    cal.save(tmp_path / "cal.json")
+    assert json.loads((tmp_path / "cal.json").read_text())["format"] == FORMAT
+    back = Calibration.load(tmp_path / "cal.json").word["k:s"]
+    # scikit-learn, independently: standardise, logistic regression, isotonic on its output
+    z = (x - x.mean(0)) / x.std(0)
+    lr = LogisticRegression(C=1.0, max_iter=2000).fit(z, y)
+    p = lr.predict_proba(z)[:, 1]
+    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(p, y)
+    probe = rng.normal(size=(50, 2)) * 2
+    want = iso.predict(lr.predict_proba((probe - x.mean(0)) / x.std(0))[:, 1])
+    got = back([{"a": float(a), "b": float(b)} for a, b in probe])
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+# ------------------------------------------------------------------- a real decoder
+def test_a_wrong_word_gets_a_low_confidence(whisper_adapter, sample_audio):
+    from pipeline.confidence.apply import ConfidenceScorer
+    from pipeline.confidence.calibration import EMBEDDED_PATH, Calibration
+    from pipeline.confidence.features import decoder_words
+
+    ad = whisper_adapter
+    audio = sample_audio["pump_flite_rms"]
+    states = ad.encode([audio]).states
+    right = ad.tokenize("Please replace the pump filter before Monday morning.")
+    wrong = ad.tokenize("Please replace the banana filter before Monday morning.")
+    (w_right, f_right), (w_wrong, f_wrong) = decoder_words(ad, torch.cat([states, states]), [right, wrong])
+    assert [w["word"] for w in w_wrong][3] == "banana"
+    assert f_wrong[3]["prob_mean"] < 0.01 < 0.5 < f_right[3]["prob_mean"]
+    # An entropy measure reads the distribution that predicted the word, the same for both
+    # (the same prefix): only the emitted token's probability tells them apart there.
+    assert f_wrong[3]["tsallis_mean"] == pytest.approx(f_right[3]["tsallis_mean"])
+    assert np.mean([f["prob_mean"] for f in f_right]) > 0.8
+    scorer = ConfidenceScorer(Calibration.load(EMBEDDED_PATH), "ar")
+    c_right, c_wrong = scorer.words("ar", f_right), scorer.words("ar", f_wrong)
+    assert c_wrong[3] < 0.3 < 0.7 < c_right[3]
+    assert scorer.utterance(c_wrong) < scorer.utterance(c_right)
+
+
+# --------------------------------------------------------------------- the job's rows
+def _run(cfg, rows):
+    from actors.audio_prep import AudioPrep
+    from actors.finisher import Finisher
+    from actors.transcriber import Transcriber
+    from pipeline.decoders import decoder_kind
+    from pipeline.records import INPUT_SCHEMA, OUTPUT_SCHEMA, table
+
+    kind = decoder_kind(cfg.decoder.kind)
+    model = Transcriber(cfg.to_dict(), kind)
+    out = model(AudioPrep(cfg.to_dict(), kind)(table(rows, INPUT_SCHEMA)))
+    if kind.two_stage:
+        out = Finisher(cfg.to_dict(), kind, first_stage=model.decoder)(out)
+    assert out.schema.equals(OUTPUT_SCHEMA, check_metadata=False)
+    return {r["id"]: r for r in out.to_pylist()}
+
+
+def _check(rows: dict) -> int:
+    """Every word, segment with words and row with words has a confidence in [0, 1], the
+    error row none; returns the words seen."""
+    assert rows["broken"]["error"] and rows["broken"]["confidence"] is None
+    seen = 0
+    for rid, row in rows.items():
+        if rid == "broken":
+            continue
+        assert row["error"] is None and row["segments"], row
+        for seg in row["segments"]:
+            assert len(seg["words"]) == len(seg["text"].split()), seg
+            assert all(0.0 <= w["confidence"] <= 1.0 for w in seg["words"]), seg
+            assert (seg["confidence"] is None) == (not seg["words"]), seg
+            seen += len(seg["words"])
+        has_words = any(seg["words"] for seg in row["segments"])
+        assert (row["confidence"] is not None) == has_words and (not has_words or 0.0 <= row["confidence"] <= 1.0)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def inputs(samples_dir, sample_manifest):
+    rows = [dict(r, audio=str(samples_dir / r["audio"])) for r in sample_manifest[:2]]
+    return rows + [{"id": "broken", "audio": str(ROOT / "pyproject.toml")}]
+
+
+@pytest.mark.parametrize("config", ["ar", "ssd", "ctc_greedy", "ctc_beam"])
+def test_rows_carry_confidence_embedded(config, inputs, model_cache):
+    from pipeline.config import load_config
+
+    cfg = load_config(config, [f"model.cache_dir={model_cache}", "model.device=cpu", "confidence.enabled=true"])
+    assert _check(_run(cfg, inputs)) >= 10
+
+
+def test_rows_carry_confidence_tiny_ctc_and_transducers(inputs, tmp_path_factory):
+    from pipeline.config import load_config
+    from test_ctc_family import saved_checkpoint
+    from transducer_reference import build
+
+    ctc_root = tmp_path_factory.mktemp("ctc")
+    saved_checkpoint("wav2vec2", ctc_root)
+    tdt_root = tmp_path_factory.mktemp("tdt")
+    build("tdt", tdt_root, max_symbols=3, zero_duration_bias=-100.0)
+    for config, root in (("ctc_model_greedy", ctc_root), ("transducer_greedy", tdt_root),
+                         ("transducer_beam", tdt_root)):
+        rows = _run(load_config(config, [f"model.source={root}", "model.device=cpu", "confidence.enabled=true"]), inputs)
+        assert _check(rows) >= 1, config
