@@ -38,9 +38,24 @@ class ModelConfig:
     # Segments per encoder call: a batch is encoded in slices of this many (0: whole
     # batches; null: the family's default for the device, e.g. Whisper's on CPU).
     encoder_micro_batch: int | None = None
+    # Whisper only; each changes transcripts a little (figures: docs/engines.md).
+    # int8: the Linear layers' weights in int8, one scale per output channel, activations
+    # quantised per batch at run time (torch dynamic quantisation; CPU only).
+    quantize: str = "none"            # none | int8
+    # The encoder's own dtype (null: model.dtype); bfloat16 on CPU needs AMX or AVX512-BF16.
+    encoder_dtype: str | None = None
 
     def validate(self, key: str) -> None:
         _choice(f"{key}.dtype", self.dtype, ("float32", "float16", "bfloat16"))
+        _choice(f"{key}.quantize", self.quantize, ("none", "int8"))
+        if self.encoder_dtype is not None:
+            _choice(f"{key}.encoder_dtype", self.encoder_dtype, ("float32", "float16", "bfloat16"))
+        if not (self.family == "whisper" or (self.family == "ctc" and self.source == "embedded")):
+            for name, off in (("quantize", "none"), ("encoder_dtype", None)):
+                if getattr(self, name) != off:
+                    raise ConfigError(f"{key}.{name}: only Whisper models have it, model.family={self.family}")
+        if self.quantize != "none" and self.device.startswith("cuda"):
+            raise ConfigError(f"{key}.quantize: {self.quantize} runs on CPU only, model.device={self.device}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"{key}.device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
         _at_least(f"{key}.num_threads", self.num_threads, 0)
