@@ -37,6 +37,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="threads for every engine (0: torch's default)")
     parser.add_argument("--limit", type=int, default=0, help="first N recordings (0: all; --quick: 8)")
     parser.add_argument("--plot", default=None, help="PNG path (default: beside --out)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key in every one of our configs (e.g. model.cache_dir=DIR)")
 
 
 def parse_spec(spec: str) -> tuple[str, list[str]]:
@@ -101,11 +103,12 @@ class FasterWhisper:
 class Ours:
     """A config of ours end to end through actors.local_runner, actors built once."""
 
-    def __init__(self, spec: str, device: str | None):
+    def __init__(self, spec: str, device: str | None, common: list[str]):
         from actors.local_runner import build_stages
         from pipeline.config import load_config
 
         name, overrides = parse_spec(spec)
+        overrides = [*common, *overrides]
         if device:
             overrides = [f"model.device={device}", *overrides]
         self.name = f"ours {spec}"
@@ -172,7 +175,7 @@ def run(args) -> dict:
     refs = {r["id"]: r.get("reference") or "" for r in rows}
 
     engines = [FasterWhisper(ct, threads) for ct in args.compute_types.split(",") if ct]
-    engines += [Ours(spec, args.device) for spec in args.configs.split(",") if spec]
+    engines += [Ours(spec, args.device, args.overrides) for spec in args.configs.split(",") if spec]
     best: dict[str, float] = {}
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
