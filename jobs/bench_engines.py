@@ -6,7 +6,8 @@ the same weights and the same audio, in one process.
 
 - faster-whisper (``pip install shardscribe[bench]``) on the embedded tiny.en weights
   themselves (they ship as a CTranslate2 model, pipeline.models.whisper.loader, so no
-  conversion is needed), file by file, greedy, no timestamps, in each ``--compute-types``.
+  conversion is needed), file by file, greedy at temperature 0 (no sampling fallback), no
+  timestamps, in each ``--compute-types``.
   Where the package is missing, its engine (the ctranslate2 runtime, a dependency of the
   bench extra too) runs in its place, file by file with the same settings, and the row's
   name says so.
@@ -82,8 +83,11 @@ class FasterWhisper:
         with open_audio(row) as fh:
             samples, _, _ = decode_stream(fh)
         if self.model is not None:
-            segments, _ = self.model.transcribe(samples, language="en", beam_size=1, without_timestamps=True,
-                                                condition_on_previous_text=False, vad_filter=False)
+            # Greedy at temperature 0 only, as ours: faster-whisper's default would re-decode
+            # a window by sampling at higher temperatures when its text looks repetitive.
+            segments, _ = self.model.transcribe(samples, language="en", beam_size=1, temperature=0.0,
+                                                without_timestamps=True, condition_on_previous_text=False,
+                                                vad_filter=False)
             return " ".join(s.text.strip() for s in segments).strip()
         import ctranslate2
 
