@@ -24,12 +24,10 @@ from pipeline.storage import url_to_fs
 log = logging.getLogger(__name__)
 
 
-def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: bool = True,
-              kind=None, items: list[dict] | None = None, job_id: str | None = None, on_batch=None) -> int:
-    """Transcribe ``rows`` (a list of manifest row dicts, or a pipeline.sources.Source read
-    piece by piece; ``items``: its scan's work items) into Parquet parts under ``dst``;
-    returns rows written. ``on_batch(table)`` sees every batch of finished output rows
-    (the job's progress bar)."""
+def build_stages(cfg, kind=None) -> tuple:
+    """The job's actors for ``cfg``, in-process: ``(prep, model, second stage or None)``;
+    built once, they can serve several :func:`run_local` calls (the benchmarks time runs
+    with the model already loaded)."""
     kind = kind or decoder_kind(cfg.decoder.kind)
     if kind.name != cfg.decoder.kind:
         raise ValueError(f"decoder kind {kind.name!r} given for a config of decoder.kind={cfg.decoder.kind}")
@@ -37,6 +35,17 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
     model = Transcriber(cfg.to_dict(), kind)
     # A second stage shares the first stage's model in-process (no second copy).
     second = Finisher(cfg.to_dict(), kind, first_stage=model.decoder) if kind.two_stage else None
+    return prep, model, second
+
+
+def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: bool = True,
+              kind=None, items: list[dict] | None = None, job_id: str | None = None, on_batch=None,
+              stages: tuple | None = None) -> int:
+    """Transcribe ``rows`` (a list of manifest row dicts, or a pipeline.sources.Source read
+    piece by piece; ``items``: its scan's work items) into Parquet parts under ``dst``;
+    returns rows written. ``on_batch(table)`` sees every batch of finished output rows
+    (the job's progress bar); ``stages``: :func:`build_stages`' result for ``cfg``."""
+    prep, model, second = stages or build_stages(cfg, kind)
     fs, path = url_to_fs(dst, cfg.storage.options)
     fs.makedirs(path, exist_ok=True)
     job_id = job_id or new_job_id()

@@ -55,12 +55,28 @@ class ModelConfig:
     timestamps: bool = False          # decode with Whisper's timestamp tokens: segments[].spans
     word_timestamps: bool = False     # segments[].words from cross-attention alignment (DTW)
 
+    # Whisper only; each changes transcripts a little (figures: docs/engines.md).
+    # int8: the Linear layers' weights in int8, one scale per output channel, activations
+    # quantised per batch at run time (torch dynamic quantisation; CPU only).
+    quantize: str = "none"            # none | int8
+    # The encoder's own dtype (null: model.dtype); bfloat16 on CPU needs AMX or AVX512-BF16.
+    encoder_dtype: str | None = None
+
     def validate(self, key: str) -> None:
         _choice(f"{key}.dtype", self.dtype, ("float32", "float16", "bfloat16"))
         _choice(f"{key}.task", self.task, WHISPER_TASKS)
         if self.language is not None and not re.fullmatch(r"auto|[a-z]{2,3}|[a-z]{2}-[a-z]{2,4}", self.language):
             raise ConfigError(f"{key}.language: expected a language code such as en or de, auto, or null; "
                               f"got {self.language!r}")
+        _choice(f"{key}.quantize", self.quantize, ("none", "int8"))
+        if self.encoder_dtype is not None:
+            _choice(f"{key}.encoder_dtype", self.encoder_dtype, ("float32", "float16", "bfloat16"))
+        if not (self.family == "whisper" or (self.family == "ctc" and self.source == "embedded")):
+            for name, off in (("quantize", "none"), ("encoder_dtype", None)):
+                if getattr(self, name) != off:
+                    raise ConfigError(f"{key}.{name}: only Whisper models have it, model.family={self.family}")
+        if self.quantize != "none" and self.device.startswith("cuda"):
+            raise ConfigError(f"{key}.quantize: {self.quantize} runs on CPU only, model.device={self.device}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"{key}.device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
         _at_least(f"{key}.num_threads", self.num_threads, 0)

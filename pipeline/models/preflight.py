@@ -119,7 +119,15 @@ def _whisper_components(model_config, config: dict) -> None:
 
 def check_model(model_config) -> None:
     """Raise ModelError for a device, source or component problem of ``model_config``."""
+    from pipeline.device import check_dtype
+
     check_device(model_config.device)
+    try:
+        check_dtype(model_config.device, model_config.dtype, "model.dtype")
+        if model_config.encoder_dtype:
+            check_dtype(model_config.device, model_config.encoder_dtype, "model.encoder_dtype")
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
     if model_config.source == "embedded":
         from pipeline.models import model_family
 

@@ -41,7 +41,10 @@ class WhisperAdapter:
         self.encoder_micro_batch = encoder_micro_batch
         self.tokenizer = processor.tokenizer
         self.device = torch.device(device)
-        self.dtype = next(model.parameters()).dtype
+        # The decoder's dtype (the states' dtype every decoder and head sees) and the
+        # encoder's, which model.encoder_dtype may set apart.
+        self.dtype = model.model.decoder.embed_tokens.weight.dtype
+        self.encoder_dtype = model.model.encoder.conv1.weight.dtype
         cfg = model.config
         gen = model.generation_config
         fe = processor.feature_extractor
@@ -123,7 +126,7 @@ class WhisperAdapter:
     def features(self, audios: list[np.ndarray]) -> torch.Tensor:
         fe = self.processor.feature_extractor
         feats = fe(audios, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
-        return feats.to(self.device, self.dtype)
+        return feats.to(self.device, self.encoder_dtype)
 
     @staticmethod
     def valid_frames(num_samples: int, total_frames: int = WINDOW_FRAMES) -> int:
@@ -135,9 +138,9 @@ class WhisperAdapter:
         step = self.encoder_micro_batch or features.shape[0]
         encoder = self.model.model.encoder
         if step >= features.shape[0]:
-            return encoder(features).last_hidden_state
+            return encoder(features).last_hidden_state.to(self.dtype)
         return torch.cat([encoder(features[i:i + step]).last_hidden_state
-                          for i in range(0, features.shape[0], step)])
+                          for i in range(0, features.shape[0], step)]).to(self.dtype)
 
     @torch.inference_mode()
     def encode(self, audios: list[np.ndarray]) -> EncoderBatch:
@@ -217,7 +220,7 @@ class WhisperAdapter:
         mask = mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]
         for layer in encoder.layers:
             hidden = layer(hidden, mask)
-        hidden = encoder.layer_norm(hidden)
+        hidden = encoder.layer_norm(hidden).to(self.dtype)
         states = hidden.new_zeros(len(audios), max(valid), hidden.shape[2])
         for i, ((seq, off), n) in enumerate(zip(places, valid)):
             states[i, :n] = hidden[seq, off:off + n]
@@ -260,14 +263,39 @@ class WhisperAdapter:
         return self.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
 
 
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with every Linear layer's weight in int8, one scale per output channel,
+    and activations quantised per call (torch dynamic quantisation; CPU kernels only).
+    Per-channel scales: per-tensor ones changed more transcripts (docs/engines.md)."""
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():
+        # torch.ao's eager quantisation announces its move to torchao; it still works.
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
+
+
 def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
                          dtype: torch.dtype = torch.float32, cache_dir=None,
                          ctc_head: str | None = None, encoder_micro_batch: int = 0,
-                         options: WhisperOptions | None = None) -> WhisperAdapter:
-    """Whisper (+ an optional character CTC head: "embedded" or a head directory)."""
+                         options: WhisperOptions | None = None, quantize: str = "none",
+                         encoder_dtype: torch.dtype | None = None) -> WhisperAdapter:
+    """Whisper (+ an optional character CTC head: "embedded" or a head directory);
+    ``quantize="int8"``: :func:`quantize_int8` (CPU); ``encoder_dtype``: the encoder's own
+    dtype (its states are cast to ``dtype`` for the decoder and the CTC head)."""
     from pipeline.models.whisper.loader import load_whisper
 
     model, processor = load_whisper(source, device=device, dtype=dtype, cache_dir=cache_dir)
+    if encoder_dtype is not None:
+        model.model.encoder.to(encoder_dtype)
+    if quantize == "int8":
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"model.quantize=int8 runs on CPU only, not {device}")
+        quantize_int8(model)
+    elif quantize != "none":
+        raise ValueError(f"model.quantize: unknown {quantize!r}")
     head = decode = None
     if ctc_head:
         from pipeline.models.whisper.ctc_head import load_ctc_head
