@@ -4,9 +4,15 @@ whose gate is eq. 3: accept a draft when its max frame entropy is below τ_CTC).
 
 A fixed τ_CTC holds only on speech like the draft head's training data: the head's
 entropy says little about real recordings (docs/ssd.md). But the decoder already learns,
-for every draft it verifies (eq. 5), whether that draft was right: verification accepts it
-whole at τ_SLM, or it does not. Here that outcome is the label, and the job estimates
-P(draft wrong | max entropy) on its own corpus as it runs:
+for every draft it verifies (eq. 5), whether that draft was right. Eq. 5's own verdict at
+τ_SLM is too strict a label: it rejects most drafts whose only flaw is a token the decoder
+would spell another way, drafts the fixed gate rightly accepts; high_rtfx's gate
+verification (3e-5) is too lax, it catches gross errors only. The label here: a draft is
+wrong when the decoder gives one of its tokens a probability <= ``label_tau`` (1e-3: every
+wrong draft of the real clips in session 3 had one, docs/ssd.md) or does not end the text
+after it. It comes from the same verification pass (its per-row
+acceptance threshold), which then runs its output projection further along rejected
+drafts. The job estimates P(draft wrong | max entropy) on its own corpus as it runs:
 
 - max entropies fall in bins of ``bin_width`` nats up to the cap (the configured τ_CTC);
 - each bin keeps exponentially forgotten counts (a half-life in drafts) of the drafts
@@ -44,6 +50,7 @@ class GateCalibration:
     bin_width: float = 0.05         # nats
     half_life: float = 4096.0       # drafts after which an observation weighs half
     probe_every: int = 8            # one gated draft in this many is verified anyway
+    label_tau: float = 1e-3         # a draft token at or below this probability makes the draft wrong
     prior_wrong: float = 1.0
     prior_right: float = 1.0
     seen: np.ndarray = field(init=False, repr=False)

@@ -142,31 +142,35 @@ class SelfSpeculativeDecoder:
         end-of-text follows, and otherwise become pending from their prefix at tau_slm."""
         ad = self.adapter
         check_gated = self.gate_verify_tau is not None
+        calibration = self.gate_calibration
         todo = [i for i, r in enumerate(rows)
                 if (r.stage is None and self._verifies(r)) or (check_gated and r.stage == CTC_GATE)]
         if todo:
             drafts = [ad.tokenize(rows[i].draft_text) for i in todo]
             gated = [rows[i].stage == CTC_GATE for i in todo]
-            accept_tau = torch.tensor([self.gate_verify_tau if g else self.tau_slm for g in gated]) \
-                if check_gated else None
+            # A calibrated gate labels each draft it did not accept at its own (lower)
+            # threshold in the same pass; acceptance at tau_slm is then j = K on top of it.
+            label_tau = calibration.label_tau if calibration is not None else self.tau_slm
+            accept_tau = torch.tensor([self.gate_verify_tau if g else label_tau for g in gated]) \
+                if check_gated or calibration is not None else None
             ver = verify_drafts(ad, encoder_states[todo], drafts, self.tau_slm, head_chunk=self.verify_chunk,
                                 accept_tau=accept_tau)
             js = ver.first_reject.tolist()
+            plausible = ver.accepted.tolist()
             for n, i in enumerate(todo):
                 row = rows[i]
                 row.draft_tokens, row.min_prob = drafts[n], float(ver.min_prob[n])
-                if gated[n] and bool(ver.accepted[n]):
+                if gated[n] and plausible[n]:
                     continue
                 row.prefix = drafts[n][:js[n]]
-                if bool(ver.accepted[n]):
+                if plausible[n] and (gated[n] or js[n] == len(drafts[n])):
                     row.stage, row.text, row.tokens = LLM_VERIFY, ad.text(drafts[n]), drafts[n]
                 elif gated[n]:
                     row.stage, row.text = None, ""
-            if self.gate_calibration is not None:
-                # Labels at tau_slm only: a gated draft scored at gate_verify_tau is not one.
+            if calibration is not None:
                 labelled = [n for n in range(len(todo)) if not gated[n]]
-                self.gate_calibration.observe([rows[todo[n]].max_entropy for n in labelled],
-                                              [not bool(ver.accepted[n]) for n in labelled])
+                calibration.observe([rows[todo[n]].max_entropy for n in labelled],
+                                    [not plausible[n] for n in labelled])
             if self.reuse_kv:
                 rejected = [n for n, i in enumerate(todo) if rows[i].stage is None]
                 lead = ver.lead.tolist()
