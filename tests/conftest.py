@@ -39,6 +39,15 @@ def whisper_adapter(model_cache):
     return load_whisper_adapter("embedded", device="cpu", cache_dir=model_cache)
 
 
+@pytest.fixture(scope="module")
+def ssd_adapter(model_cache):
+    """Whisper tiny.en with the embedded CTC head (the ssd and ctc_greedy configs' model),
+    one per test module so that no module sees another's changes to it."""
+    from pipeline.models.whisper.adapter import load_whisper_adapter
+
+    return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
+
+
 @pytest.fixture(scope="session")
 def sample_audio(sample_manifest):
     from pipeline.audio import decode_audio

@@ -60,8 +60,3 @@ def test_same_clip_same_text_in_any_batch(config, overrides, prepared, ssd_adapt
     assert {k: beside[k] for k in alone} == alone
 
 
-@pytest.fixture(scope="module")
-def ssd_adapter(model_cache):
-    from pipeline.models.whisper.adapter import load_whisper_adapter
-
-    return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")

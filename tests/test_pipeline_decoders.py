@@ -16,13 +16,6 @@ from pipeline.output import SUMMARY_NAME
 
 
 @pytest.fixture(scope="module")
-def ssd_adapter(model_cache):
-    from pipeline.models.whisper.adapter import load_whisper_adapter
-
-    return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
-
-
-@pytest.fixture(scope="module")
 def varied_manifest(tmp_path_factory, samples_dir, sample_manifest):
     """Bundled clips plus noisy copies, so drafts range from confident to doubtful."""
     from pipeline.audio import decode_audio

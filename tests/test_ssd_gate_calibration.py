@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from pipeline.config import ConfigError, load_config
 from pipeline.ssd_gate_calibration import GateCalibration
@@ -78,25 +77,19 @@ def test_max_draft_error_is_a_validated_preset_key():
 
 
 @pytest.fixture(scope="module")
-def adapter(model_cache):
-    from pipeline.models.whisper.adapter import load_whisper_adapter
-
-    torch.set_num_threads(1)
-    return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
-
-
-@pytest.fixture(scope="module")
 def audios(sample_audio, sample_manifest):
     # The four shortest clips: enough entropies to fill bins, and the AR fallback stays cheap.
     return sorted((sample_audio[m["id"]] for m in sample_manifest), key=len)[:4]
 
 
-def test_on_real_clips_the_gate_learns_from_verification(adapter, audios):
+def test_on_real_clips_the_gate_learns_from_verification(ssd_adapter, audios):
     """The embedded head's drafts of the bundled real clips fail verification at tau_slm
     0.1 (docs/ssd.md): the calibrated gate must stay shut and decode exactly as a gate
     that accepts nothing. With tau_slm 0 verification accepts every draft: the gate must
     open on that evidence, and what it accepts is the CTC draft."""
     from pipeline.decoders.ssd import SSDFallback, SSDFirstPassDecoder
+
+    adapter = ssd_adapter
 
     def decode(dec):
         res = dec.decode(audios)

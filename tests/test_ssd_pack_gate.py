@@ -12,11 +12,9 @@ from pipeline.models.whisper.adapter import WhisperAdapter
 
 
 @pytest.fixture(scope="module")
-def adapter(model_cache):
-    from pipeline.models.whisper.adapter import load_whisper_adapter
-
+def adapter(ssd_adapter):
     torch.set_num_threads(1)
-    return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
+    return ssd_adapter
 
 
 @pytest.fixture(scope="module")
