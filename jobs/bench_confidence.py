@@ -158,6 +158,8 @@ def plot(path: str, curves: dict) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from jobs.benchmark_data import save_figure
+
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     ax1.plot([0, 1], [0, 1], color="grey", lw=0.8)
     for i, (kind, cv) in enumerate(curves.items()):
@@ -176,10 +178,7 @@ def plot(path: str, curves: dict) -> None:
             title="Kept fraction vs WER")
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def cost(recordings: list[list], kinds=("ar", "ssd"), rounds: int = 2) -> dict:

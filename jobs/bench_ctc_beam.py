@@ -395,6 +395,7 @@ def _plot(rows, args) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from jobs.benchmark_data import save_figure
 
     path = args.plot or (str(Path(args.out).with_suffix(".png")) if getattr(args, "out", None) else "ctc_beam.png")
     fig, (ax_t, ax_w) = plt.subplots(1, 2, figsize=(11, 4))
@@ -422,7 +423,4 @@ def _plot(rows, args) -> None:
     ax_t.set_yscale("log")
     ax_w.legend(fontsize=7)
     fig.suptitle("CTC beam search: FlexCTC (ours) vs flashlight-text vs pyctcdecode")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)

@@ -225,6 +225,7 @@ def _plot(rows: list[dict], path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from jobs.benchmark_data import save_figure
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     names = [r["engine"] for r in rows]
@@ -244,7 +245,4 @@ def _plot(rows: list[dict], path: str) -> None:
     ax2.set_xlabel("seconds (fastest round)")
     ax2.invert_yaxis()
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)

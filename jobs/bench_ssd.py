@@ -406,6 +406,7 @@ def _plot(rows, path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from jobs.benchmark_data import save_figure
 
     fig, ax = plt.subplots(figsize=(6, 4))
     sweep = [r for r in rows if r["config"] == "SSD sweep" and r["wer"] is not None]
@@ -422,7 +423,4 @@ def _plot(rows, path):
     ax.set_ylabel("WER (%)")
     ax.set_title("Self-speculative decoding: WER vs RTFx")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

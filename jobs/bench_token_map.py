@@ -263,6 +263,7 @@ def _plot(rows: list[dict], path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from jobs.benchmark_data import save_figure
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ar = next(r for r in rows if r["config"] == "AR")
@@ -276,7 +277,4 @@ def _plot(rows: list[dict], path: str) -> None:
     ax.set_ylabel("decode seconds")
     ax.set_title("Token-map drafting: decode time vs K (domain set)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

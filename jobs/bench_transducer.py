@@ -104,6 +104,7 @@ def _plot(rows, args) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from jobs.benchmark_data import save_figure
 
     path = args.plot or (str(Path(args.out).with_suffix(".png")) if getattr(args, "out", None) else "transducer.png")
     shown = [r for r in rows if r["decoder"] != "encoder"]
@@ -116,7 +117,4 @@ def _plot(rows, args) -> None:
     for a in ax:
         a.tick_params(axis="x", labelrotation=30, labelsize=7)
     fig.suptitle("ALSD++ vs greedy, parakeet-tdt-0.6b architecture (random weights), CPU")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)

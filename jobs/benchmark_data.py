@@ -250,3 +250,13 @@ def heldout_voice_speech(items: list[dict], seed: int) -> list:
         except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired):
             continue
     return out
+
+
+def save_figure(fig, path: str, dpi: int) -> None:
+    """Lay out ``fig``, write it to ``path`` (its folder created) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
