@@ -8,8 +8,8 @@ for every draft it verifies (eq. 5), whether that draft was right. Eq. 5's own v
 τ_SLM is too strict a label: it rejects most drafts whose only flaw is a token the decoder
 would spell another way, drafts the fixed gate rightly accepts; high_rtfx's gate
 verification (3e-5) is too lax, it catches gross errors only. The label here: a draft is
-wrong when the decoder gives one of its tokens a probability <= ``label_tau`` (1e-3: every
-wrong draft of the real clips in session 3 had one, docs/ssd.md) or does not end the text
+wrong when the decoder gives one of its tokens a probability <= ``label_tau`` (1e-3: the
+measured wrong drafts of real recordings all had one, docs/ssd.md) or does not end the text
 after it. It comes from the same verification pass (its per-row
 acceptance threshold), which then runs its output projection further along rejected
 drafts. The job estimates P(draft wrong | max entropy) on its own corpus as it runs:
