@@ -55,6 +55,24 @@ def sample_audio(sample_manifest):
     return {m["id"]: decode_audio((SAMPLES / m["audio"]).read_bytes())[0] for m in sample_manifest}
 
 
+def transcribe_cli(dst: Path, *args: str) -> tuple[dict, dict]:
+    """``python -m jobs.cli transcribe --output DST ARGS...`` in a subprocess, as a user runs
+    it; asserts it exits 0 and returns the job's summary and its rows by id (read from the
+    Parquet parts with pyarrow, not with the project's reader)."""
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from pipeline.output import SUMMARY_NAME
+
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--output", str(dst), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((dst / SUMMARY_NAME).read_text())
+    rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
+    return summary, rows
+
+
 def manifest_with_random_bytes(root: Path, samples_dir: Path, sample_manifest: list[dict], at: int):
     """A JSONL manifest of the bundled samples with one file of random bytes inserted at
     ``at``; returns (path, lines)."""

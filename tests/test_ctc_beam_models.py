@@ -20,15 +20,13 @@ import math
 import subprocess
 import sys
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import ROOT, manifest_with_random_bytes
+from conftest import ROOT, manifest_with_random_bytes, transcribe_cli
 from pipeline.config import load_config
 from pipeline.decoders.base import SegmentResult
 from pipeline.decoders.ctc_beam import BeamPending, build_search
-from pipeline.output import SUMMARY_NAME
 from pipeline.text.ctc_vocabulary import lm_index
 from test_ctc_family import saved_checkpoint
 
@@ -173,14 +171,9 @@ def test_cli_beam_with_lm_on_a_ctc_checkpoint(checkpoint, lm_dir, manifest, tmp_
     path, lines = manifest
     dst = tmp_path / "out"
     runner = "ray" if name == "parakeet" else "local"
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--runner", runner, "--input", str(path),
-                           "--output", str(dst), "--config", "ctc_beam", "--model", str(root),
-                           "--set", f"beam.lm_path={lm_dir}", "--set", "batching.recordings_per_batch=3",
-                           "--set", "ray.num_cpus=4"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((dst / SUMMARY_NAME).read_text())
-    rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
+    summary, rows = transcribe_cli(dst, "--runner", runner, "--input", str(path), "--config", "ctc_beam",
+                                   "--model", str(root), "--set", f"beam.lm_path={lm_dir}",
+                                   "--set", "batching.recordings_per_batch=3", "--set", "ray.num_cpus=4")
     assert summary["rows_in"] == summary["rows_out"] == len(lines) == len(rows)
     assert summary["errors"] == 2
     for bad in ("random", "missing"):

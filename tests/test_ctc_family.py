@@ -10,18 +10,14 @@ from frame to frame (a non-trivial greedy text).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import ROOT, manifest_with_random_bytes
+from conftest import manifest_with_random_bytes, transcribe_cli
 from pipeline.audio import decode_audio
 from pipeline.config import ConfigError, load_config
 from pipeline.models.ctc.adapter import load_ctc_adapter
-from pipeline.output import SUMMARY_NAME
 
 CHARS = ["<pad>", "<unk>", "|"] + list("abcdefghijklmnopqrstuvwxyz'")
 PIECES = ["<unk>", "▁", "▁the", "▁a", "th", "er", "in"] + list("abcdefghijklmnopqrstuvwxyz'") + ["<pad>"]
@@ -194,13 +190,8 @@ def test_cli_transcribes_with_a_ctc_checkpoint(checkpoint, manifest, tmp_path):
     name, root, model, processor, _ = checkpoint
     path, lines = manifest
     dst = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--runner", "local", "--input", str(path),
-                           "--output", str(dst), "--config", "ctc_model_greedy", "--set", f"model.source={root}",
-                           "--set", "batching.recordings_per_batch=3"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((dst / SUMMARY_NAME).read_text())
-    rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
+    summary, rows = transcribe_cli(dst, "--runner", "local", "--input", str(path), "--config", "ctc_model_greedy",
+                                   "--set", f"model.source={root}", "--set", "batching.recordings_per_batch=3")
     assert summary["rows_in"] == summary["rows_out"] == len(lines) == len(rows)
     assert summary["errors"] == 1 and rows["random"]["error"] and rows["random"]["text"] is None
     for line in lines:

@@ -9,12 +9,10 @@ import json
 import subprocess
 import sys
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import ROOT, manifest_with_random_bytes
-from pipeline.output import SUMMARY_NAME
+from conftest import ROOT, manifest_with_random_bytes, transcribe_cli
 from pipeline.config import load_config
 from transducer_reference import build
 
@@ -51,12 +49,8 @@ def test_transcribe_transducer_beam_with_lm_phrases_and_a_broken_file(checkpoint
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     dst = tmp_path / "out"
     sets = [f"model.source={checkpoint}", f"beam.lm_path={lm_dir}", "batching.recordings_per_batch=3"]
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--runner", "local", "--input", str(path),
-                           "--output", str(dst), "--config", "transducer_beam"] + [a for s in sets for a in ("--set", s)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((dst / SUMMARY_NAME).read_text())
-    rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
+    summary, rows = transcribe_cli(dst, "--runner", "local", "--input", str(path), "--config", "transducer_beam",
+                                   *[a for s in sets for a in ("--set", s)])
     assert summary["rows_in"] == summary["rows_out"] == len(lines) == len(rows)
     assert summary["errors"] == 1 and rows["random"]["error"] and rows["random"]["text"] is None
     for line in lines:
