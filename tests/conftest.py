@@ -73,6 +73,24 @@ def transcribe_cli(dst: Path, *args: str) -> tuple[dict, dict]:
     return summary, rows
 
 
+def ray_job_rows(source, cfg, dst: Path) -> list[dict]:
+    """The Ray plan run on ``source`` into ``dst`` (a local Ray instance started for it and
+    shut down after, unless one was already up); its rows, read from the parts with pyarrow."""
+    import pyarrow.parquet as pq
+    import ray
+
+    from actors.plan import init_ray, run_ray
+
+    already = ray.is_initialized()
+    init_ray(cfg)
+    try:
+        run_ray(source, cfg, str(dst))
+    finally:
+        if not already:
+            ray.shutdown()
+    return pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()
+
+
 def manifest_with_random_bytes(root: Path, samples_dir: Path, sample_manifest: list[dict], at: int):
     """A JSONL manifest of the bundled samples with one file of random bytes inserted at
     ``at``; returns (path, lines)."""

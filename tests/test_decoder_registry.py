@@ -19,7 +19,7 @@ import pytest
 import soundfile as sf
 
 from actors.local_runner import run_local
-from actors.plan import init_ray, run_ray
+from conftest import ray_job_rows
 from pipeline.config import ConfigError, load_config
 from pipeline.decoders import DECODER_KINDS, DecoderKind, decoder_kind
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult
@@ -128,18 +128,9 @@ def test_toy_kind_in_process(toy_registered, manifest, tmp_path):
 
 
 def test_toy_kind_through_the_ray_plan(toy_registered, manifest, tmp_path):
-    import ray
-
     cfg = load_config("ar", ["decoder.kind=toy_duration", "model.family=toy_family",
                              "batching.recordings_per_batch=2", "ray.num_cpus=4"])
-    already = ray.is_initialized()
-    init_ray(cfg)
-    try:
-        run_ray(manifest, cfg, str(tmp_path / "out"))
-    finally:
-        if not already:
-            ray.shutdown()
-    rows = pq.read_table(sorted(str(p) for p in (tmp_path / "out").glob("*.parquet"))).to_pylist()
+    rows = ray_job_rows(manifest, cfg, tmp_path / "out")
     _check(rows, manifest)
     assert json.dumps([r["id"] for r in rows])  # plain rows, nothing of the toy's state left
     assert "pending_state" not in rows[0]

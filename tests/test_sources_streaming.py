@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from conftest import ROOT
+from conftest import ROOT, ray_job_rows
 from pipeline.sources import SourceError, iter_input_batches, open_source, read_source, scan
 
 
@@ -97,9 +97,6 @@ def test_duplicate_span_ids_fail_before_any_worker(tmp_path):
 def test_a_table_through_the_ray_plan_with_a_resume(tmp_path):
     """Inline audio in two Parquet files, read by Ray tasks, under the audit kind; ids
     already done are left out. Reference durations: the encoder's own lengths."""
-    import ray
-
-    from actors.plan import init_ray, run_ray
     from pipeline.config import load_config
 
     lengths = [0.5 + 0.25 * i for i in range(9)]
@@ -110,14 +107,7 @@ def test_a_table_through_the_ray_plan_with_a_resume(tmp_path):
                        tmp_path / "t" / f"{f}.parquet", row_group_size=2)
     cfg = load_config("ar", ["decoder.kind=audit", "batching.recordings_per_batch=2", "ray.num_cpus=4"])
     source = open_source(str(tmp_path / "t")).excluding(["a1", "b2"])
-    already = ray.is_initialized()
-    init_ray(cfg)
-    try:
-        run_ray(source, cfg, str(tmp_path / "out"))
-    finally:
-        if not already:
-            ray.shutdown()
-    rows = pq.read_table(sorted(str(p) for p in (tmp_path / "out").glob("*.parquet"))).to_pylist()
+    rows = ray_job_rows(source, cfg, tmp_path / "out")
     want = {f"a{i}": s for i, s in enumerate(lengths[:5])} | {f"b{i}": s for i, s in enumerate(lengths[5:])}
     del want["a1"], want["b2"]
     assert {r["id"]: r["duration_s"] for r in rows} == pytest.approx(want, abs=1e-3)
