@@ -134,17 +134,24 @@ def row_errors(reference: str, hypothesis: str) -> tuple[int, int] | None:
     return out.substitutions + out.deletions + out.insertions, len(ref.split())
 
 
-def kept_fraction_curve(rows: list[dict]) -> list[dict]:
-    """WER of the most confident rows against the fraction kept, over the rows without an
-    error that have a reference and a confidence (the ranking the confidence gives)."""
-    scored = []
+def _scored_rows(rows: list[dict]) -> list[tuple[dict, int, int]]:
+    """(row, word errors, reference words) of the rows without an error that have a
+    confidence and a reference."""
+    out = []
     for r in rows:
         if r.get("error") or r.get("confidence") is None:
             continue
         counts = row_errors(r.get("reference"), r.get("text"))
         if counts is not None:
-            scored.append((r["confidence"], r["id"], *counts))
-    scored.sort(key=lambda x: (-x[0], x[1]))
+            out.append((r, *counts))
+    return out
+
+
+def kept_fraction_curve(rows: list[dict]) -> list[dict]:
+    """WER of the most confident rows against the fraction kept, over the rows without an
+    error that have a reference and a confidence (the ranking the confidence gives)."""
+    scored = sorted(((r["confidence"], r["id"], e, n) for r, e, n in _scored_rows(rows)),
+                    key=lambda x: (-x[0], x[1]))
     curve, errors, words = [], 0, 0
     for k, (conf, _, e, n) in enumerate(scored, 1):
         errors, words = errors + e, words + n
@@ -155,13 +162,7 @@ def kept_fraction_curve(rows: list[dict]) -> list[dict]:
 def reliability(rows: list[dict], bins: int) -> dict:
     """Confidence bins [i/bins, (i+1)/bins) against the rows' word accuracy (1 - WER, at
     least 0), with the expected calibration error: sum_b n_b/N |acc_b - conf_b|."""
-    pairs = []
-    for r in rows:
-        if r.get("error") or r.get("confidence") is None:
-            continue
-        counts = row_errors(r.get("reference"), r.get("text"))
-        if counts is not None:
-            pairs.append((min(max(r["confidence"], 0.0), 1.0), max(0.0, 1.0 - counts[0] / counts[1])))
+    pairs = [(min(max(r["confidence"], 0.0), 1.0), max(0.0, 1.0 - e / n)) for r, e, n in _scored_rows(rows)]
     table = []
     for b in range(bins):
         lo, hi = b / bins, (b + 1) / bins
