@@ -255,7 +255,7 @@ def run(args) -> dict:
     if args.warm_manifest:
         warm_recordings, _ = load_recordings(args.warm_manifest, 0, cfg)
         warm_audio = [a for _, a in flat_segments(warm_recordings)[0]]
-    cap = cfg.ssd.tau_ctc if cfg.ssd.tau_ctc is not None else None
+    cap = cfg.ssd.tau_ctc  # the calibrated rows' cap on tau_ctc (null: high_rtfx's)
     calibrated_rows = []
     for target in [float(x) for x in args.max_draft_error.split(",") if x]:
         verify_options = (hr_gv, None) if hr_gv is not None else (None,)

@@ -80,9 +80,11 @@ class GateCalibration:
         nonempty = np.asarray(nonempty, dtype=bool)
         gated = nonempty & (h < self._tau)
         probes = np.zeros_like(gated)
-        for i in np.flatnonzero(gated):
-            self.gated_count += 1
-            probes[i] = self.probe_every > 0 and self.gated_count % self.probe_every == 0
+        if self.probe_every > 0:
+            # every probe_every-th gated draft of the job, counted across batches
+            index = np.flatnonzero(gated)
+            probes[index] = (self.gated_count + 1 + np.arange(len(index))) % self.probe_every == 0
+        self.gated_count += int(gated.sum())
         keep = 0.5 ** (int(nonempty.sum()) / self.half_life)
         self.seen *= keep
         self.checked *= keep
