@@ -25,6 +25,7 @@ import jiwer
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.confidence.evaluation import ece as expected_calibration_error
 from pipeline.metrics import normalize
 from pipeline.output import SIDECAR_DIR
 from pipeline.storage import url_to_fs
@@ -171,7 +172,7 @@ def reliability(rows: list[dict], bins: int) -> dict:
             table.append({"low": lo, "high": hi, "rows": len(members),
                           "confidence": sum(c for c, _ in members) / len(members),
                           "accuracy": sum(a for _, a in members) / len(members)})
-    ece = (sum(t["rows"] * abs(t["accuracy"] - t["confidence"]) for t in table) / len(pairs)) if pairs else None
+    ece = expected_calibration_error([c for c, _ in pairs], [a for _, a in pairs], bins) if pairs else None
     return {"rows": len(pairs), "bin_width": 1 / bins, "bins": table, "ece": ece}
 
 
