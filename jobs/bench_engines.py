@@ -153,10 +153,10 @@ def run(args) -> dict:
     import torch
 
     from jobs.benchmark_data import DEFAULT_MANIFEST, load_recordings
-    from pipeline.audio import SAMPLE_RATE
+    from pipeline.audio import SAMPLE_RATE, decode_stream
     from pipeline.device import cpu_bf16_native
     from pipeline.metrics import corpus_wer
-    from pipeline.sources import read_source
+    from pipeline.sources import open_audio, read_source
     from pipeline.timing import timed
 
     if args.threads:
@@ -170,9 +170,6 @@ def run(args) -> dict:
     audio_s = sum(len(a) for rec in recordings for a in rec) / SAMPLE_RATE  # speech the job decodes
     durations = {}
     for r in rows:
-        from pipeline.audio import decode_stream
-        from pipeline.sources import open_audio
-
         with open_audio(r) as fh:
             durations[r["id"]] = len(decode_stream(fh)[0]) / SAMPLE_RATE
     file_s = sum(durations.values())
