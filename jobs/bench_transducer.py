@@ -9,6 +9,13 @@ samples cut or tiled to ``--seconds``, ``--batch`` of them. Rows: the encoder on
 greedy, ALSD++ at each beam, and ALSD++ run one utterance at a time (batch 1, the paper's
 sequential baseline shape) at the widest beam. RTFx = audio seconds / seconds;
 "full" adds the encoder's time to each decoder's.
+
+``--manifest FILE`` measures WER instead, on the embedded TDT transducer (or ``--model
+DIR``, a train-transducer output) over the manifest's recordings: greedy, ALSD++ at each
+beam without an LM and, with ``--lm-text`` (a character 6-gram built here from those lines
+or the ``text`` of JSONL rows, weight ``--alpha``), ALSD++ under all four fusion strategies
+(early/late pruning x blank scored by the ASR alone / eq. 3), every row on the same
+encoder frames. Choose ``--alpha`` on one manifest and report on another.
 """
 from __future__ import annotations
 
@@ -25,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequential", type=int, default=None,
                         help="utterances decoded one at a time (default: --batch, --quick 4)")
     parser.add_argument("--plot", help="PNG path (default: beside --out, else transducer.png)")
+    parser.add_argument("--model", default="embedded", help="WER mode: the transducer (embedded, or a directory)")
+    parser.add_argument("--lm-text", nargs="*", default=[], help="WER mode: LM text files (lines or JSONL 'text')")
+    parser.add_argument("--alpha", type=float, default=0.3, help="WER mode: LM weight")
+    parser.add_argument("--limit", type=int, default=0, help="WER mode: first N recordings only")
 
 
 def _clips(seconds: float, batch: int):
@@ -40,6 +51,96 @@ def _clips(seconds: float, batch: int):
 
 
 def run(args) -> dict:
+    if args.manifest:
+        return run_wer(args)
+    return run_speed(args)
+
+
+def _lm(paths: list[str], workdir: Path):
+    import json
+
+    from pipeline.lm.build import build_lm, read_lines
+    from pipeline.lm.ngpu_lm import NGramLM
+
+    lines = []
+    for path in paths:
+        for ln in read_lines([path]):
+            lines.append(json.loads(ln).get("text", "") if path.endswith(".jsonl") else ln)
+    text = workdir / "lm.txt"
+    text.write_text("\n".join(x for x in lines if x) + "\n")
+    info = build_lm([str(text)], order=6, tokenizer="chars", output_dir=workdir / "char")
+    return NGramLM.load(info["tensors"]), len(lines)
+
+
+def run_wer(args) -> dict:
+    import tempfile
+
+    import torch
+
+    from jobs.benchmark_data import flat_segments, join_by_recording, load_recordings
+    from pipeline.decoding.transducer.greedy import transducer_greedy
+    from pipeline.decoding.transducer.search import TransducerBeamSearch
+    from pipeline.metrics import corpus_cer, corpus_wer
+    from pipeline.models.transducer.embedded import load_embedded_transducer_adapter
+    from pipeline.timing import timed
+
+    torch.set_num_threads(args.threads)
+    adapter = load_embedded_transducer_adapter(args.model)
+    recordings, refs = load_recordings(args.manifest, limit=args.limit)
+    flat, audio_s = flat_segments(recordings)
+    order = sorted(range(len(flat)), key=lambda i: len(flat[i][1]))
+    batches = [order[i:i + args.batch] for i in range(0, len(order), args.batch)]
+    encoded, t_enc = [], 0.0
+    for idx in batches:
+        enc, secs = timed(adapter.encode, [flat[i][1] for i in idx])
+        encoded.append((idx, enc.states, enc.valid_frames))
+        t_enc += secs
+
+    def decode(fn):
+        texts, secs = [""] * len(flat), 0.0
+        for idx, frames, lengths in encoded:
+            out, s = timed(fn, frames, lengths)
+            secs += s
+            for j, i in enumerate(idx):
+                texts[i] = adapter.decode_text(out.tokens[j]).strip()
+        hyps = join_by_recording(flat, texts, len(recordings))
+        return {"wer": corpus_wer(refs, hyps), "cer": corpus_cer(refs, hyps), "decoder_s": secs,
+                "rtfx_decoder": audio_s / secs, "rtfx_full": audio_s / (t_enc + secs)}
+
+    rows = [{"decoder": "greedy", "beam": 1, "lm": False, "strategy": None}
+            | decode(lambda f, n: transducer_greedy(adapter, f, n))]
+    beams = [int(b) for b in args.beams.split(",")]
+    for k in beams:
+        search = TransducerBeamSearch(adapter, k)
+        rows.append({"decoder": "alsd++", "beam": k, "lm": False, "strategy": None} | decode(search))
+    lm_lines = 0
+    if args.lm_text:
+        with tempfile.TemporaryDirectory() as tmp:
+            lm, lm_lines = _lm(args.lm_text, Path(tmp))
+        for k in beams:
+            for pruning in ("early", "late"):
+                for blank in ("asr", "lm"):
+                    search = TransducerBeamSearch(adapter, k, lm=lm, alpha_lm=args.alpha, blank_scoring=blank,
+                                                  pruning=pruning)
+                    rows.append({"decoder": "alsd++", "beam": k, "lm": True, "strategy": f"{pruning}/{blank}"}
+                                | decode(search))
+    greedy_wer = rows[0]["wer"]
+    fused = sorted((r for r in rows if r["lm"] and r["beam"] == 4), key=lambda r: r["wer"])
+    summary = {"recordings": len(recordings), "segments": len(flat), "audio_seconds": audio_s,
+               "model": args.model, "alpha": args.alpha, "lm_text_lines": lm_lines, "encoder_s": t_enc,
+               "greedy_wer": greedy_wer,
+               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    by = {(r["beam"], r["lm"], r["strategy"]): r for r in rows}
+    if (4, False, None) in by:
+        summary["beam4_wer_rel_reduction_no_lm"] = 1 - by[(4, False, None)]["wer"] / greedy_wer if greedy_wer else None
+    if fused:
+        summary["best_strategy_beam4"] = fused[0]["strategy"]
+        summary["beam4_lm_wer_rel_reduction"] = 1 - fused[0]["wer"] / greedy_wer if greedy_wer else None
+        summary["best_strategy_margin_wer"] = fused[1]["wer"] - fused[0]["wer"] if len(fused) > 1 else None
+    return {"rows": rows, "summary": summary}
+
+
+def run_speed(args) -> dict:
     import torch
     from transformers import ParakeetFeatureExtractor, ParakeetForTDT, ParakeetTDTConfig
 

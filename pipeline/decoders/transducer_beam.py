@@ -50,12 +50,11 @@ class TransducerBeamFinisher:
     def __init__(self, cfg, adapter):
         from pipeline.decoding.transducer.search import TransducerBeamSearch
         from pipeline.lm.boosting import configured_phrases
-        from pipeline.text.ctc_vocabulary import TokenizerVocabulary
 
         beam, tcfg = cfg.beam, cfg.transducer
         self.cfg, self.adapter = beam, adapter
         self.confidence = cfg.confidence.enabled
-        self.vocab = TokenizerVocabulary(adapter.tokenizer, adapter.blank, adapter.vocab_size)
+        self.vocab = adapter.vocabulary()
         lm = load_lm(beam.lm_path, adapter.device) if beam.lm_path else None
         self.shared_phrases = configured_phrases(beam)
         self.search = TransducerBeamSearch(

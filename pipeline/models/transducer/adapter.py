@@ -143,6 +143,12 @@ class TransducerAdapter:
         return tokens, logits[..., self.vocab_size:].log_softmax(-1)
 
     # --- text -----------------------------------------------------------------------------------
+    def vocabulary(self):
+        """The non-blank tokens as phrase boosting spells text with them."""
+        from pipeline.text.ctc_vocabulary import TokenizerVocabulary
+
+        return TokenizerVocabulary(self.tokenizer, self.blank, self.vocab_size)
+
     def decode_text(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids if int(i) != self.blank], skip_special_tokens=True,
                                      **({"group_tokens": False} if _groups(self.tokenizer) else {}))

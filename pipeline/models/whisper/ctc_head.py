@@ -71,6 +71,17 @@ class CTCHead(nn.Module):
     def forward(self, states: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """states [B, T, D], lengths [B] valid frames -> logits [B, T, C] (frames past a
         row's length hold values no caller may read)."""
+        b, t_in, _ = states.shape
+        x, _ = self.hidden(states, lengths)
+        logits = self.out(self.out_norm(x))
+        if self.config.frame_stack > 1:
+            logits = logits.reshape(b, x.shape[1] * self.config.frame_stack, -1)[:, :t_in]
+        return logits
+
+    def hidden(self, states: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The adapter's output before the CTC layer: [B, ceil(T / frame_stack), D] at one
+        step per ``frame_stack`` encoder frames, and each row's valid steps (the embedded
+        transducer's encoder frames)."""
         b, t_in, d = states.shape
         lengths_in = lengths.to(states.device, torch.long).clamp(1, t_in)
         k = self.config.frame_stack
@@ -95,10 +106,7 @@ class CTCHead(nn.Module):
             y_b, _ = bwd(torch.gather(h, 1, idx_in))
             y = torch.cat([y_f, torch.gather(y_b, 1, idx)], dim=-1)
             x = x + self.dropout(y)
-        logits = self.out(self.out_norm(x))
-        if k > 1:
-            logits = logits.reshape(b, t * k, -1)[:, :t_in]
-        return logits
+        return x, lengths
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
