@@ -1,4 +1,4 @@
-"""Train the embedded TDT transducer (predictor + joint) on the frozen Whisper tiny.en encoder.
+"""Train the embedded TDT (or, with --rnnt, RNN-T) transducer on the frozen Whisper tiny.en encoder.
 
     shardscribe train-transducer --manifest TRAIN.jsonl [...] --eval-manifest HELD.jsonl [...]
                                  --output DIR [--cache DIR] [--epochs N] [--seed S]
@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cell-budget", type=int, default=400_000,
                         help="padded joint cells (batch x frames x (labels + 1)) per training batch")
     parser.add_argument("--d-model", type=int, default=320)
+    parser.add_argument("--rnnt", action="store_true", help="an RNN-T (no durations) instead of a TDT")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="stop after the epoch that passes this training time")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     log(f"features: {len(train_rows)} training and {len(eval_rows)} held-out rows ({features_min:.1f} min)")
 
     torch.manual_seed(args.seed)
-    model = EmbeddedTransducer(EmbeddedTransducerConfig(d_model=args.d_model))
+    model = EmbeddedTransducer(EmbeddedTransducerConfig(d_model=args.d_model, **({"durations": []} if args.rnnt else {})))
     t_train = time.perf_counter()
     curve = train(model, train_rows, eval_rows, epochs=args.epochs, lr=args.lr, seed=args.seed,
                   cell_budget=args.cell_budget, max_minutes=args.max_minutes, log=log)
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         "feature_minutes": round(features_min, 2), "train_minutes": round(train_min, 2),
         "parameters": model.num_parameters(), "curve": curve, "eval": splits,
         "config": {"epochs": args.epochs, "lr": args.lr, "cell_budget": args.cell_budget, "seed": args.seed,
-                   "ctc_head": args.ctc_head},
+                   "ctc_head": args.ctc_head, "rnnt": args.rnnt},
         "examples": [{"split": r["split"], "ref": r["text"], "greedy": t}
                      for r, t in list(zip(eval_rows, texts))[:: max(1, len(eval_rows) // 12)]],
     }

@@ -83,3 +83,31 @@ def test_an_unreachable_utterance_costs_a_huge_finite_loss_with_finite_gradients
     assert loss[0] > 1e8 and loss[1] < 100
     grads = torch.autograd.grad(loss[1], (tok, dur))
     assert all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+def _rnnt_brute_force(tok_lp, target, t_len, blank):
+    """RNN-T: a token stays on its frame, a blank moves to the next; the last arc is the
+    blank at the last frame."""
+    total = []
+
+    def walk(t, u, score):
+        if u < len(target):
+            walk(t, u + 1, score + tok_lp[t, u, target[u]])
+        if t == t_len - 1:
+            if u == len(target):
+                total.append(score + tok_lp[t, u, blank])
+            return
+        walk(t + 1, u, score + tok_lp[t, u, blank])
+
+    walk(0, 0, 0.0)
+    return -float(torch.logsumexp(torch.tensor(total, dtype=torch.float64), 0))
+
+
+def test_without_durations_it_is_the_rnnt_loss_of_a_brute_force_sum():
+    gen = torch.Generator().manual_seed(5)
+    for target, t_len in (([1], 3), ([2, 1], 4), ([1, 3, 2], 2)):
+        tok = torch.randn(1, t_len + 2, len(target) + 2, 4, generator=gen)   # padded past the lengths
+        got = tdt_loss(tok, None, torch.tensor([target + [0]]), torch.tensor([t_len]), torch.tensor([len(target)]),
+                       0, None)
+        want = _rnnt_brute_force(tok[0].log_softmax(-1), target, t_len, 0)
+        assert math.isclose(float(got[0]), want, abs_tol=1e-4), (target, float(got[0]), want)

@@ -1,8 +1,9 @@
 """Word timestamps from a transducer's best path ("Pushing the Limits of Beam Search
 Decoding for Transducer-based ASR models": each hypothesis keeps the frame of every token
-it emitted). SentencePiece pieces that start with the word marker ``▁`` open a word; a
-word spans from its first token's frame to its last token's frame + 1, times the frame
-shift (80 ms for Parakeet)."""
+it emitted). SentencePiece pieces that start with the word marker ``▁`` open a word (a
+character vocabulary spells its space as a bare marker); a word spans from its first
+heard token's frame to its last token's frame + 1, times the frame shift (80 ms for
+Parakeet, 40 ms for the embedded transducer)."""
 from __future__ import annotations
 
 MARKER = "▁"
@@ -18,14 +19,18 @@ def word_timestamps(tokenizer, tokens: list[int], frames: list[int], frame_shift
     words: list[list] = []      # [ids, first frame, last frame]
     for tok, piece, fr in zip(tokens, pieces, frames):
         if not words or str(piece).startswith(MARKER):
-            words.append([[tok], fr, fr])
+            # a bare marker (a space of its own) is emitted before the word is heard: the
+            # word starts at its next token
+            words.append([[tok], None if piece == MARKER else fr, fr])
         else:
             words[-1][0].append(tok)
             words[-1][2] = fr
+            if words[-1][1] is None:
+                words[-1][1] = fr
     out = []
     for ids, first, last in words:
         text = decode(ids).strip()
-        if text:
+        if text and first is not None:
             out.append({"word": text, "start": offset_s + first * frame_shift_s,
                         "end": offset_s + (last + 1) * frame_shift_s})
     return out

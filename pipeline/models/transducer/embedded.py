@@ -139,10 +139,14 @@ def load_embedded_transducer(source: str | Path = EMBEDDED, device="cpu",
 
 
 class _CharTokenizer:
-    """What the fusion and report code ask of a tokenizer, over the character set."""
+    """What the word-timestamp and report code ask of a tokenizer, over the character set:
+    a space is spelt as SentencePiece's bare word marker."""
 
     def decode(self, ids, **_) -> str:
         return charset.decode([int(i) for i in ids])
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        return ["\u2581" if c == " " else c for c in (charset.decode([int(i)]) for i in ids)]
 
 
 class EmbeddedTransducerAdapter(TransducerAdapter):

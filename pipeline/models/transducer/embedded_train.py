@@ -81,8 +81,9 @@ def tdt_batch_loss(model, hidden, lengths, targets, label_lengths) -> torch.Tens
 
     cfg = model.config
     logits = model.all_logits(model.project(hidden), targets)
-    nll = tdt_loss(logits[..., :cfg.vocab_size], logits[..., cfg.vocab_size:], targets, lengths, label_lengths,
-                   cfg.blank, list(cfg.durations))
+    durations = list(cfg.durations) or None      # none: an RNN-T
+    nll = tdt_loss(logits[..., :cfg.vocab_size], logits[..., cfg.vocab_size:] if durations else None, targets,
+                   lengths, label_lengths, cfg.blank, durations)
     return (nll / label_lengths).mean()
 
 
@@ -125,7 +126,7 @@ def train(model, train_rows: list[dict], eval_rows: list[dict], *, epochs: int, 
     log(f"train: {len(data)} utterances, {sum(frames)} frames, {steps_per_epoch} steps/epoch, "
         f"{model.num_parameters()} params")
     for epoch in range(1, epochs + 1):
-        model.train()
+        model.train().requires_grad_(True)     # the evaluation's adapter freezes it
         loss_sum, n = 0.0, 0
         for batch in cell_batches(frames, labels, cell_budget, rng):
             hidden, lengths, targets, label_lengths = collate([data[i] for i in batch])

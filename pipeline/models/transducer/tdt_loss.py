@@ -1,4 +1,4 @@
-"""The TDT loss of "Efficient Sequence Transduction by Jointly Predicting Tokens and
+"""The TDT loss (and, as its special case, the RNN-T loss) of "Efficient Sequence Transduction by Jointly Predicting Tokens and
 Durations" (Xu et al. 2023, §3.2: the forward variable alpha(t, u) summed over token arcs
 of every duration d, including 0, and blank arcs of d >= 1), frame-synchronous.
 
@@ -18,14 +18,23 @@ import torch
 UNREACHABLE = -1e9
 
 
-def tdt_loss(token_logits: torch.Tensor, duration_logits: torch.Tensor, targets: torch.Tensor,
+def tdt_loss(token_logits: torch.Tensor, duration_logits: torch.Tensor | None, targets: torch.Tensor,
              logit_lengths: torch.Tensor, target_lengths: torch.Tensor, blank: int,
-             durations: list[int]) -> torch.Tensor:
+             durations: list[int] | None) -> torch.Tensor:
     """Per-utterance negative log-likelihood [B] of ``targets`` [B, U] given joint logits
-    ``token_logits`` [B, T, U + 1, V] and ``duration_logits`` [B, T, U + 1, D]."""
+    ``token_logits`` [B, T, U + 1, V] and ``duration_logits`` [B, T, U + 1, D].
+
+    ``duration_logits=None``: the RNN-T loss (Graves 2012, eq. 16), a TDT whose tokens
+    take duration 0 and whose blanks take duration 1, with certainty."""
     b, t_max, u1, _ = token_logits.shape
     tok = token_logits.float().log_softmax(-1)
-    dur = duration_logits.float().log_softmax(-1)
+    if duration_logits is None:
+        durations = [0, 1]
+        certain = torch.zeros((b, t_max, u1, 1), device=tok.device)
+        never = torch.full_like(certain, UNREACHABLE)
+        tok_dur, blank_dur = torch.cat([certain, never], 3), torch.cat([never, certain], 3)
+    else:
+        tok_dur = blank_dur = duration_logits.float().log_softmax(-1)
     blank_lp = tok[..., blank]                                              # [B, T, U+1]
     label_lp = torch.full_like(blank_lp, UNREACHABLE)
     if u1 > 1:
@@ -41,14 +50,14 @@ def tdt_loss(token_logits: torch.Tensor, duration_logits: torch.Tensor, targets:
             if d == 0 or t - d < 0:
                 continue
             a, i = alphas[t - d], d_index[d]
-            parts.append(a + blank_lp[:, t - d] + dur[:, t - d, :, i])
-            shifted = a[:, :-1] + label_lp[:, t - d, :-1] + dur[:, t - d, :-1, i]
+            parts.append(a + blank_lp[:, t - d] + blank_dur[:, t - d, :, i])
+            shifted = a[:, :-1] + label_lp[:, t - d, :-1] + tok_dur[:, t - d, :-1, i]
             parts.append(torch.cat([pad, shifted], 1))
         if not parts:       # no arc reaches this frame (durations without 1)
             parts = [pad.expand(b, u1)]
         c = torch.logsumexp(torch.stack(parts), 0) if len(parts) > 1 else parts[0]
         if 0 in d_index and u1 > 1:
-            w = label_lp[:, t, :-1] + dur[:, t, :-1, d_index[0]]
+            w = label_lp[:, t, :-1] + tok_dur[:, t, :-1, d_index[0]]
             big_w = torch.cat([torch.zeros((b, 1), device=tok.device), w.cumsum(1)], 1)
             c = big_w + torch.logcumsumexp(c - big_w, 1)
         alphas.append(c)
@@ -61,6 +70,6 @@ def tdt_loss(token_logits: torch.Tensor, duration_logits: torch.Tensor, targets:
             continue
         t_end = logit_lengths.long() - d
         t_safe = t_end.clamp(min=0)
-        term = alpha[rows, t_safe, u_end] + blank_lp[rows, t_safe, u_end] + dur[rows, t_safe, u_end, d_index[d]]
+        term = alpha[rows, t_safe, u_end] + blank_lp[rows, t_safe, u_end] + blank_dur[rows, t_safe, u_end, d_index[d]]
         ends.append(torch.where(t_end >= 0, term, torch.full_like(term, UNREACHABLE)))
     return -torch.logsumexp(torch.stack(ends), 0)
