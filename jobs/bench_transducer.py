@@ -7,15 +7,16 @@ FastConformer, a 2 x 640 LSTM predictor, 8192 tokens + blank, durations 0-4) wit
 weights, so only speed is measured (no WER: a random model has none). Audio: the bundled
 samples cut or tiled to ``--seconds``, ``--batch`` of them. Rows: the encoder once, then
 greedy, ALSD++ at each beam, and ALSD++ run one utterance at a time (batch 1, the paper's
-sequential baseline shape) at the widest beam. RTFx = audio seconds / seconds;
+sequential baseline shape) at the widest beam; then parakeet-rnnt's predictor and joint
+(random) on the same frames: greedy, ALSD++ and AES++. RTFx = audio seconds / seconds;
 "full" adds the encoder's time to each decoder's.
 
 ``--manifest FILE`` measures WER instead, on the embedded TDT transducer (or ``--model
 DIR``, a train-transducer output) over the manifest's recordings: greedy, ALSD++ at each
 beam without an LM and, with ``--lm-text`` (a character 6-gram built here from those lines
-or the ``text`` of JSONL rows, weight ``--alpha``), ALSD++ under all four fusion strategies
-(early/late pruning x blank scored by the ASR alone / eq. 3), every row on the same
-encoder frames. Choose ``--alpha`` on one manifest and report on another.
+or the ``text`` of JSONL rows, weight ``--alpha``), ALSD++ (and AES++ on an RNN-T) under
+all four fusion strategies (early/late pruning x blank scored by the ASR alone / eq. 3),
+every row on the same encoder frames. Choose ``--alpha`` on one manifest and report on another.
 """
 from __future__ import annotations
 
@@ -110,27 +111,31 @@ def run_wer(args) -> dict:
     rows = [{"decoder": "greedy", "beam": 1, "lm": False, "strategy": None}
             | decode(lambda f, n: transducer_greedy(adapter, f, n))]
     beams = [int(b) for b in args.beams.split(",")]
-    for k in beams:
-        search = TransducerBeamSearch(adapter, k)
-        rows.append({"decoder": "alsd++", "beam": k, "lm": False, "strategy": None} | decode(search))
+    algorithms = ("alsd", "aes") if adapter.durations is None else ("alsd",)   # AES++ is RNN-T only
+    for algorithm in algorithms:
+        for k in beams:
+            search = TransducerBeamSearch(adapter, k, algorithm=algorithm)
+            rows.append({"decoder": f"{algorithm}++", "beam": k, "lm": False, "strategy": None} | decode(search))
     lm_lines = 0
     if args.lm_text:
         with tempfile.TemporaryDirectory() as tmp:
             lm, lm_lines = _lm(args.lm_text, Path(tmp))
-        for k in beams:
-            for pruning in ("early", "late"):
-                for blank in ("asr", "lm"):
-                    search = TransducerBeamSearch(adapter, k, lm=lm, alpha_lm=args.alpha, blank_scoring=blank,
-                                                  pruning=pruning)
-                    rows.append({"decoder": "alsd++", "beam": k, "lm": True, "strategy": f"{pruning}/{blank}"}
-                                | decode(search))
+        for algorithm in algorithms:
+            for k in beams:
+                for pruning in ("early", "late"):
+                    for blank in ("asr", "lm"):
+                        search = TransducerBeamSearch(adapter, k, algorithm=algorithm, lm=lm, alpha_lm=args.alpha,
+                                                      blank_scoring=blank, pruning=pruning)
+                        rows.append({"decoder": f"{algorithm}++", "beam": k, "lm": True,
+                                     "strategy": f"{pruning}/{blank}"} | decode(search))
     greedy_wer = rows[0]["wer"]
-    fused = sorted((r for r in rows if r["lm"] and r["beam"] == 4), key=lambda r: r["wer"])
+    fused = sorted((r for r in rows if r["lm"] and r["beam"] == 4 and r["decoder"] == "alsd++"),
+                   key=lambda r: r["wer"])
     summary = {"recordings": len(recordings), "segments": len(flat), "audio_seconds": audio_s,
                "model": args.model, "alpha": args.alpha, "lm_text_lines": lm_lines, "encoder_s": t_enc,
                "greedy_wer": greedy_wer,
                "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    by = {(r["beam"], r["lm"], r["strategy"]): r for r in rows}
+    by = {(r["beam"], r["lm"], r["strategy"]): r for r in rows if r["decoder"] == "alsd++"}
     if (4, False, None) in by:
         summary["beam4_wer_rel_reduction_no_lm"] = 1 - by[(4, False, None)]["wer"] / greedy_wer if greedy_wer else None
     if fused:
@@ -180,6 +185,27 @@ def run_speed(args) -> dict:
     for k in beams:
         search = TransducerBeamSearch(adapter, k)
         row("alsd++", k, best(lambda: search(frames, lengths)), audio_s, t_enc)
+    # RNN-T rows: parakeet-rnnt's predictor and joint (ParakeetRNNTConfig's defaults, the
+    # TDT's sizes without durations) on the same frames; its encoder is not timed again.
+    from transformers import ParakeetForRNNT, ParakeetRNNTConfig
+
+    rnnt_cfg = ParakeetRNNTConfig(encoder_config={"num_hidden_layers": 1})
+    rnnt = TransducerAdapter(ParakeetForRNNT(rnnt_cfg).eval(), adapter.feature_extractor, None)
+    # A random joint emits max_symbols tokens per frame; raise its blank logit until greedy
+    # emits no more tokens per clip than the random TDT, so both search the same load.
+    per_clip = sum(map(len, greedy.tokens)) / len(clips)
+    bias = rnnt.model.joint.head.bias
+    with torch.no_grad():
+        for _ in range(40):
+            tokens = transducer_greedy(rnnt, frames[:4], lengths[:4]).tokens
+            if sum(map(len, tokens)) / 4 <= per_clip:
+                break
+            bias[rnnt.blank] += 0.5
+    row("rnnt greedy", 1, best(lambda: transducer_greedy(rnnt, frames, lengths)), audio_s, t_enc)
+    for k in beams:
+        for algorithm in ("alsd", "aes"):
+            search = TransducerBeamSearch(rnnt, k, algorithm=algorithm)
+            row(f"rnnt {algorithm}++", k, best(lambda: search(frames, lengths)), audio_s, t_enc)
     wide = TransducerBeamSearch(adapter, max(beams))
     part = [(frames[i:i + 1, :int(lengths[i])], lengths[i:i + 1]) for i in range(sequential)]
     seq_s = best(lambda: [wide(f, n) for f, n in part], reps=1)
@@ -194,6 +220,10 @@ def run_speed(args) -> dict:
         "decoder_rtfx_beam4_over_greedy": by[("alsd++", 4)]["rtfx_decoder"] / by[("greedy", 1)]["rtfx_decoder"]
         if ("alsd++", 4) in by else None,
         f"batched_over_sequential_beam{max(beams)}": seq_s / batched_part,
+        "rnnt_full_rtfx_aes4_over_greedy": by[("rnnt aes++", 4)]["rtfx_full"] / by[("rnnt greedy", 1)]["rtfx_full"]
+        if ("rnnt aes++", 4) in by else None,
+        "rnnt_full_rtfx_alsd4_over_greedy": by[("rnnt alsd++", 4)]["rtfx_full"] / by[("rnnt greedy", 1)]["rtfx_full"]
+        if ("rnnt alsd++", 4) in by else None,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     _plot(rows, args)

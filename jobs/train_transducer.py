@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rnnt", action="store_true", help="an RNN-T (no durations) instead of a TDT")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="stop after the epoch that passes this training time")
+    parser.add_argument("--stop-after-epoch", type=int, default=None,
+                        help="stop after this epoch but keep the learning-rate schedule of --epochs")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
 
 
@@ -68,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     model = EmbeddedTransducer(EmbeddedTransducerConfig(d_model=args.d_model, **({"durations": []} if args.rnnt else {})))
     t_train = time.perf_counter()
     curve = train(model, train_rows, eval_rows, epochs=args.epochs, lr=args.lr, seed=args.seed,
-                  cell_budget=args.cell_budget, max_minutes=args.max_minutes, log=log)
+                  cell_budget=args.cell_budget, max_minutes=args.max_minutes,
+                  stop_after_epoch=args.stop_after_epoch, log=log)
     train_min = (time.perf_counter() - t_train) / 60
 
     texts = greedy_texts(model, eval_rows) if eval_rows else []

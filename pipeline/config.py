@@ -477,6 +477,13 @@ class JobConfig:
         if self.audio.max_segment_s > family.max_segment_s:
             raise ConfigError(f"audio.max_segment_s: model.family={family.name} reads at most "
                               f"{family.max_segment_s:g} s, got {self.audio.max_segment_s}")
+        r = self.ray
+        pools = r.audio_actors * r.audio_actor_cpus + r.decode_actors * r.decode_actor_cpus \
+            + (r.fallback_actors * r.fallback_actor_cpus if kind.two_stage else 0.0)
+        if r.num_cpus is not None and r.address is None and pools > r.num_cpus:
+            # Ray would start the first pools and wait for the last one forever.
+            raise ConfigError(f"ray.num_cpus: the actor pools of decoder.kind={kind.name} need {pools:g} CPUs "
+                              f"(ray.*_actors x ray.*_actor_cpus), got {r.num_cpus}")
         return self
 
     def to_dict(self) -> dict:

@@ -94,3 +94,12 @@ def test_config_hash_names_what_decides_the_transcripts():
     for other in (["decoder.max_new_tokens=100"], ["model.source=/some/whisper"], ["audio.vad_threshold=0.4"]):
         assert config_hash(load_config("ar", other)) != base, other
     assert config_hash(load_config("ssd")) != base
+
+
+def test_a_local_instance_too_small_for_the_actor_pools_is_refused():
+    """Two pools of 1 CPU and the audio pool's 0.5 do not fit 2 logical CPUs: Ray would
+    start the first two and wait for the beam pool forever (seen with transducer_beam)."""
+    with pytest.raises(ConfigError, match=r"ray.num_cpus: the actor pools of decoder.kind=ctc_beam need 2.5 CPUs"):
+        load_config("ctc_beam", ["ray.num_cpus=2"])
+    assert load_config("ar", ["ray.num_cpus=2"]).ray.num_cpus == 2          # one model pool fits
+    assert load_config("ctc_beam", ["ray.num_cpus=2", "ray.address=ray://head:10001"]).ray.num_cpus == 2

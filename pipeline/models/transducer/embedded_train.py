@@ -107,8 +107,11 @@ def greedy_texts(model, rows: list[dict], batch_size: int = 64) -> list[str]:
 
 
 def train(model, train_rows: list[dict], eval_rows: list[dict], *, epochs: int, lr: float, seed: int,
-          cell_budget: int, max_minutes: float | None = None, log_every: int = 50, log=print) -> list[dict]:
-    """AdamW with linear warm-up and cosine decay; returns the per-epoch curve."""
+          cell_budget: int, max_minutes: float | None = None, stop_after_epoch: int | None = None,
+          log_every: int = 50, log=print) -> list[dict]:
+    """AdamW with linear warm-up and cosine decay over ``epochs``; returns the per-epoch
+    curve. ``stop_after_epoch`` ends the run early on the full run's schedule (how the
+    shipped weights are reproduced without a wall-clock limit)."""
     from pipeline.metrics import corpus_cer
 
     torch.manual_seed(seed)
@@ -150,6 +153,9 @@ def train(model, train_rows: list[dict], eval_rows: list[dict], *, epochs: int, 
         log("train: " + " ".join(f"{k}={v}" for k, v in point.items()))
         if max_minutes is not None and point["minutes"] >= max_minutes and epoch < epochs:
             log(f"train: stopping after epoch {epoch}: --max-minutes {max_minutes} reached")
+            break
+        if stop_after_epoch is not None and epoch >= stop_after_epoch and epoch < epochs:
+            log(f"train: stopping after epoch {epoch} of {epochs}: --stop-after-epoch")
             break
     model.eval()
     return curve
