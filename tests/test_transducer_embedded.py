@@ -110,3 +110,15 @@ def test_words_follow_the_best_path(adapter, encoded):
                                             for w in res.words)
         letters = [f for t, f in zip(toks, frames) if adapter.decode_text([t]) != " "]
         assert res.words[0]["start"] == pytest.approx(letters[0] * adapter.frame_shift_s)
+
+
+def test_build_lm_spells_a_transducer_directory_with_characters():
+    """``build-lm --tokenizer DIR`` on the embedded format: the LM's tokens are the
+    characters the beam search feeds it (the char set less the blank)."""
+    from pipeline.lm.build import load_tokenizer
+    from pipeline.models.transducer.embedded import embedded_transducer_dir
+    from pipeline.text import charset
+
+    tok = load_tokenizer(str(embedded_transducer_dir()))
+    assert tok.vocab_size == charset.NUM_CLASSES - 1
+    assert tok.encode("Pump 4 off.") == charset.lm_token_ids("Pump 4 off.")
