@@ -7,13 +7,14 @@ FastConformer, a 2 x 640 LSTM predictor, 8192 tokens + blank, durations 0-4) wit
 weights, so only speed is measured (no WER: a random model has none). Audio: the bundled
 samples cut or tiled to ``--seconds``, ``--batch`` of them. Rows: the encoder once, then
 greedy, ALSD++ at each beam, and ALSD++ run one utterance at a time (batch 1, the paper's
-sequential baseline shape) at the widest beam; then parakeet-rnnt's predictor and joint
+sequential baseline shape) and the per-utterance ALSD baseline
+(pipeline.decoding.transducer.per_utterance) at the widest beam; then parakeet-rnnt's predictor and joint
 (random) on the same frames: greedy, ALSD++ and AES++. RTFx = audio seconds / seconds;
 "full" adds the encoder's time to each decoder's.
 
 ``--manifest FILE`` measures WER instead, on the embedded TDT transducer (or ``--model
-DIR``, a train-transducer output) over the manifest's recordings: greedy, ALSD++ at each
-beam without an LM and, with ``--lm-text`` (a character 6-gram built here from those lines
+DIR``, a train-transducer output) over the manifest's recordings: greedy, the per-utterance
+ALSD and ALSD++ at each beam without an LM and, with ``--lm-text`` (a character 6-gram built here from those lines
 or the ``text`` of JSONL rows, weight ``--alpha``), ALSD++ (and AES++ on an RNN-T) under
 all four fusion strategies (early/late pruning x blank scored by the ASR alone / eq. 3),
 every row on the same encoder frames. Choose ``--alpha`` on one manifest and report on another.
@@ -111,6 +112,14 @@ def run_wer(args) -> dict:
     rows = [{"decoder": "greedy", "beam": 1, "lm": False, "strategy": None}
             | decode(lambda f, n: transducer_greedy(adapter, f, n))]
     beams = [int(b) for b in args.beams.split(",")]
+    from types import SimpleNamespace
+
+    from pipeline.decoding.transducer.per_utterance import per_utterance_alsd
+
+    for k in beams:
+        one_by_one = lambda f, n, k=k: SimpleNamespace(tokens=[per_utterance_alsd(adapter, f[i], int(n[i]), k)[0]
+                                                               for i in range(len(n))])
+        rows.append({"decoder": "per-utterance alsd", "beam": k, "lm": False, "strategy": None} | decode(one_by_one))
     algorithms = ("alsd", "aes") if adapter.durations is None else ("alsd",)   # AES++ is RNN-T only
     for algorithm in algorithms:
         for k in beams:
@@ -175,7 +184,8 @@ def run_speed(args) -> dict:
     rows = []
 
     def row(name, beam, dec_s, n_audio_s, enc_s):
-        rows.append({"decoder": name, "beam": beam, "batch": args.batch if name != "alsd++ sequential" else 1,
+        rows.append({"decoder": name, "beam": beam,
+                     "batch": 1 if name in ("alsd++ sequential", "per-utterance alsd") else args.batch,
                      "decoder_s": dec_s, "rtfx_decoder": n_audio_s / dec_s, "rtfx_full": n_audio_s / (enc_s + dec_s)})
 
     rows.append({"decoder": "encoder", "beam": None, "batch": args.batch, "decoder_s": None, "rtfx_decoder": None,
@@ -211,6 +221,11 @@ def run_speed(args) -> dict:
     seq_s = best(lambda: [wide(f, n) for f, n in part], reps=1)
     batched_part = best(lambda: wide(frames[:sequential], lengths[:sequential]), reps=1)
     row("alsd++ sequential", max(beams), seq_s, seconds * sequential, t_enc * sequential / len(clips))
+    from pipeline.decoding.transducer.per_utterance import per_utterance_alsd
+
+    base_s = best(lambda: [per_utterance_alsd(adapter, frames[i], int(lengths[i]), max(beams))
+                           for i in range(sequential)], reps=1)
+    row("per-utterance alsd", max(beams), base_s, seconds * sequential, t_enc * sequential / len(clips))
     by = {(r["decoder"], r["beam"]): r for r in rows}
     summary = {
         "audio_seconds": audio_s, "tokens_per_utt_greedy": sum(map(len, greedy.tokens)) / len(clips),
@@ -220,6 +235,7 @@ def run_speed(args) -> dict:
         "decoder_rtfx_beam4_over_greedy": by[("alsd++", 4)]["rtfx_decoder"] / by[("greedy", 1)]["rtfx_decoder"]
         if ("alsd++", 4) in by else None,
         f"batched_over_sequential_beam{max(beams)}": seq_s / batched_part,
+        f"alsd++_over_per_utterance_alsd_beam{max(beams)}": base_s / batched_part,
         "rnnt_full_rtfx_aes4_over_greedy": by[("rnnt aes++", 4)]["rtfx_full"] / by[("rnnt greedy", 1)]["rtfx_full"]
         if ("rnnt aes++", 4) in by else None,
         "rnnt_full_rtfx_alsd4_over_greedy": by[("rnnt alsd++", 4)]["rtfx_full"] / by[("rnnt greedy", 1)]["rtfx_full"]

@@ -151,3 +151,22 @@ def test_word_timestamps_follow_the_best_path(small):
     assert " ".join(w["word"] for w in words) == model.decode_text(out.tokens[0]).strip()
     starts = [w["start"] for w in words]
     assert starts == sorted(starts) and all(1.0 <= w["start"] < w["end"] <= 1.0 + 12 * 0.08 + 1e-9 for w in words)
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "tdt"])
+def test_the_per_utterance_alsd_baseline_is_exact_where_it_must_be(tiny, small, kind):
+    """The bench's per-utterance ALSD (pipeline.decoding.transducer.per_utterance): as wide
+    as the space it finds the brute-force best; at beam 1 it is greedy decoding."""
+    from pipeline.decoding.transducer.per_utterance import per_utterance_alsd
+
+    model = tiny[kind]
+    for seed in (0, 6):
+        frames = _frames(1, 3, 24, seed=seed)
+        best, tokens = brute_force(model, frames[0], 3)
+        got, score = per_utterance_alsd(model, frames[0], 3, beam=64)
+        assert (got, score) == (tokens, pytest.approx(best, abs=1e-4)), seed
+    model = small[kind]
+    frames = _frames(3, 9, 24, seed=2)
+    greedy = transducer_greedy(model, frames, torch.tensor([9, 6, 4]))
+    for i, n in enumerate((9, 6, 4)):
+        assert per_utterance_alsd(model, frames[i], n, beam=1)[0] == greedy.tokens[i]
