@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from jobs.benchmark_data import (best_of, domain_phrases, interleaved_ms_per_utt, key_phrases, pad_log_probs,
-                             simulate_log_probs, simulate_token_log_probs, split_text)
+                             read_lm_text, simulate_log_probs, simulate_token_log_probs, split_text)
 from pipeline.metrics import corpus_wer_lowercase, phrase_fscore
 from pipeline.timing import timed
 
@@ -96,15 +96,6 @@ def save_log_probs(path: str, log_probs, lengths, texts) -> None:
 
     save_file({"log_probs": log_probs.contiguous(), "lengths": lengths.contiguous()}, path,
               metadata={"texts": json.dumps(texts)})
-
-
-def read_lm_text(path: str) -> list[str]:
-    from pipeline.lm.build import read_lines
-
-    lines = read_lines([path])
-    if path.endswith(".jsonl"):
-        return [json.loads(ln)["text"] for ln in lines if json.loads(ln).get("text")]
-    return lines
 
 
 def load_log_probs(path: str):

@@ -59,17 +59,13 @@ def run(args) -> dict:
 
 
 def _lm(paths: list[str], workdir: Path):
-    import json
-
-    from pipeline.lm.build import build_lm, read_lines
+    from jobs.benchmark_data import read_lm_text
+    from pipeline.lm.build import build_lm
     from pipeline.lm.ngpu_lm import NGramLM
 
-    lines = []
-    for path in paths:
-        for ln in read_lines([path]):
-            lines.append(json.loads(ln).get("text", "") if path.endswith(".jsonl") else ln)
+    lines = [s for path in paths for s in read_lm_text(path)]
     text = workdir / "lm.txt"
-    text.write_text("\n".join(x for x in lines if x) + "\n")
+    text.write_text("\n".join(lines) + "\n")
     info = build_lm([str(text)], order=6, tokenizer="chars", output_dir=workdir / "char")
     return NGramLM.load(info["tensors"]), len(lines)
 

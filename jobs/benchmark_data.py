@@ -85,6 +85,18 @@ def concat_long_form(recordings: list[list], refs: list[str], target_s: float, g
 
 
 # ------------------------------------------------------------- held-out text, posteriors
+def read_lm_text(path: str) -> list[str]:
+    """LM training sentences: a text file's lines, or the ``text`` of a JSONL manifest's rows."""
+    import json
+
+    from pipeline.lm.build import read_lines
+
+    lines = read_lines([path])
+    if path.endswith(".jsonl"):
+        return [json.loads(ln)["text"] for ln in lines if json.loads(ln).get("text")]
+    return lines
+
+
 def split_text(seed: int):
     """Held-out and LM-training sentences (every 10th sentence is held out)."""
     from pipeline.lm.sample_text import pydoc_sentences

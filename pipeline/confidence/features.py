@@ -77,13 +77,11 @@ def ctc_words(log_probs: torch.Tensor, path: list[int], blank: int, vocabulary, 
 def transducer_words(adapter, frames: torch.Tensor, tokens: list[int], token_frames: list[int]):
     """Words and features of one utterance's transducer ``tokens`` emitted at
     ``token_frames`` over its encoder ``frames`` [T, H]."""
-    from pipeline.decoding.transducer.words import word_timestamps
+    from pipeline.decoding.transducer.words import best_path_words
 
     sc = transducer_token_scores(adapter, frames, tokens, token_frames)
     text = adapter.decode_text(tokens).strip()
-    shift = getattr(adapter, "frame_shift_s", None)
-    timed = word_timestamps(adapter.tokenizer, tokens, token_frames, shift, decode=adapter.decode_text) \
-        if shift is not None and tokens else None
+    timed = best_path_words(adapter, tokens, token_frames) if tokens else None
     words = segment_words(text, timed)
     feats = aggregate(sc, token_word_index(adapter.decode_text, tokens), len(words))
     return words, feats

@@ -16,7 +16,7 @@ import torch
 
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult, encode_then
 from pipeline.decoders.ctc_beam import BEAM, load_lm
-from pipeline.decoders.transducer_greedy import token_words
+from pipeline.decoding.transducer.words import best_path_words
 
 
 @dataclass
@@ -90,7 +90,7 @@ class TransducerBeamFinisher:
                 r.words, r.word_features = transducer_words(
                     self.adapter, frames[b, :n].to(self.adapter.device, self.adapter.dtype), toks, out.frames[b])
             else:
-                r.words = token_words(self.adapter, toks, out.frames[b])
+                r.words = best_path_words(self.adapter, toks, out.frames[b])
             r.pending = None
         return time.perf_counter() - t0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.decoders.base import SegmentResult, encode_then
+from pipeline.decoding.transducer.words import best_path_words
 
 
 class TransducerGreedyDecoder:
@@ -35,21 +36,10 @@ class TransducerGreedyDecoder:
                    for toks in out.tokens]
         if words is None:
             for res, toks, frs in zip(results, out.tokens, out.frames):
-                res.words = token_words(self.adapter, toks, frs)
+                res.words = best_path_words(self.adapter, toks, frs)
         for res, w in zip(results, words or []):
             res.words, res.word_features = w
         return results
-
-
-def token_words(adapter, tokens: list[int], frames: list[int]) -> list[dict] | None:
-    """Word timestamps of a best path (segment-relative seconds); None where the adapter
-    has no frame shift."""
-    from pipeline.decoding.transducer.words import word_timestamps
-
-    shift = getattr(adapter, "frame_shift_s", None)
-    if shift is None:
-        return None
-    return word_timestamps(adapter.tokenizer, tokens, frames, shift, decode=adapter.decode_text) if tokens else []
 
 
 def build(adapter, cfg) -> TransducerGreedyDecoder:

@@ -58,9 +58,9 @@ def load_tokenizer(spec: str) -> TextTokenizer:
 
         return TextTokenizer("chars", len(charset.CHARS), charset.lm_token_ids)
     path = Path(spec)
-    if (path / "transducer.safetensors").is_file():
-        # a train-transducer directory (pipeline.models.transducer.embedded): its tokens are
-        # the characters
+    from pipeline.models.transducer.embedded import is_embedded_transducer_dir
+
+    if is_embedded_transducer_dir(path):       # a train-transducer directory: its tokens are the characters
         return load_tokenizer("chars")
     from pipeline.text.ctc_vocabulary import TokenizerVocabulary, is_ctc_checkpoint
 

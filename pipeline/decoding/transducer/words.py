@@ -34,3 +34,12 @@ def word_timestamps(tokenizer, tokens: list[int], frames: list[int], frame_shift
             out.append({"word": text, "start": offset_s + first * frame_shift_s,
                         "end": offset_s + (last + 1) * frame_shift_s})
     return out
+
+
+def best_path_words(model, tokens: list[int], frames: list[int]) -> list[dict] | None:
+    """``word_timestamps`` of a transducer adapter's best path (segment-relative seconds):
+    its tokenizer, frame shift and text rule; None where it has no frame shift."""
+    shift = getattr(model, "frame_shift_s", None)
+    if shift is None:
+        return None
+    return word_timestamps(model.tokenizer, tokens, frames, shift, decode=model.decode_text) if tokens else []

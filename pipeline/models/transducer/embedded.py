@@ -27,8 +27,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline.audio import SAMPLE_RATE
 from pipeline.models.base import EncoderBatch
 from pipeline.models.transducer.adapter import TransducerAdapter
+from pipeline.models.whisper.adapter import SAMPLES_PER_STATE, WhisperAdapter
 from pipeline.text import charset
 
 EMBEDDED = "embedded"
@@ -36,7 +38,6 @@ EMBEDDED = "embedded"
 ARCHITECTURE = "ShardscribeWhisperTDT"
 WEIGHTS_FILE = "transducer.safetensors"
 CONFIG_FILE = "config.json"
-SAMPLES_PER_WHISPER_FRAME = 320
 
 
 def embedded_transducer_dir() -> Path:
@@ -168,7 +169,7 @@ class EmbeddedTransducerAdapter(TransducerAdapter):
         self.durations = [int(d) for d in cfg.durations] if cfg.durations else None
         self.max_symbols = int(cfg.max_symbols_per_step)
         self.frame_stack = int(cfg.frame_stack)
-        self.frame_shift_s = self.frame_stack * SAMPLES_PER_WHISPER_FRAME / 16000
+        self.frame_shift_s = self.frame_stack * SAMPLES_PER_STATE / SAMPLE_RATE
 
     def vocabulary(self):
         from pipeline.text.ctc_vocabulary import CharsetVocabulary
@@ -176,8 +177,7 @@ class EmbeddedTransducerAdapter(TransducerAdapter):
         return CharsetVocabulary()
 
     def segment_cost(self, num_samples: int, packed: bool = False) -> int:
-        whisper_frames = min(1500, max(1, -(-num_samples // SAMPLES_PER_WHISPER_FRAME)))
-        return -(-whisper_frames // self.frame_stack)
+        return -(-WhisperAdapter.valid_frames(num_samples) // self.frame_stack)
 
     @torch.inference_mode()
     def frames_of_states(self, states: torch.Tensor, valid: torch.Tensor) -> EncoderBatch:

@@ -11,12 +11,12 @@ normaliser.
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 
 import torch
 
+from pipeline.models.training import end_epoch, warmup_cosine_adamw
 from pipeline.text import charset
 
 
@@ -64,13 +64,20 @@ def cell_batches(frames: list[int], labels: list[int], cell_budget: int, rng: ra
     return batches
 
 
-def collate(items: list[dict]):
+def pad_hidden(items: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' ``hidden`` right-padded into [B, T, D] fp32, and their lengths."""
     lengths = torch.tensor([it["hidden"].shape[0] for it in items])
     hidden = torch.zeros(len(items), int(lengths.max()), items[0]["hidden"].shape[1])
+    for i, it in enumerate(items):
+        hidden[i, :lengths[i]] = it["hidden"].float()
+    return hidden, lengths
+
+
+def collate(items: list[dict]):
+    hidden, lengths = pad_hidden(items)
     label_lengths = torch.tensor([len(it["target"]) for it in items])
     targets = torch.zeros(len(items), int(label_lengths.max()), dtype=torch.long)
     for i, it in enumerate(items):
-        hidden[i, :lengths[i]] = it["hidden"].float()
         targets[i, :label_lengths[i]] = it["target"]
     return hidden, lengths, targets, label_lengths
 
@@ -98,8 +105,7 @@ def greedy_texts(model, rows: list[dict], batch_size: int = 64) -> list[str]:
     texts = [""] * len(rows)
     for s in range(0, len(order), batch_size):
         idx = order[s:s + batch_size]
-        items = [rows[i] | {"target": torch.zeros(1, dtype=torch.long)} for i in idx]
-        hidden, lengths, _, _ = collate(items)
+        hidden, lengths = pad_hidden([rows[i] for i in idx])
         out = transducer_greedy(adapter, model.project(hidden), lengths)
         for j, i in enumerate(idx):
             texts[i] = adapter.decode_text(out.tokens[j])
@@ -120,11 +126,7 @@ def train(model, train_rows: list[dict], eval_rows: list[dict], *, epochs: int, 
     frames = [d["hidden"].shape[0] for d in data]
     labels = [len(d["target"]) for d in data]
     steps_per_epoch = len(cell_batches(frames, labels, cell_budget, random.Random(0)))
-    total = max(1, epochs * steps_per_epoch)
-    warmup = min(200, total // 10)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
+    opt, sched = warmup_cosine_adamw(model.parameters(), lr, epochs * steps_per_epoch, warmup_cap=200)
     curve, t0, step = [], time.perf_counter(), 0
     log(f"train: {len(data)} utterances, {sum(frames)} frames, {steps_per_epoch} steps/epoch, "
         f"{model.num_parameters()} params")
@@ -145,17 +147,10 @@ def train(model, train_rows: list[dict], eval_rows: list[dict], *, epochs: int, 
             if log_every and step % log_every == 0:
                 log(f"train: step={step} epoch={epoch} running_loss={loss_sum / n:.4f} "
                     f"lr={sched.get_last_lr()[0]:.2e} minutes={(time.perf_counter() - t0) / 60:.2f}")
-        point = {"epoch": epoch, "step": step, "train_loss": round(loss_sum / max(n, 1), 4),
-                 "minutes": round((time.perf_counter() - t0) / 60, 2)}
-        if eval_rows:
-            point["eval_cer"] = round(corpus_cer([r["text"] for r in eval_rows], greedy_texts(model, eval_rows)), 4)
-        curve.append(point)
-        log("train: " + " ".join(f"{k}={v}" for k, v in point.items()))
-        if max_minutes is not None and point["minutes"] >= max_minutes and epoch < epochs:
-            log(f"train: stopping after epoch {epoch}: --max-minutes {max_minutes} reached")
-            break
-        if stop_after_epoch is not None and epoch >= stop_after_epoch and epoch < epochs:
-            log(f"train: stopping after epoch {epoch} of {epochs}: --stop-after-epoch")
+        cer = (lambda: corpus_cer([r["text"] for r in eval_rows], greedy_texts(model, eval_rows))) \
+            if eval_rows else None
+        if end_epoch(curve, epoch=epoch, epochs=epochs, step=step, loss_sum=loss_sum, n=n, t0=t0, eval_cer=cer,
+                     max_minutes=max_minutes, stop_after_epoch=stop_after_epoch, log=log):
             break
     model.eval()
     return curve

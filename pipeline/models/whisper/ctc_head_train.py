@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.decoding.ctc_greedy import ctc_greedy
+from pipeline.models.training import end_epoch, warmup_cosine_adamw
 from pipeline.text import charset
 
 ENTROPY_EDGES = [0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, math.inf]
@@ -105,12 +106,7 @@ def train_head(head, train_rows: list[dict], eval_rows: list[dict], *, epochs: i
     data = examples(train_rows)
     lengths = [d["states"].shape[0] for d in data]
     steps_per_epoch = len(length_batches(lengths, frame_budget, random.Random(0)))
-    total = max(1, epochs * steps_per_epoch)
-    warmup = min(300, total // 10)
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, warmup))
-        * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))))
+    opt, sched = warmup_cosine_adamw(head.parameters(), lr, epochs * steps_per_epoch, warmup_cap=300)
     curve, t0, step = [], time.perf_counter(), 0
     log(f"train: {len(data)} utterances ({len(train_rows) - len(data)} dropped: too short), "
         f"{sum(lengths)} frames, {steps_per_epoch} steps/epoch, {head.num_parameters()} params")
@@ -138,18 +134,10 @@ def train_head(head, train_rows: list[dict], eval_rows: list[dict], *, epochs: i
                 log(f"train: step={step} epoch={epoch} running_loss={loss_sum / n:.4f} "
                     f"lr={sched.get_last_lr()[0]:.2e} "
                     f"minutes={(time.perf_counter() - t0) / 60:.2f}")
-        point = {"epoch": epoch, "step": step, "train_loss": round(loss_sum / max(n, 1), 4),
-                 "minutes": round((time.perf_counter() - t0) / 60, 2)}
-        if eval_rows:
-            texts, _ = greedy_drafts(head, eval_rows, device)
-            point["eval_cer"] = round(corpus_cer([r["text"] for r in eval_rows], texts), 4)
-        curve.append(point)
-        log("train: " + " ".join(f"{k}={v}" for k, v in point.items()))
-        if max_minutes is not None and point["minutes"] >= max_minutes and epoch < epochs:
-            log(f"train: stopping after epoch {epoch}: --max-minutes {max_minutes} reached")
-            break
-        if stop_after_epoch is not None and epoch >= stop_after_epoch and epoch < epochs:
-            log(f"train: stopping after epoch {epoch} of {epochs}: --stop-after-epoch")
+        cer = (lambda: corpus_cer([r["text"] for r in eval_rows], greedy_drafts(head, eval_rows, device)[0])) \
+            if eval_rows else None
+        if end_epoch(curve, epoch=epoch, epochs=epochs, step=step, loss_sum=loss_sum, n=n, t0=t0, eval_cer=cer,
+                     max_minutes=max_minutes, stop_after_epoch=stop_after_epoch, log=log):
             break
     head.eval()
     return curve
