@@ -186,7 +186,7 @@ def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_has
         }, run_ids=set(todo), options=cfg.storage.options)
         commit(args.output, cfg, summary)
         if progress is not None:
-            progress.close(*_run_counts(args.output, set(todo)))
+            progress.close(summary["run_rows_out"], summary["run_audio_seconds"], summary["run_errors"])
         written = _write_formats(args.output, formats) if formats else []
     for line in summary_table(summary):
         print(line)
@@ -245,14 +245,6 @@ def _release_ray(runner: str, was_up: bool) -> None:
         from actors.progress import shutdown_ray
 
         shutdown_ray()
-
-
-def _run_counts(dst: str, run_ids: set[str]) -> tuple[int, float, int]:
-    from pipeline.output import read_output
-
-    out = read_output(dst, ["id", "duration_s", "error"])
-    rows = [r for r in (out.to_pylist() if out is not None else []) if r["id"] in run_ids]
-    return len(rows), sum(r["duration_s"] or 0.0 for r in rows), sum(1 for r in rows if r["error"])
 
 
 def _write_formats(dst: str, formats: list[str]) -> list[str]:

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from jobs import transcribe
-    from pipeline.output import read_output
+    from pipeline.output import iter_output
 
     with tempfile.TemporaryDirectory(prefix="shardscribe-validate-") as tmp:
         output = args.output or tmp
@@ -45,14 +45,20 @@ def run(args: argparse.Namespace) -> int:
         code = transcribe.run(job)
         if code == 2:
             return code
-        out = read_output(output, ["id", "audio", "duration_s", "error"])
-        rows = out.to_pylist() if out is not None else []
-    failed = [r for r in rows if r["error"]]
-    hours = sum(r["duration_s"] or 0.0 for r in rows) / 3600
-    print(f"shardscribe: validate: {len(rows)} recordings, {hours:.2f} h of audio, "
-          f"{len(failed)} unusable", file=sys.stderr)
-    for r in failed[:SHOWN_ERRORS]:
+        # a batch at a time: a corpus of millions of rows is audited in bounded memory
+        n = n_failed = 0
+        seconds = 0.0
+        shown: list[dict] = []
+        for rows in iter_output(output, ["id", "duration_s", "error"]):
+            n += len(rows)
+            seconds += sum(r["duration_s"] or 0.0 for r in rows)
+            failed = [r for r in rows if r["error"]]
+            n_failed += len(failed)
+            shown.extend(failed[:SHOWN_ERRORS - len(shown)])
+    print(f"shardscribe: validate: {n} recordings, {seconds / 3600:.2f} h of audio, "
+          f"{n_failed} unusable", file=sys.stderr)
+    for r in shown:
         print(f"  {r['id']}: {r['error']}", file=sys.stderr)
-    if len(failed) > SHOWN_ERRORS:
-        print(f"  ... and {len(failed) - SHOWN_ERRORS} more (--output keeps every row)", file=sys.stderr)
-    return 1 if failed or code else 0
+    if n_failed > SHOWN_ERRORS:
+        print(f"  ... and {n_failed - SHOWN_ERRORS} more (--output keeps every row)", file=sys.stderr)
+    return 1 if n_failed or code else 0

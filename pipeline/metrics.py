@@ -41,6 +41,17 @@ def corpus_wer(references: list[str], hypotheses: list[str]) -> float | None:
     return jiwer.wer(refs, hyps) if refs else None
 
 
+def word_error_counts(references: list[str], hypotheses: list[str]) -> tuple[int, int]:
+    """(word errors, reference words) after normalisation: summed over batches, their
+    ratio is ``corpus_wer`` of all the pairs."""
+    refs, hyps = _normalized_pairs(references, hypotheses)
+    if not refs:
+        return 0, 0
+    out = jiwer.process_words(refs, hyps)
+    return (out.substitutions + out.deletions + out.insertions,
+            out.substitutions + out.deletions + out.hits)
+
+
 def corpus_cer(references: list[str], hypotheses: list[str]) -> float | None:
     """Corpus-level CER after normalisation; None when no reference has words."""
     refs, hyps = _normalized_pairs(references, hypotheses)

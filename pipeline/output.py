@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
-from pipeline.metrics import corpus_wer
+from pipeline.metrics import word_error_counts
 from pipeline.storage import redact_uri, url_to_fs
 
 log = logging.getLogger(__name__)
@@ -329,36 +329,66 @@ def commit_job(dst: str, summary: dict, success: bool, options: dict | None = No
         _write_atomic(fs, posixpath.join(path, SUCCESS_NAME), b"")
 
 
+def iter_output(dst: str, columns: list[str], options: dict | None = None, batch_rows: int = 8192):
+    """DST's committed rows as lists of dicts, ``batch_rows`` at a time, part by part, so a
+    reader never holds more than one batch of a million-row output."""
+    fs, path = url_to_fs(dst, options)
+    for p in _parts(fs, path):
+        with fs.open(p, "rb") as fh:
+            for batch in pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=columns):
+                yield batch.to_pylist()
+
+
 def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | None = None,
               options: dict | None = None) -> dict:
     """Reconcile DST against the input; returns the summary (``commit_job`` writes it).
 
     ``run`` holds this run's facts (``wall_seconds`` among them); the RTFx of the run is
-    the audio of the rows it decoded (``run_ids``) over that wall time."""
-    out = read_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"], options)
-    rows = out.to_pylist() if out is not None else []
+    the audio of the rows it decoded (``run_ids``) over that wall time. The output is read
+    a batch at a time: the driver's memory grows with the ids, not with the rows' text."""
     wanted = set(input_ids)
-    out_ids = [r["id"] for r in rows if r["id"] in wanted]
-    missing = sorted(wanted - set(out_ids))
+    seen: set[str] = set()
+    rows_out = duplicates = errors = run_rows = run_errors = 0
+    audio = run_audio = 0.0
     stages: dict[str, int] = {}
-    for r in rows:
-        stages[r["stage"]] = stages.get(r["stage"], 0) + 1
-    refs = [(r["reference"], r["text"] or "") for r in rows if r["reference"] and not r["error"]]
+    kinds: list[str] = []
+    wer_errors = wer_words = wer_rows = 0
+    for rows in iter_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"], options):
+        for r in rows:
+            if r["id"] in wanted:
+                rows_out += 1
+                duplicates += r["id"] in seen
+                seen.add(r["id"])
+            stages[r["stage"]] = stages.get(r["stage"], 0) + 1
+            audio += r["duration_s"] or 0.0
+            if r["error"]:
+                errors += 1
+                kinds.append(error_kind(r["error"]))
+            if run_ids and r["id"] in run_ids:
+                run_rows += 1
+                run_errors += bool(r["error"])
+                run_audio += r["duration_s"] or 0.0
+        refs = [(r["reference"], r["text"] or "") for r in rows if r["reference"] and not r["error"]]
+        if refs:
+            e, w = word_error_counts([a for a, _ in refs], [b for _, b in refs])
+            wer_errors, wer_words, wer_rows = wer_errors + e, wer_words + w, wer_rows + len(refs)
+    missing = sorted(wanted - seen)
     summary = {
         "rows_in": len(input_ids),
-        "rows_out": len(out_ids),
-        "duplicate_rows": len(out_ids) - len(set(out_ids)),
+        "rows_out": rows_out,
+        "duplicate_rows": duplicates,
         "missing_ids": missing[:20],
-        "errors": sum(1 for r in rows if r["error"]),
-        "errors_by_kind": _count(error_kind(r["error"]) for r in rows if r["error"]),
+        "errors": errors,
+        "errors_by_kind": _count(kinds),
         "stages": stages,
-        "audio_seconds": sum(r["duration_s"] or 0.0 for r in rows),
-        "wer": corpus_wer([a for a, _ in refs], [b for _, b in refs]) if refs else None,
-        "wer_rows": len(refs),
+        "audio_seconds": audio,
+        "wer": wer_errors / wer_words if wer_words else None,
+        "wer_rows": wer_rows,
         **run,
     }
-    run_audio = sum(r["duration_s"] or 0.0 for r in rows if run_ids and r["id"] in run_ids)
     wall = run.get("wall_seconds") or 0.0
+    summary["run_rows_out"] = run_rows
+    summary["run_errors"] = run_errors
     summary["run_audio_seconds"] = run_audio
     summary["rtfx"] = run_audio / wall if run_ids and wall > 0 else None
     return summary

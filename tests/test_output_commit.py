@@ -116,6 +116,37 @@ def test_job_begin_and_commit(tmp_path):
     assert pa.dataset.dataset(str(tmp_path)).to_table().column("id").to_pylist() == ["q"]
 
 
+def test_summary_read_a_batch_at_a_time_equals_one_over_all_rows(tmp_path, monkeypatch):
+    """The summary reads the output in small batches across parts; its corpus WER, counts
+    and duplicates must equal jiwer and plain counting over all rows at once."""
+    import jiwer
+
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "eps"]
+    rows = []
+    for i in range(23):
+        ref = " ".join(rng.choice(words, size=int(rng.integers(1, 7))))
+        hyp = " ".join(w for w in ref.split() if rng.random() > 0.3) + (" beta" if i % 4 == 0 else "")
+        rows.append({"id": f"u{i}", "audio": f"/a/{i}.wav", "stage": "ar", "segments": [],
+                     "text": hyp.strip(), "reference": ref, "duration_s": 1.0 + i,
+                     "error": "DecodeError: bad bytes" if i % 7 == 3 else None})
+    dup = dict(rows[5])  # u5 written twice: a duplicate the summary must count
+    for chunk in (rows[:9], rows[9:17], rows[17:] + [dup]):
+        output.write_part(table(chunk, OUTPUT_SCHEMA), str(tmp_path), "job")
+    iter_output = output.iter_output
+    monkeypatch.setattr(output, "iter_output", lambda *a, **k: iter_output(*a, **{**k, "batch_rows": 4}))
+    ids = [f"u{i}" for i in range(24)]  # u23 never written
+    s = output.summarize(str(tmp_path), ids, {"wall_seconds": 2.0}, run_ids={"u1", "u2", "u3"})
+    ok = [r for r in rows if not r["error"]]
+    ok.append(dup)
+    assert s["wer"] == pytest.approx(jiwer.wer([r["reference"] for r in ok], [r["text"] for r in ok]))
+    assert s["wer_rows"] == len(ok)
+    assert (s["rows_in"], s["rows_out"], s["duplicate_rows"], s["missing_ids"]) == (24, 24, 1, ["u23"])
+    assert (s["errors"], s["errors_by_kind"]) == (3, {"DecodeError": 3})
+    assert s["audio_seconds"] == pytest.approx(sum(r["duration_s"] for r in rows) + dup["duration_s"])
+    assert (s["run_rows_out"], s["run_errors"], s["run_audio_seconds"], s["rtfx"]) == (3, 1, 9.0, 4.5)
+
+
 @pytest.mark.parametrize("uri, clean", [
     ("s3://bucket/a/b.wav", "s3://bucket/a/b.wav"),
     ("https://user:secret@host.example/x.flac?X-Amz-Signature=abc&X-Amz-Security-Token=t",
