@@ -167,3 +167,25 @@ def pytest_terminal_summary(terminalreporter):
         for case, *counts in lines:
             terminalreporter.write_line(f"{case:<48} " + " ".join(f"{c:>5}" for c in counts[:3])
                                         + f" {counts[3]:>6}")
+
+
+# Test files that take minutes on a 2-core machine, longest first. xdist (--dist=loadfile)
+# hands files to workers in collection order, so starting these first keeps one of them
+# from being the run's tail while the other workers sit idle (longest-first scheduling).
+SLOW_FIRST = (
+    "test_golden_transcripts.py",
+    "test_broken_inputs.py",
+    "test_faults.py",
+    "test_pipeline_decoders.py",
+    "test_e2e_cli.py",
+    "test_ctc_beam_models.py",
+    "test_transducer_embedded.py",
+    "test_ssd_bench.py",
+    "test_cluster.py",
+    "test_job_acceptance.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
