@@ -217,3 +217,40 @@ def test_native_loop_reads_back_off_graphs_like_the_torch_step(token_arpa, blank
     _same(native, eager)
     plain = CTCBeamSearch(**{k: v for k, v in kw.items() if k not in ("lm", "alpha_lm")})(lp, lengths)
     assert plain.tokens != native.tokens
+
+
+@pytest.mark.parametrize("ratio", [None, 5e-4, 0.3])
+@pytest.mark.parametrize("blank", [0, 517, 1024])
+def test_native_flop_prune_equals_a_brute_force_sort_on_a_large_vocabulary(ratio, blank):
+    """The native FLToP scan skips blocks of columns with vector compares: against a plain
+    sort of every frame (value descending, ties to the earlier column; blank is id 0) on a
+    1025-column vocabulary with ties, -inf columns, rivals near the best and a tail that is
+    not a whole block."""
+    import math
+
+    g = torch.Generator().manual_seed(blank + int(1e4 * (ratio or 0)))
+    b, t, v1, n = 3, 40, 1025, 8
+    x = torch.randn(b, t, v1, generator=g)
+    x = torch.round(x * 2) / 2                         # many exact ties
+    x[:, :, ::7] = float("-inf")
+    win = torch.randint(0, v1, (b, t), generator=g)
+    x.scatter_(2, win[..., None], 12.0)
+    x[:, ::3, 1021] = 11.5                            # a rival in the last, partial block
+    x[:, 5, :] = float("-inf")
+    x[:, 5, blank] = 0.0
+    lp = x.log_softmax(-1)
+    lengths = torch.tensor([40, 17, 0])
+    values, tokens = loop_native.flop_prune(lp, lengths, blank, n, ratio)
+    values, tokens = values.view(t, b, n), tokens.view(t, b, n)
+    for bi in range(b):
+        for ti in range(t):
+            if ti >= int(lengths[bi]):
+                assert values[ti, bi, 0] == 0.0 and torch.isinf(values[ti, bi, 1:]).all()
+                continue
+            row = lp[bi, ti].tolist()
+            floor = max(row) + math.log(ratio) if ratio else -math.inf
+            ids = [0 if e == blank else (e + 1 if e < blank else e) for e in range(v1)]
+            kept = sorted(((v, e) for e, v in enumerate(row) if v >= floor and v != -math.inf),
+                          key=lambda p: (-p[0], p[1]))[:n]
+            got = [(float(v), int(i)) for v, i in zip(values[ti, bi], tokens[ti, bi]) if v != -math.inf]
+            assert got == [(v, ids[e]) for v, e in kept]

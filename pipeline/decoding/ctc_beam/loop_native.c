@@ -368,11 +368,25 @@ void ctc_backtrack(int64_t S, int64_t B, int64_t K, int64_t W, int64_t n,
  * of each frame, best first, those below R x the frame's best at -inf. Blank becomes
  * token 0 (the search's internal ids). Frames at t >= length are frozen: blank at log-prob
  * 0, the rest -inf. Same result as frames.py's prepare_frames + flop.prune_frame (token ids of
- * -inf slots aside, which the search never reads). */
+ * -inf slots aside, which the search never reads).
+ * A frame's V+1 columns are the largest data of the search, so they are read once at
+ * vector width (GCC/clang vector extensions: SSE2 or NEON, no build flag) for the maximum
+ * of each block of FLOP_BLOCK columns; only blocks whose maximum reaches both the ratio's
+ * floor and the N-th largest block maximum can hold a kept token, and only those are
+ * scanned one column at a time, in column order as before. Max and compare are exact, so
+ * the result is the plain scan's, ties included (the earlier column first). */
+#define FLOP_BLOCK 32
+typedef float f4_t __attribute__((vector_size(16)));
+typedef int32_t i4_t __attribute__((vector_size(16)));
+static inline f4_t load4(const float *p) { f4_t v; memcpy(&v, p, sizeof v); return v; }
+static inline f4_t splat4(float a) { f4_t v = {a, a, a, a}; return v; }
+
 void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
                     const float *log_probs, const int64_t *lengths, int has_ratio, float log_ratio,
                     float *out_values, int64_t *out_tokens)
 {
+    const int64_t nb = (V1 + FLOP_BLOCK - 1) / FLOP_BLOCK;
+    float bm[nb];  /* each block's maximum */
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < T; t++) {
             float *ov = out_values + (t * B + b) * N;
@@ -381,18 +395,54 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
             if (t >= lengths[b]) { ov[0] = 0.0f; ot[0] = 0; continue; }
             const float *x = log_probs + (b * T + t) * V1;
             float best = -INFINITY;
-            for (int64_t e = 0; e < V1; e++) best = x[e] > best ? x[e] : best;
+            for (int64_t k = 0; k < nb; k++) {
+                const int64_t e0 = k * FLOP_BLOCK;
+                float m = -INFINITY;
+                if (e0 + FLOP_BLOCK <= V1) {
+                    f4_t a = load4(x + e0), c = load4(x + e0 + 4);
+                    for (int64_t e = e0 + 8; e < e0 + FLOP_BLOCK; e += 8) {
+                        const f4_t u = load4(x + e), w = load4(x + e + 4);
+                        i4_t g = u > a; a = (f4_t)(((i4_t)u & g) | ((i4_t)a & ~g));
+                        g = w > c; c = (f4_t)(((i4_t)w & g) | ((i4_t)c & ~g));
+                    }
+                    const i4_t g = c > a; a = (f4_t)(((i4_t)c & g) | ((i4_t)a & ~g));
+                    m = a[0] > a[1] ? a[0] : a[1];
+                    const float m2 = a[2] > a[3] ? a[2] : a[3];
+                    m = m2 > m ? m2 : m;
+                } else {
+                    for (int64_t e = e0; e < V1; e++) m = x[e] > m ? x[e] : m;
+                }
+                bm[k] = m;
+                best = m > best ? m : best;
+            }
+            /* the N-th largest block maximum: N blocks hold an element at least that
+             * large, so the frame's N-th best is too, and no block below it holds one */
+            float top[64];
+            int64_t nt = 0, cap = N < 64 ? N : 64;
+            for (int64_t k = 0; k < nb; k++) {
+                const float m = bm[k];
+                if (nt == cap && !(m > top[cap - 1])) continue;
+                int64_t p = nt < cap ? nt++ : cap - 1;
+                while (p > 0 && m > top[p - 1]) { top[p] = top[p - 1]; p--; }
+                top[p] = m;
+            }
             const float floor_v = has_ratio ? best + log_ratio : -INFINITY;
+            float lim = floor_v;
+            if (nt == N && top[N - 1] > lim) lim = top[N - 1];
             int64_t n = 0;
-            for (int64_t e = 0; e < V1; e++) {
-                const float v = x[e];
-                if (!(v >= floor_v) || v == -INFINITY) continue;
-                if (n == N && !(v > ov[N - 1])) continue;
-                const int64_t id = e == blank ? 0 : (e < blank ? e + 1 : e);
-                int64_t pos = n < N ? n++ : N - 1;
-                while (pos > 0 && v > ov[pos - 1]) { ov[pos] = ov[pos - 1]; ot[pos] = ot[pos - 1]; pos--; }
-                ov[pos] = v;
-                ot[pos] = id;
+            for (int64_t k = 0; k < nb; k++) {
+                if (!(bm[k] >= lim)) continue;
+                const int64_t e1 = (k + 1) * FLOP_BLOCK < V1 ? (k + 1) * FLOP_BLOCK : V1;
+                for (int64_t e = k * FLOP_BLOCK; e < e1; e++) {
+                    const float v = x[e];
+                    if (!(v >= lim) || v == -INFINITY) continue;
+                    if (n == N && !(v > ov[N - 1])) continue;
+                    const int64_t id = e == blank ? 0 : (e < blank ? e + 1 : e);
+                    int64_t pos = n < N ? n++ : N - 1;
+                    while (pos > 0 && v > ov[pos - 1]) { ov[pos] = ov[pos - 1]; ot[pos] = ot[pos - 1]; pos--; }
+                    ov[pos] = v;
+                    ot[pos] = id;
+                }
             }
         }
     }
