@@ -123,7 +123,9 @@ def build_lms(train: list[str], workdir: Path):
 
 
 def decode_ours(search, log_probs, lengths, batch: int, boost=None):
-    """All utterances in batches of ``batch`` (sorted by length, as the pipeline does)."""
+    """All utterances in batches of ``batch`` (sorted by length, as the pipeline does), each
+    utterance's frames handed over as its own tensor, as the ``ctc_beam`` kind does on a
+    CPU (a view here: the other decoders also get each utterance's array as it is)."""
     import torch
 
     order = torch.argsort(lengths, descending=True)
@@ -131,8 +133,10 @@ def decode_ours(search, log_probs, lengths, batch: int, boost=None):
     beams = []
     for start in range(0, len(order), batch):
         idx = order[start:start + batch]
-        t = int(lengths[idx].max())
-        res = search(log_probs[idx, :t], lengths[idx], boost=boost)
+        if log_probs.device.type == "cpu":
+            res = search([log_probs[i, :int(lengths[i])] for i in idx.tolist()], boost=boost)
+        else:
+            res = search(log_probs[idx, :int(lengths[idx].max())], lengths[idx], boost=boost)
         for j, i in enumerate(idx.tolist()):
             tokens[i] = res.tokens[j]
         if res.avg_beams is not None:

@@ -254,3 +254,23 @@ def test_native_flop_prune_equals_a_brute_force_sort_on_a_large_vocabulary(ratio
                           key=lambda p: (-p[0], p[1]))[:n]
             got = [(float(v), int(i)) for v, i in zip(values[ti, bi], tokens[ti, bi]) if v != -math.inf]
             assert got == [(v, ids[e]) for v, e in kept]
+
+
+@pytest.mark.parametrize("flop", [True, False])
+def test_search_over_a_list_of_utterances_equals_the_padded_batch(flop):
+    """Each utterance's own log-probs (FLToP reads them in place; without FLToP they are
+    padded) give the padded batch's result, an empty utterance included."""
+    g = torch.Generator().manual_seed(3)
+    rows = [(1.2 * torch.randn(t, 40, generator=g)).log_softmax(-1) for t in (25, 1, 0, 17)]
+    lengths = torch.tensor([r.shape[0] for r in rows])
+    padded = torch.zeros(len(rows), 25, 40)
+    for i, r in enumerate(rows):
+        padded[i, :r.shape[0]] = r
+    lm = BigramTable.random(39, 5)
+    lm.num_states = 40  # small enough for a dense table: the native loop serves it
+    kw = dict(beam_size=4, blank=39, beta=0.2, lm=lm, alpha_lm=0.5, prune_threshold=8.0)
+    if flop:
+        kw.update(flop_top_n=5, flop_ratio=0.01)
+    search = CTCBeamSearch(**kw)
+    _same(search(rows), search(padded, lengths))
+    assert search.last_loop == "native"

@@ -92,18 +92,23 @@ class CTCBeamFinisher:
         T, C = int(lengths.max()), arrays[0].shape[1]
         if C != self.vocab.size:
             raise ValueError(f"log-probs over {C} CTC outputs, but the vocabulary has {self.vocab.size}")
-        lp = torch.full((len(results), T, C), float("-inf"))
-        lp[:, :, self.vocab.blank] = 0.0
-        for i, a in enumerate(arrays):
-            lp[i, :a.shape[0]] = torch.tensor(a)  # arrow buffers are read-only
-        out = self.search(lp.to(self.device), lengths.to(self.device), boost=self._boost(results))
+        rows = [torch.tensor(a) for a in arrays]  # arrow buffers are read-only
+        if torch.device(self.device).type == "cpu":
+            lp = rows  # the native FLToP scan reads each row in place: no padded copy
+        else:
+            lp = torch.full((len(results), T, C), float("-inf"))
+            lp[:, :, self.vocab.blank] = 0.0
+            for i, r in enumerate(rows):
+                lp[i, :r.shape[0]] = r
+            lp = lp.to(self.device)
+        out = self.search(lp, lengths.to(self.device), boost=self._boost(results))
         paths = out.alignments[:, 0].tolist()    # the best hypothesis's surviving alignment
         for b, (r, toks, path, n) in enumerate(zip(results, out.tokens, paths, lengths.tolist())):
             r.text, r.stage, r.tokens = self.vocab.decode(toks).strip(), BEAM, len(toks)
             stride = r.pending.frame_stride_s
             r.words = None if stride is None else words_from_path(path[:n], self.vocab.blank, self.vocab, stride)
             if self.confidence:
-                r.words, r.word_features = self._confidence(lp[b, :n], path[:n], out, b, stride)
+                r.words, r.word_features = self._confidence(lp[b][:n], path[:n], out, b, stride)
             r.pending = None
         return time.perf_counter() - t0
 

@@ -51,8 +51,12 @@ def prepare_frames(log_probs: torch.Tensor, lengths: torch.Tensor, *, blank: int
     """Frames [T, B, V+1] of ``log_probs`` [B, T, V+1] with blank in column 0 and padded
     frames frozen; with FLToP (``flop_top_n``) every frame pruned and, with ``compress``,
     runs of frames that keep one and the same token folded into one step."""
-    b, t, v1 = log_probs.shape
-    dev = log_probs.device
+    if isinstance(log_probs, torch.Tensor):
+        b, t, v1 = log_probs.shape
+        dev = log_probs.device
+    else:   # each utterance's own [T_b, V+1] frames
+        b, t, v1 = len(log_probs), max(int(r.shape[0]) for r in log_probs), int(log_probs[0].shape[-1])
+        dev = log_probs[0].device
     valid = torch.arange(t, device=dev)[:, None] < lengths[None, :]       # [T, B]
     theta = float("inf") if prune_threshold is None else float(prune_threshold)
     inf = torch.tensor(float("inf"), device=dev)
@@ -60,6 +64,8 @@ def prepare_frames(log_probs: torch.Tensor, lengths: torch.Tensor, *, blank: int
     pruned = None
     if flop_top_n is not None and native is not None:
         pruned = native.flop_prune(log_probs, lengths, blank, flop_top_n, flop_ratio)
+    if pruned is None and not isinstance(log_probs, torch.Tensor):
+        log_probs = pad_rows(log_probs)
     if pruned is None:
         lp = log_probs.float()
         if blank != 0:
@@ -85,6 +91,17 @@ def prepare_frames(log_probs: torch.Tensor, lengths: torch.Tensor, *, blank: int
     lm_tokens = torch.where(tokens == 0, v1 - 1, tokens - 1)
     return Frames(values.contiguous(), tokens.contiguous(), lm_tokens.contiguous(),
                   thresholds.contiguous(), weights.contiguous(), steps, frame_map, t)
+
+
+def pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """[B, T, V+1] from each utterance's [T_b, V+1] log-probs; padding at -inf (any
+    value would do: padded frames are frozen by their length)."""
+    t = max(int(r.shape[0]) for r in rows)
+    out = torch.full((len(rows), t, int(rows[0].shape[-1])), float("-inf"), dtype=torch.float32,
+                     device=rows[0].device)
+    for i, r in enumerate(rows):
+        out[i, :r.shape[0]] = r
+    return out
 
 
 def compress_runs(values: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, theta: float, merge: str):

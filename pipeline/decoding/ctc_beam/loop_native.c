@@ -364,7 +364,9 @@ void ctc_backtrack(int64_t S, int64_t B, int64_t K, int64_t W, int64_t n,
 }
 
 /* FLToP ("FLToP CTC: Frame-Level Token Pruning via Relative Threshold", Algorithm 1) for every frame of a batch, straight from the model's
- * [B, T, V+1] log-probs into the search's frame-major [T, B, N] layout: the top-N tokens
+ * log-probs (rows[b]: utterance b's [lengths[b], V+1] frames, contiguous; a padded batch
+ * or each utterance's own array, so a batch needs no padded copy) into the search's
+ * frame-major [T, B, N] layout: the top-N tokens
  * of each frame, best first, those below R x the frame's best at -inf. Blank becomes
  * token 0 (the search's internal ids). Frames at t >= length are frozen: blank at log-prob
  * 0, the rest -inf. Same result as frames.py's prepare_frames + flop.prune_frame (token ids of
@@ -382,7 +384,7 @@ static inline f4_t load4(const float *p) { f4_t v; memcpy(&v, p, sizeof v); retu
 static inline f4_t splat4(float a) { f4_t v = {a, a, a, a}; return v; }
 
 void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
-                    const float *log_probs, const int64_t *lengths, int has_ratio, float log_ratio,
+                    const float *const *rows, const int64_t *lengths, int has_ratio, float log_ratio,
                     float *out_values, int64_t *out_tokens)
 {
     const int64_t nb = (V1 + FLOP_BLOCK - 1) / FLOP_BLOCK;
@@ -393,7 +395,7 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
             int64_t *ot = out_tokens + (t * B + b) * N;
             for (int64_t i = 0; i < N; i++) { ov[i] = -INFINITY; ot[i] = i < V1 ? i : 0; }
             if (t >= lengths[b]) { ov[0] = 0.0f; ot[0] = 0; continue; }
-            const float *x = log_probs + (b * T + t) * V1;
+            const float *x = rows[b] + t * V1;
             float best = -INFINITY;
             for (int64_t k = 0; k < nb; k++) {
                 const int64_t e0 = k * FLOP_BLOCK;

@@ -227,22 +227,26 @@ def alignments(choices, tokens, slots, width: int, frame_map, num_frames: int, b
     return align, counts, flat_tokens[:total].tolist(), flat_frames[:total].tolist()
 
 
-def flop_prune(log_probs: torch.Tensor, lengths: torch.Tensor, blank: int, top_n: int,
-               ratio: float | None):
+def flop_prune(log_probs, lengths: torch.Tensor, blank: int, top_n: int, ratio: float | None):
     """FLToP over a batch (``pipeline.decoding.flop.prune_frame`` on every valid frame,
     padded frames frozen, blank as token 0): ``(values, tokens)`` [T * B, N], frame-major,
-    or None where the native library is unavailable."""
+    or None where the native library is unavailable. ``log_probs``: a padded [B, T, V+1]
+    tensor, or a list of each utterance's [T_b, V+1] log-probs (read in place: no padded
+    copy of the batch)."""
     lib = _library()
-    if lib is None or log_probs.device.type != "cpu":
+    rows = list(log_probs.unbind(0)) if isinstance(log_probs, torch.Tensor) else list(log_probs)
+    if lib is None or any(r.device.type != "cpu" for r in rows):
         return None
-    b, t, v1 = log_probs.shape
+    b, v1 = len(rows), int(rows[0].shape[-1])
+    rows = [r.float().contiguous() for r in rows]
+    t = max((int(r.shape[0]) for r in rows), default=0)
     n = min(top_n, v1)
-    lp = log_probs.float().contiguous()
     lengths = lengths.to(torch.int64).contiguous()
+    pointers = (ctypes.c_void_p * max(b, 1))(*[r.data_ptr() for r in rows])
     values = torch.empty((t * b, n), dtype=torch.float32)
     tokens = torch.empty((t * b, n), dtype=torch.int64)
     has_ratio = ratio is not None and ratio > 0.0
-    lib.ctc_flop_prune(b, t, v1, n, blank, _ptr(lp), _ptr(lengths), int(has_ratio),
+    lib.ctc_flop_prune(b, t, v1, n, blank, pointers, _ptr(lengths), int(has_ratio),
                        float(math.log(ratio)) if has_ratio else 0.0, _ptr(values), _ptr(tokens))
     return values, tokens
 

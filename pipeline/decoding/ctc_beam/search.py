@@ -81,8 +81,8 @@ class CTCBeamSearch:
             the torch step where it does not apply (logsumexp merge, fusion models
             without dense tables, no C compiler).
 
-    ``__call__(log_probs [B, T, V+1], lengths [B]) -> BeamSearchResult``; log_probs must be
-    normalised log-probabilities (log_softmax). ``last_loop`` names the loop that ran the
+    ``__call__(log_probs [B, T, V+1] or a list of [T_b, V+1], lengths [B]) ->
+    BeamSearchResult``; log_probs must be normalised log-probabilities (log_softmax). ``last_loop`` names the loop that ran the
     last call (one of ``LOOPS``).
     """
 
@@ -134,9 +134,22 @@ class CTCBeamSearch:
 
     def prepare(self, log_probs: torch.Tensor, lengths: torch.Tensor | None = None,
                 boost: FusionModel | None = None) -> SearchInputs:
-        """Frames, fusion lookups and initial beams for ``log_probs`` [B, T, V+1]."""
-        b, t, v1 = log_probs.shape
-        device = log_probs.device
+        """Frames, fusion lookups and initial beams for ``log_probs`` [B, T, V+1], or a
+        list of each utterance's [T_b, V+1] log-probs (FLToP on the native path reads
+        them in place; otherwise they are padded)."""
+        if isinstance(log_probs, torch.Tensor):
+            b, t, v1 = log_probs.shape
+            device = log_probs.device
+        else:
+            log_probs = list(log_probs)
+            if not log_probs:
+                raise ValueError("no utterances")
+            b, v1, device = len(log_probs), int(log_probs[0].shape[-1]), log_probs[0].device
+            row_lengths = torch.tensor([int(r.shape[0]) for r in log_probs], dtype=torch.int64)
+            if lengths is not None and bool((lengths.cpu() > row_lengths).any()):
+                raise ValueError("a length is longer than its utterance's log-probs")
+            lengths = row_lengths if lengths is None else lengths
+            t = int(row_lengths.max())
         if lengths is None:
             lengths = torch.full((b,), t, dtype=torch.int64)
         lengths = lengths.to(device=device, dtype=torch.int64)
