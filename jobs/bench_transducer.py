@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lm-text", nargs="*", default=[], help="WER mode: LM text files (lines or JSONL 'text')")
     parser.add_argument("--alpha", type=float, default=0.3, help="WER mode: LM weight")
     parser.add_argument("--limit", type=int, default=0, help="WER mode: first N recordings only")
+    parser.add_argument("--gamma", type=float, default=2.3,
+                        help="AES++ rows with mAES's expansion beam gamma as well (NeMo's default 2.3); "
+                             "negative: none")
 
 
 def _clips(seconds: float, batch: int):
@@ -117,10 +120,16 @@ def run_wer(args) -> dict:
                                                                for i in range(len(n))])
         rows.append({"decoder": "per-utterance alsd", "beam": k, "lm": False, "strategy": None} | decode(one_by_one))
     algorithms = ("alsd", "aes") if adapter.durations is None else ("alsd",)   # AES++ is RNN-T only
+    gamma = args.gamma if args.gamma >= 0 and "aes" in algorithms else None
     for algorithm in algorithms:
         for k in beams:
             search = TransducerBeamSearch(adapter, k, algorithm=algorithm)
             rows.append({"decoder": f"{algorithm}++", "beam": k, "lm": False, "strategy": None} | decode(search))
+    if gamma is not None:
+        for k in beams:
+            search = TransducerBeamSearch(adapter, k, algorithm="aes", expansion_gamma=gamma)
+            rows.append({"decoder": f"aes++ gamma {gamma:g}", "beam": k, "lm": False, "strategy": None}
+                        | decode(search))
     lm_lines = 0
     if args.lm_text:
         with tempfile.TemporaryDirectory() as tmp:
@@ -133,6 +142,12 @@ def run_wer(args) -> dict:
                                                       blank_scoring=blank, pruning=pruning)
                         rows.append({"decoder": f"{algorithm}++", "beam": k, "lm": True,
                                      "strategy": f"{pruning}/{blank}"} | decode(search))
+        if gamma is not None:
+            for k in beams:
+                search = TransducerBeamSearch(adapter, k, algorithm="aes", lm=lm, alpha_lm=args.alpha,
+                                              expansion_gamma=gamma)
+                rows.append({"decoder": f"aes++ gamma {gamma:g}", "beam": k, "lm": True, "strategy": "late/lm"}
+                            | decode(search))
     greedy_wer = rows[0]["wer"]
     fused = sorted((r for r in rows if r["lm"] and r["beam"] == 4 and r["decoder"] == "alsd++"),
                    key=lambda r: r["wer"])
@@ -212,6 +227,9 @@ def run_speed(args) -> dict:
         for algorithm in ("alsd", "aes"):
             search = TransducerBeamSearch(rnnt, k, algorithm=algorithm)
             row(f"rnnt {algorithm}++", k, best(lambda: search(frames, lengths)), audio_s, t_enc)
+        if args.gamma >= 0:
+            search = TransducerBeamSearch(rnnt, k, algorithm="aes", expansion_gamma=args.gamma)
+            row(f"rnnt aes++ gamma {args.gamma:g}", k, best(lambda: search(frames, lengths)), audio_s, t_enc)
     wide = TransducerBeamSearch(adapter, max(beams))
     part = [(frames[i:i + 1, :int(lengths[i])], lengths[i:i + 1]) for i in range(sequential)]
     seq_s = best(lambda: [wide(f, n) for f, n in part], reps=1)

@@ -165,9 +165,16 @@ class TransducerConfig:
     blank_scoring: str = "lm"         # lm: eq. 3 (blank scored with the LM weight) | asr: eq. 2
     pruning: str = "late"             # late: LM before the per-hypothesis top-k | early: after
     max_symbols: int | None = None    # tokens per frame (null: the model's max_symbols_per_step)
+    expansion_gamma: float | None = None  # aes: expand only tokens within gamma of a hypothesis's best (mAES)
 
     def validate(self, key: str) -> None:
         _choice(f"{key}.algorithm", self.algorithm, ("alsd", "aes"))
+        if self.expansion_gamma is not None:
+            if self.algorithm != "aes":
+                raise ConfigError(f"{key}.expansion_gamma: AES++'s expansion beam; set {key}.algorithm=aes or "
+                                  "leave it null")
+            if not isinstance(self.expansion_gamma, (int, float)) or self.expansion_gamma < 0:
+                raise ConfigError(f"{key}.expansion_gamma: must be a number >= 0, got {self.expansion_gamma!r}")
         _choice(f"{key}.blank_scoring", self.blank_scoring, ("lm", "asr"))
         _choice(f"{key}.pruning", self.pruning, ("late", "early"))
         if self.max_symbols is not None:

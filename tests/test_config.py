@@ -25,6 +25,8 @@ def test_default_is_ssd_high_accuracy_and_ar_stays_available():
     (["audio.vad_threshold=.nan"], "audio.vad_threshold"),
     (["decoder=3"], "decoder"),
     (["justakey"], "--set 'justakey'"),
+    (["transducer.expansion_gamma=2.3"], "transducer.expansion_gamma"),   # ALSD++ has no expansion beam
+    (["transducer.algorithm=aes", "transducer.expansion_gamma=-1"], "transducer.expansion_gamma"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:

@@ -170,3 +170,35 @@ def test_the_per_utterance_alsd_baseline_is_exact_where_it_must_be(tiny, small, 
     greedy = transducer_greedy(model, frames, torch.tensor([9, 6, 4]))
     for i, n in enumerate((9, 6, 4)):
         assert per_utterance_alsd(model, frames[i], n, beam=1)[0] == greedy.tokens[i]
+
+
+def test_aes_expansion_gamma_equals_the_reference_and_bounds(small, sample_audio):
+    """mAES's expansion beam: against the per-utterance reference that filters each
+    hypothesis's expansions, on inputs where gamma changes the search; gamma 0 leaves each
+    hypothesis its best expansion only (the greedy path), a huge gamma is no pruning."""
+    model = small["rnnt"]
+    lm, tree = _fusion(model, seed=3)
+    lm.num_states = model.vocab_size
+    frames, lengths = _frames(3, 6, 24, seed=5), torch.tensor([6, 4, 5])
+    changed = 0
+    for gamma in (0.5, 1.5):
+        kw = dict(algorithm="aes", lm=lm, alpha_lm=0.6, boost=tree, alpha_boost=0.5)
+        out = TransducerBeamSearch(model, 4, expansion_gamma=gamma, **kw)(frames, lengths)
+        full = TransducerBeamSearch(model, 4, **kw)(frames, lengths)
+        for i in range(3):
+            score, tokens = reference_search(model, frames[i], int(lengths[i]), 4, "aes",
+                                             fusion=[(lm, 0.6), (tree, 0.5)], lam=0.6, gamma=gamma)
+            assert out.tokens[i] == tokens, (gamma, i)
+            assert out.scores[i].item() == pytest.approx(score, abs=1e-3)
+            changed += out.scores[i].item() != pytest.approx(full.scores[i].item(), abs=1e-4)
+    assert changed     # the test can fail: gamma prunes a path the full search keeps
+    audios = [a[:16000 * 2] for a in list(sample_audio.values())[:4]]
+    enc = model.encode(audios)
+    greedy = transducer_greedy(model, enc.states, enc.valid_frames)
+    zero = TransducerBeamSearch(model, 4, algorithm="aes", expansion_gamma=0.0)(enc.states, enc.valid_frames)
+    assert zero.tokens == greedy.tokens
+    wide = TransducerBeamSearch(model, 4, algorithm="aes", expansion_gamma=1e9)(enc.states, enc.valid_frames)
+    plain = TransducerBeamSearch(model, 4, algorithm="aes")(enc.states, enc.valid_frames)
+    assert wide.tokens == plain.tokens and plain.tokens != greedy.tokens
+    with pytest.raises(ValueError, match="expansion_gamma"):
+        TransducerBeamSearch(model, 4, algorithm="alsd", expansion_gamma=1.0)

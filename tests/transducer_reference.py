@@ -125,13 +125,15 @@ class Hyp:
 
 
 def reference_search(model, frames: torch.Tensor, length: int, beam: int, algorithm: str = "alsd",
-                     fusion=(), lam: float = 0.0, blank_scoring: str = "lm", pruning: str = "late"):
+                     fusion=(), lam: float = 0.0, blank_scoring: str = "lm", pruning: str = "late",
+                     gamma: float | None = None):
     """Plain per-utterance ALSD / AES: a list of hypotheses, each expanded alone into every
     token (and duration), fused (eq. 2 or 3; early pruning keeps the ``beam`` best tokens
     by the ASR score first), merged when transcript, frame and tokens at that frame agree
     (the better score wins), then the ``beam`` best kept. ``fusion``: [(model, weight)],
     ``lam``: the LM's weight lambda (for eq. 3). Returns (score with final fusion scores,
-    tokens)."""
+    tokens). ``gamma``: a hypothesis keeps only the expansions within ``gamma`` of its best
+    one (mAES's expansion beam)."""
     start = tuple(int(fm.init_states(1)[0]) for fm, _ in fusion)
     hyps = [Hyp((), 0, 0, 0.0, model.predictor_init(1), start)]
 
@@ -163,6 +165,9 @@ def reference_search(model, frames: torch.Tensor, length: int, beam: int, algori
             for d, dlp in durs:
                 adv, sym = _moves(model, k, d, h.sym)
                 out.append(Hyp(toks, h.t + adv, sym, h.score + base + dlp, st, fus))
+        if gamma is not None:
+            best = max(c.score for c in out)
+            out = [c for c in out if c.score >= best - gamma]
         return out
 
     def prune(cands):

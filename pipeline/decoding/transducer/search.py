@@ -104,17 +104,25 @@ class TransducerBeamSearch:
         pruning: "late" (LM before the per-hypothesis top-k) or "early".
         max_symbols: tokens per frame (default: the model's).
         dense_fusion_max_bytes: fold small fusion models into dense tables (0: never).
+        expansion_gamma: AES++ only: a hypothesis expands only into the tokens scoring
+            within ``gamma`` of its best one (log-prob, fused as they are ranked): the
+            expansion beam of mAES ("Accelerating RNN Transducer Inference via Adaptive
+            Expansion Search", the paper's reference [7] for AES); None: every one of its
+            top-``beam`` tokens.
     """
 
     def __init__(self, model, beam_size: int, algorithm: str = "alsd", lm=None, alpha_lm: float = 0.0,
                  boost=None, alpha_boost: float = 0.0, blank_scoring: str = "lm", pruning: str = "late",
-                 max_symbols: int | None = None, dense_fusion_max_bytes: int = 256 * 2 ** 20):
+                 max_symbols: int | None = None, dense_fusion_max_bytes: int = 256 * 2 ** 20,
+                 expansion_gamma: float | None = None):
         if beam_size < 1:
             raise ValueError("beam_size must be >= 1")
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}")
         if algorithm == "aes" and model.durations is not None:
             raise ValueError("AES++ is defined for RNN-T; use ALSD++ (algorithm='alsd') for TDT")
+        if expansion_gamma is not None and (algorithm != "aes" or expansion_gamma < 0):
+            raise ValueError("expansion_gamma is AES++'s (algorithm='aes') and must be >= 0")
         if blank_scoring not in BLANK_SCORINGS or pruning not in PRUNINGS:
             raise ValueError(f"blank_scoring in {BLANK_SCORINGS}, pruning in {PRUNINGS}")
         for fm in (lm, boost):
@@ -128,6 +136,7 @@ class TransducerBeamSearch:
         self.boost, self.alpha_boost = self.fusion.boost, self.fusion.alpha_boost
         self.blank_scoring, self.pruning = blank_scoring, pruning
         self.max_symbols = int(max_symbols or model.max_symbols)
+        self.expansion_gamma = expansion_gamma
         self._lookups = LookupCache()
         self._masks: dict = {}
 
@@ -221,6 +230,9 @@ class TransducerBeamSearch:
         tok_lp = tok_lp.view(b, k, -1).float()
         kt = min(k, m.vocab_size)
         tokens, tscore, handles = self._token_scores(hyps, tok_lp, fusion, lookups, kt)   # [B, K, kt]
+        if self.expansion_gamma is not None:
+            best = tscore.max(dim=2, keepdim=True).values
+            tscore = tscore.masked_fill(tscore < best - self.expansion_gamma, NEG_INF)
         blank = tokens == m.blank
         if self.dur_values is None:
             kd = 1
