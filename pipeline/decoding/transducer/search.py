@@ -35,6 +35,7 @@ on a GPU (the end test is polled asynchronously); on a CPU, reading it is free.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -226,7 +227,11 @@ class TransducerBeamSearch:
         t_max = frames.shape[1]
         rows = torch.arange(b, device=frames.device)
         fr = frames[rows[:, None], hyps.t.clamp(max=t_max - 1)]                     # [B, K, H]
-        tok_lp, dur_lp = m.joint(fr.reshape(b * k, -1), m.predictor_output(hyps.pred))
+        # frozen hypotheses (finished, or waiting for the next frame in AES++) offer themselves
+        frozen = (hyps.t >= lengths[:, None]) | (hyps.score == NEG_INF)
+        if waiting is not None:
+            frozen = frozen | waiting
+        tok_lp, dur_lp = self._joint(fr.reshape(b * k, -1), m.predictor_output(hyps.pred), frozen.reshape(-1))
         tok_lp = tok_lp.view(b, k, -1).float()
         kt = min(k, m.vocab_size)
         tokens, tscore, handles = self._token_scores(hyps, tok_lp, fusion, lookups, kt)   # [B, K, kt]
@@ -265,10 +270,6 @@ class TransducerBeamSearch:
         moved = (hyps.key - h + HASH_MOD).unsqueeze(2) + (h.unsqueeze(2) * HASH_BASE + tok).remainder(HASH_MOD)
         key = torch.where(emit, moved, hyps.key.unsqueeze(2))
         last = torch.where(emit, tok, hyps.last.unsqueeze(2))
-        # frozen hypotheses (finished, or waiting for the next frame in AES++) offer themselves
-        frozen = (hyps.t >= lengths[:, None]) | (hyps.score == NEG_INF)
-        if waiting is not None:
-            frozen = frozen | waiting
         f3 = frozen.unsqueeze(2)
         score = torch.cat([score.masked_fill(f3, NEG_INF), hyps.score.masked_fill(~frozen, NEG_INF).unsqueeze(2)], 2)
         tok = torch.cat([tok, torch.full_like(hyps.t, -1).unsqueeze(2)], 2)
@@ -304,6 +305,28 @@ class TransducerBeamSearch:
             states.append(torch.where(emitted, lookup.advance(hsel), par_state))
         trie.append((parent, torch.where(emitted, tk, -1), hyps.t.gather(1, parent)))
         return _Hyps(top, tn, sy, ky, ls, pred, states)
+
+    def _joint(self, frames: torch.Tensor, pred_out: torch.Tensor, frozen: torch.Tensor):
+        """The joint of every hypothesis; on a CPU only of those that expand (frozen ones
+        offer only themselves, so their outputs are never read: they get a uniform row).
+        On a GPU every row, so shapes stay static and nothing is read back."""
+        if frames.device.type != "cpu" or not bool(frozen.any()):
+            return self.model.joint(frames, pred_out)
+        live = (~frozen).nonzero().squeeze(1)
+        n = frozen.shape[0]
+        if live.numel() == 0:
+            tok_live, dur_live = self.model.joint(frames[:1], pred_out[:1])   # shapes only
+            live = live[:0]
+            tok_live, dur_live = tok_live[:0], None if dur_live is None else dur_live[:0]
+        else:
+            tok_live, dur_live = self.model.joint(frames.index_select(0, live), pred_out.index_select(0, live))
+
+        def spread(x):
+            if x is None:
+                return None
+            out = torch.full((n, x.shape[-1]), -math.log(x.shape[-1]), dtype=x.dtype)
+            return out.index_copy_(0, live, x)
+        return spread(tok_live), spread(dur_live)
 
     def _earlier(self, n: int, device) -> torch.Tensor:
         key = (n, str(device))
