@@ -351,7 +351,7 @@ def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | Non
     rows_out = duplicates = errors = run_rows = run_errors = 0
     audio = run_audio = 0.0
     stages: dict[str, int] = {}
-    kinds: list[str] = []
+    kinds: dict[str, int] = {}
     wer_errors = wer_words = wer_rows = 0
     for rows in iter_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"], options):
         for r in rows:
@@ -363,7 +363,8 @@ def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | Non
             audio += r["duration_s"] or 0.0
             if r["error"]:
                 errors += 1
-                kinds.append(error_kind(r["error"]))
+                kind = error_kind(r["error"])
+                kinds[kind] = kinds.get(kind, 0) + 1
             if run_ids and r["id"] in run_ids:
                 run_rows += 1
                 run_errors += bool(r["error"])
@@ -379,7 +380,7 @@ def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | Non
         "duplicate_rows": duplicates,
         "missing_ids": missing[:20],
         "errors": errors,
-        "errors_by_kind": _count(kinds),
+        "errors_by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
         "stages": stages,
         "audio_seconds": audio,
         "wer": wer_errors / wer_words if wer_words else None,
@@ -398,10 +399,3 @@ def read_summary(dst: str, options: dict | None = None) -> dict:
     fs, path = url_to_fs(dst, options)
     with fs.open(posixpath.join(path, SUMMARY_NAME)) as fh:
         return json.load(fh)
-
-
-def _count(items) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[item] = counts.get(item, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))

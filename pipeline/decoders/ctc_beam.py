@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from pipeline.decoding.ctc_beam import CTCBeamSearch
+from pipeline.decoding.ctc_beam.frames import pad_rows
 from pipeline.decoding.ctc_words import words_from_path
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult, encode_then
 from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
@@ -89,18 +90,13 @@ class CTCBeamFinisher:
         t0 = time.perf_counter()
         arrays = [r.pending.log_probs for r in results]
         lengths = torch.tensor([a.shape[0] for a in arrays])
-        T, C = int(lengths.max()), arrays[0].shape[1]
+        C = arrays[0].shape[1]
         if C != self.vocab.size:
             raise ValueError(f"log-probs over {C} CTC outputs, but the vocabulary has {self.vocab.size}")
         rows = [torch.tensor(a) for a in arrays]  # arrow buffers are read-only
-        if torch.device(self.device).type == "cpu":
-            lp = rows  # the native FLToP scan reads each row in place: no padded copy
-        else:
-            lp = torch.full((len(results), T, C), float("-inf"))
-            lp[:, :, self.vocab.blank] = 0.0
-            for i, r in enumerate(rows):
-                lp[i, :r.shape[0]] = r
-            lp = lp.to(self.device)
+        # on a CPU the native FLToP scan reads each row in place (no padded copy); a GPU
+        # gets one padded batch in one transfer
+        lp = rows if torch.device(self.device).type == "cpu" else pad_rows(rows).to(self.device)
         out = self.search(lp, lengths.to(self.device), boost=self._boost(results))
         paths = out.alignments[:, 0].tolist()    # the best hypothesis's surviving alignment
         for b, (r, toks, path, n) in enumerate(zip(results, out.tokens, paths, lengths.tolist())):

@@ -82,8 +82,8 @@ class CTCBeamSearch:
             without dense tables, no C compiler).
 
     ``__call__(log_probs [B, T, V+1] or a list of [T_b, V+1], lengths [B]) ->
-    BeamSearchResult``; log_probs must be normalised log-probabilities (log_softmax). ``last_loop`` names the loop that ran the
-    last call (one of ``LOOPS``).
+    BeamSearchResult``; log_probs must be normalised log-probabilities (log_softmax).
+    ``last_loop`` names the loop that ran the last call (one of ``LOOPS``).
     """
 
     def __init__(self, beam_size: int, blank: int = 0, beta: float = 0.0, lm: FusionModel | None = None,

@@ -310,16 +310,11 @@ class TransducerBeamSearch:
         """The joint of every hypothesis; on a CPU only of those that expand (frozen ones
         offer only themselves, so their outputs are never read: they get a uniform row).
         On a GPU every row, so shapes stay static and nothing is read back."""
-        if frames.device.type != "cpu" or not bool(frozen.any()):
+        if frames.device.type != "cpu" or not bool(frozen.any()) or bool(frozen.all()):
             return self.model.joint(frames, pred_out)
         live = (~frozen).nonzero().squeeze(1)
         n = frozen.shape[0]
-        if live.numel() == 0:
-            tok_live, dur_live = self.model.joint(frames[:1], pred_out[:1])   # shapes only
-            live = live[:0]
-            tok_live, dur_live = tok_live[:0], None if dur_live is None else dur_live[:0]
-        else:
-            tok_live, dur_live = self.model.joint(frames.index_select(0, live), pred_out.index_select(0, live))
+        tok_live, dur_live = self.model.joint(frames.index_select(0, live), pred_out.index_select(0, live))
 
         def spread(x):
             if x is None:
