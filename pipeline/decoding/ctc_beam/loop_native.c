@@ -20,7 +20,8 @@
  * arrays of pipeline/lm/backoff_graph.py): the state's explicit arc for the label, found
  * by binary search, else its back-off, down to the root's dense row; the same sums in
  * the same order as BackoffGraph.advance_labels, then alpha * score + beta as
- * fusion.py's GenericLookup computes them.
+ * fusion.py's GenericLookup computes them; a small memo keeps the lookups already made
+ * in the call (the same entries, found again without the search).
  * Viable columns are enumerated best first for the few best (a sorted head) and in any
  * order after it, which can only reorder candidates of exactly equal score.
  * Dead slots are filled the way the torch step leaves them: score -inf, never a parent.
@@ -32,6 +33,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define HASH_BASE 1000003LL
 #define HASH_MOD 2147483647LL
@@ -91,6 +95,17 @@ static inline void insert_top(cand_t *top, int64_t *n, int64_t cap, cand_t c) {
     top[pos] = c;
 }
 
+/* A direct-mapped memo of back-off graph lookups, (lookup, state, label) -> entry: a
+ * hypothesis keeps its LM state over the blank frames between tokens and meets the same
+ * few tokens frame after frame, so most lookups repeat one made a frame or two before,
+ * and a memo hit (one load) replaces a chain of binary searches. Exact: the entry is the
+ * one the search computed. */
+#define MEMO_BITS 12
+typedef struct {
+    int64_t key;
+    entry_t e;
+} memo_t;
+
 /* One (frame, utterance) pair's view of the search inputs. */
 typedef struct {
     const int64_t *tk, *lt;    /* the frame's token ids (NULL: column = id) and LM ids */
@@ -100,6 +115,7 @@ typedef struct {
     int64_t n_lookups, B, K, b, V;
     int has_beta_only;
     float beta_only;
+    memo_t *memo;              /* back-off graph lookups already made in this call */
 } pair_t;
 
 static inline int64_t token_of(const pair_t *p, int64_t c) { return p->tk ? p->tk[c] : c; }
@@ -138,7 +154,15 @@ static entry_t graph_entry(const graph_t *g, int64_t V, int64_t state, int64_t l
 
 static inline entry_t entry(const pair_t *p, int64_t l, int64_t j, int64_t lmcol) {
     const int64_t st = p->states[(l * p->B + p->b) * p->K + j];
-    if (p->gr[l]) return graph_entry(p->gr[l], p->V, st, lmcol);
+    if (p->gr[l]) {
+        const int64_t key = (st * (p->V + 1) + lmcol) * MAX_LOOKUPS + l;
+        memo_t *m = p->memo + (((uint64_t)key * 0x9E3779B97F4A7C15ull) >> (64 - MEMO_BITS));
+        if (m->key != key) {
+            m->key = key;
+            m->e = graph_entry(p->gr[l], p->V, st, lmcol);
+        }
+        return m->e;
+    }
     return p->tab[l][st + lmcol];
 }
 
@@ -193,6 +217,9 @@ int ctc_beam_loop(
 {
     if (n_lookups > MAX_LOOKUPS || M > MAX_SLOTS || K > MAX_SLOTS || M < K) return -1;
     cand_t top[MAX_SLOTS];
+    static const memo_t empty = {-1, {0.0f, 0}};
+    memo_t memo[1 << MEMO_BITS];
+    for (int64_t i = 0; i < (1 << MEMO_BITS); i++) memo[i] = empty;
     float new_scores[MAX_SLOTS];
     int64_t new_last[MAX_SLOTS], new_key[MAX_SLOTS], new_states[MAX_LOOKUPS][MAX_SLOTS];
     int64_t viable[VIABLE_HEAD], tail[4096];
@@ -201,12 +228,14 @@ int ctc_beam_loop(
     for (int64_t l = 0; l < n_lookups; l++) bmax += bonus_max[l] > 0.0f ? bonus_max[l] : 0.0f;
     if (has_beta_only && beta_only > 0.0f) bmax += beta_only;
 
-    for (int64_t s = 0; s < S; s++) {
-        for (int64_t b = 0; b < B; b++) {
+    /* utterance by utterance (they are independent), so an utterance's frames reuse its
+     * own memo entries and cache lines while they are still there */
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t s = 0; s < S; s++) {
             const int64_t fb = s * B + b;
             const float *x = values + fb * W;
             const pair_t pr = {tokens ? tokens + fb * W : NULL, tokens ? lm_tokens + fb * W : lm_tokens,
-                               tab, gr, states, n_lookups, B, K, b, V, has_beta_only, beta_only};
+                               tab, gr, states, n_lookups, B, K, b, V, has_beta_only, beta_only, memo};
             const float th = thresholds[fb];
             float *sc = scores + b * K;
             int64_t *la = last + b * K, *ky = key + b * K;
@@ -383,12 +412,28 @@ typedef int32_t i4_t __attribute__((vector_size(16)));
 static inline f4_t load4(const float *p) { f4_t v; memcpy(&v, p, sizeof v); return v; }
 static inline f4_t splat4(float a) { f4_t v = {a, a, a, a}; return v; }
 
+/* bit i set where p[i] >= lim and p[i] > -inf, for the FLOP_BLOCK floats at p */
+static inline uint32_t block_mask(const float *p, float lim) {
+    uint32_t mask = 0;
+#if defined(__SSE2__)
+    const __m128 l = _mm_set1_ps(lim), ninf = _mm_set1_ps(-INFINITY);
+    for (int i = 0; i < FLOP_BLOCK; i += 4) {
+        const __m128 v = _mm_loadu_ps(p + i);
+        const __m128 ok = _mm_and_ps(_mm_cmpge_ps(v, l), _mm_cmpgt_ps(v, ninf));
+        mask |= (uint32_t)_mm_movemask_ps(ok) << i;
+    }
+#else
+    for (int i = 0; i < FLOP_BLOCK; i++) mask |= (uint32_t)(p[i] >= lim && p[i] > -INFINITY) << i;
+#endif
+    return mask;
+}
+
 void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
                     const float *const *rows, const int64_t *lengths, int has_ratio, float log_ratio,
                     float *out_values, int64_t *out_tokens)
 {
     const int64_t nb = (V1 + FLOP_BLOCK - 1) / FLOP_BLOCK;
-    float bm[nb];  /* each block's maximum */
+    float bm[nb], qm[nb];  /* each block's maximum; those reaching the floor */
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < T; t++) {
             float *ov = out_values + (t * B + b) * N;
@@ -418,26 +463,46 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
                 best = m > best ? m : best;
             }
             /* the N-th largest block maximum: N blocks hold an element at least that
-             * large, so the frame's N-th best is too, and no block below it holds one */
-            float top[64];
-            int64_t nt = 0, cap = N < 64 ? N : 64;
-            for (int64_t k = 0; k < nb; k++) {
-                const float m = bm[k];
-                if (nt == cap && !(m > top[cap - 1])) continue;
-                int64_t p = nt < cap ? nt++ : cap - 1;
-                while (p > 0 && m > top[p - 1]) { top[p] = top[p - 1]; p--; }
-                top[p] = m;
-            }
+             * large, so the frame's N-th best is too, and no block below it holds one.
+             * Only blocks that reach the ratio's floor can raise the limit above it, so
+             * the selection runs over those alone, and not at all when N or fewer do
+             * (most frames of a confident model) */
             const float floor_v = has_ratio ? best + log_ratio : -INFINITY;
+            int64_t nq = 0;
+            for (int64_t k = 0; k < nb; k++) {  /* branch-free compaction */
+                qm[nq] = bm[k];
+                nq += bm[k] >= floor_v;
+            }
             float lim = floor_v;
-            if (nt == N && top[N - 1] > lim) lim = top[N - 1];
+            if (N <= 64 && nq >= N) {
+                float top[64];
+                for (int64_t i = 0; i < N; i++) top[i] = -INFINITY;
+                for (int64_t k = 0; k < nq; k++) {
+                    const float m = qm[k];
+                    if (!(m > top[N - 1])) continue;
+                    int64_t p = N - 1;
+                    while (p > 0 && m > top[p - 1]) { top[p] = top[p - 1]; p--; }
+                    top[p] = m;
+                }
+                if (top[N - 1] > lim) lim = top[N - 1];
+            }
             int64_t n = 0;
             for (int64_t k = 0; k < nb; k++) {
                 if (!(bm[k] >= lim)) continue;
-                const int64_t e1 = (k + 1) * FLOP_BLOCK < V1 ? (k + 1) * FLOP_BLOCK : V1;
-                for (int64_t e = k * FLOP_BLOCK; e < e1; e++) {
+                const int64_t e0 = k * FLOP_BLOCK;
+                const int64_t e1 = e0 + FLOP_BLOCK < V1 ? e0 + FLOP_BLOCK : V1;
+                /* the columns that reach the limit, as a bit mask (vector compares), so
+                 * the column-by-column work is one iteration per kept candidate */
+                uint32_t mask = 0;
+                if (e1 - e0 == FLOP_BLOCK) {
+                    mask = block_mask(x + e0, lim);
+                } else {
+                    for (int64_t e = e0; e < e1; e++) mask |= (uint32_t)(x[e] >= lim && x[e] > -INFINITY) << (e - e0);
+                }
+                while (mask) {
+                    const int64_t e = e0 + __builtin_ctz(mask);
+                    mask &= mask - 1;
                     const float v = x[e];
-                    if (!(v >= lim) || v == -INFINITY) continue;
                     if (n == N && !(v > ov[N - 1])) continue;
                     const int64_t id = e == blank ? 0 : (e < blank ? e + 1 : e);
                     int64_t pos = n < N ? n++ : N - 1;
