@@ -401,16 +401,45 @@ void ctc_backtrack(int64_t S, int64_t B, int64_t K, int64_t W, int64_t n,
  * 0, the rest -inf. Same result as frames.py's prepare_frames + flop.prune_frame (token ids of
  * -inf slots aside, which the search never reads).
  * A frame's V+1 columns are the largest data of the search, so they are read once at
- * vector width (GCC/clang vector extensions: SSE2 or NEON, no build flag) for the maximum
- * of each block of FLOP_BLOCK columns; only blocks whose maximum reaches both the ratio's
- * floor and the N-th largest block maximum can hold a kept token, and only those are
- * scanned one column at a time, in column order as before. Max and compare are exact, so
- * the result is the plain scan's, ties included (the earlier column first). */
+ * vector width (SSE2 intrinsics on x86-64, GCC/clang vector extensions elsewhere; no build
+ * flag) for the maximum of each block of FLOP_BLOCK columns. A block is read again only
+ * if its maximum reaches the ratio's floor, a lower bound on the frame's N-th best value
+ * (the smallest of the maxima of N runs of blocks) and, once N columns are kept, the N-th
+ * of them; its columns that reach the limit come out of vector compares as a bit mask,
+ * in column order. Max and compare are exact, so the result is the plain scan's, ties
+ * included (the earlier column first). */
 #define FLOP_BLOCK 32
+#if !defined(__SSE2__)
 typedef float f4_t __attribute__((vector_size(16)));
 typedef int32_t i4_t __attribute__((vector_size(16)));
 static inline f4_t load4(const float *p) { f4_t v; memcpy(&v, p, sizeof v); return v; }
-static inline f4_t splat4(float a) { f4_t v = {a, a, a, a}; return v; }
+#endif
+
+/* the largest of the FLOP_BLOCK floats at p (max is exact: any order gives it) */
+static inline float block_max(const float *p) {
+#if defined(__SSE2__)
+    __m128 a = _mm_max_ps(_mm_loadu_ps(p), _mm_loadu_ps(p + 4));
+    __m128 c = _mm_max_ps(_mm_loadu_ps(p + 8), _mm_loadu_ps(p + 12));
+    for (int i = 16; i < FLOP_BLOCK; i += 8) {
+        a = _mm_max_ps(a, _mm_loadu_ps(p + i));
+        c = _mm_max_ps(c, _mm_loadu_ps(p + i + 4));
+    }
+    a = _mm_max_ps(a, c);
+    a = _mm_max_ps(a, _mm_shuffle_ps(a, a, _MM_SHUFFLE(1, 0, 3, 2)));
+    a = _mm_max_ps(a, _mm_shuffle_ps(a, a, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtss_f32(a);
+#else
+    f4_t a = load4(p), c = load4(p + 4);
+    for (int i = 8; i < FLOP_BLOCK; i += 8) {
+        const f4_t u = load4(p + i), w = load4(p + i + 4);
+        i4_t g = u > a; a = (f4_t)(((i4_t)u & g) | ((i4_t)a & ~g));
+        g = w > c; c = (f4_t)(((i4_t)w & g) | ((i4_t)c & ~g));
+    }
+    const i4_t g = c > a; a = (f4_t)(((i4_t)c & g) | ((i4_t)a & ~g));
+    const float m = a[0] > a[1] ? a[0] : a[1], m2 = a[2] > a[3] ? a[2] : a[3];
+    return m2 > m ? m2 : m;
+#endif
+}
 
 /* bit i set where p[i] >= lim and p[i] > -inf, for the FLOP_BLOCK floats at p */
 static inline uint32_t block_mask(const float *p, float lim) {
@@ -433,7 +462,7 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
                     float *out_values, int64_t *out_tokens)
 {
     const int64_t nb = (V1 + FLOP_BLOCK - 1) / FLOP_BLOCK;
-    float bm[nb], qm[nb];  /* each block's maximum; those reaching the floor */
+    float bm[nb];  /* each block's maximum */
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < T; t++) {
             float *ov = out_values + (t * B + b) * N;
@@ -446,49 +475,36 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
                 const int64_t e0 = k * FLOP_BLOCK;
                 float m = -INFINITY;
                 if (e0 + FLOP_BLOCK <= V1) {
-                    f4_t a = load4(x + e0), c = load4(x + e0 + 4);
-                    for (int64_t e = e0 + 8; e < e0 + FLOP_BLOCK; e += 8) {
-                        const f4_t u = load4(x + e), w = load4(x + e + 4);
-                        i4_t g = u > a; a = (f4_t)(((i4_t)u & g) | ((i4_t)a & ~g));
-                        g = w > c; c = (f4_t)(((i4_t)w & g) | ((i4_t)c & ~g));
-                    }
-                    const i4_t g = c > a; a = (f4_t)(((i4_t)c & g) | ((i4_t)a & ~g));
-                    m = a[0] > a[1] ? a[0] : a[1];
-                    const float m2 = a[2] > a[3] ? a[2] : a[3];
-                    m = m2 > m ? m2 : m;
+                    m = block_max(x + e0);
                 } else {
                     for (int64_t e = e0; e < V1; e++) m = x[e] > m ? x[e] : m;
                 }
                 bm[k] = m;
                 best = m > best ? m : best;
             }
-            /* the N-th largest block maximum: N blocks hold an element at least that
-             * large, so the frame's N-th best is too, and no block below it holds one.
-             * Only blocks that reach the ratio's floor can raise the limit above it, so
-             * the selection runs over those alone, and not at all when N or fewer do
-             * (most frames of a confident model) */
+            /* a lower bound on the frame's N-th best value, to skip the blocks below
+             * it: cut the blocks into N runs; each run's maximum is a different column,
+             * so N columns reach the smallest of them (no selection, no branch) */
             const float floor_v = has_ratio ? best + log_ratio : -INFINITY;
-            int64_t nq = 0;
-            for (int64_t k = 0; k < nb; k++) {  /* branch-free compaction */
-                qm[nq] = bm[k];
-                nq += bm[k] >= floor_v;
-            }
             float lim = floor_v;
-            if (N <= 64 && nq >= N) {
-                float top[64];
-                for (int64_t i = 0; i < N; i++) top[i] = -INFINITY;
-                for (int64_t k = 0; k < nq; k++) {
-                    const float m = qm[k];
-                    if (!(m > top[N - 1])) continue;
-                    int64_t p = N - 1;
-                    while (p > 0 && m > top[p - 1]) { top[p] = top[p - 1]; p--; }
-                    top[p] = m;
+            if (nb >= N) {
+                float bound = INFINITY;
+                for (int64_t g = 0; g < N; g++) {
+                    float gm = -INFINITY;
+                    for (int64_t k = g * nb / N; k < (g + 1) * nb / N; k++) gm = bm[k] > gm ? bm[k] : gm;
+                    bound = gm < bound ? gm : bound;
                 }
-                if (top[N - 1] > lim) lim = top[N - 1];
+                if (bound > lim) lim = bound;
             }
             int64_t n = 0;
             for (int64_t k = 0; k < nb; k++) {
                 if (!(bm[k] >= lim)) continue;
+                /* N kept already: only a column above the N-th can enter (ties go to the
+                 * earlier column, which is in) */
+                if (n == N) {
+                    if (!(bm[k] > ov[N - 1])) continue;
+                    if (ov[N - 1] > lim) lim = ov[N - 1];
+                }
                 const int64_t e0 = k * FLOP_BLOCK;
                 const int64_t e1 = e0 + FLOP_BLOCK < V1 ? e0 + FLOP_BLOCK : V1;
                 /* the columns that reach the limit, as a bit mask (vector compares), so
