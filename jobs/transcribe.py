@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.config import ConfigError, load_config
     from pipeline.formats import FormatError, parse_formats
-    from pipeline.models.preflight import ModelError, check_model
+    from pipeline.models.preflight import ModelError, check_model, check_transducer_search
     from pipeline.output import OutputBusy
     from pipeline.sources import SourceError, open_source, scan
     from pipeline.storage import StorageError
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         formats = parse_formats(args.format)
         cfg = load_config(args.config, args.overrides, model=args.model)
         check_model(cfg.model)
+        check_transducer_search(cfg)
         use_storage(cfg, args)
         # The source is scanned for its ids only; its rows are read where they are used.
         source = open_source(args.input, args.audio_column, args.text_column)

@@ -84,3 +84,26 @@ def test_config_validation():
         load_config("transducer_beam", ["transducer.pruning=middle"])
     with pytest.raises(ConfigError, match="needs a model with transducer"):
         load_config("transducer_greedy", ["model.family=ctc"])
+
+
+def test_aes_on_a_tdt_fails_before_any_worker_starts(tmp_path, checkpoint):
+    """AES++ is defined for RNN-T: a TDT (the embedded default, a Parakeet TDT directory)
+    under transducer.algorithm=aes is one line and exit 2 from the driver, and the shipped
+    RNN-T twin passes the same check."""
+    from pipeline.models.preflight import ModelError, check_model, check_transducer_search
+
+    for source in ("embedded", str(checkpoint)):
+        with pytest.raises(ModelError, match="AES\\+\\+ searches RNN-T models.*embedded_rnnt"):
+            check_transducer_search(load_config("transducer_beam", ["transducer.algorithm=aes",
+                                                                     f"model.source={source}"]))
+    rnnt = load_config("transducer_beam", ["transducer.algorithm=aes", "model.source=embedded_rnnt"])
+    check_model(rnnt.model)
+    check_transducer_search(rnnt)
+    with pytest.raises(ModelError, match="model.source=embedded_rnnt: .*model.family=transducer"):
+        check_model(load_config("ar", ["model.source=embedded_rnnt"]).model)
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(tmp_path / "none.jsonl"),
+                           "--output", str(tmp_path / "out"), "--config", "transducer_beam",
+                           "--set", "transducer.algorithm=aes"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "AES++ searches RNN-T" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()

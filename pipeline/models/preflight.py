@@ -128,6 +128,11 @@ def check_model(model_config) -> None:
             check_dtype(model_config.device, model_config.encoder_dtype, "model.encoder_dtype")
     except ValueError as exc:
         raise ModelError(str(exc)) from None
+    if model_config.source == "embedded_rnnt":
+        if model_config.family != "transducer":
+            raise ModelError(f"model.source=embedded_rnnt: the shipped RNN-T transducer; set "
+                             f"model.family=transducer (--config transducer_beam), not {model_config.family}")
+        return
     if model_config.source == "embedded":
         from pipeline.models import model_family
 
@@ -142,6 +147,24 @@ def check_model(model_config) -> None:
     if model_config.family == "whisper":
         _whisper_components(model_config, config)
         _whisper_options(model_config, checkpoint_json(model_config.source, "generation_config.json"))
+
+
+def check_transducer_search(cfg) -> None:
+    """AES++ is defined for RNN-T: under ``transducer.algorithm=aes`` a TDT (a checkpoint
+    with token durations) is one line here instead of an error from every beam worker."""
+    if cfg.decoder.kind != "transducer_beam" or cfg.transducer.algorithm != "aes":
+        return
+    from pipeline.models.transducer.embedded import EMBEDDED, EMBEDDED_RNNT, shipped_or_path
+
+    source = cfg.model.source
+    if source in (EMBEDDED, EMBEDDED_RNNT):
+        config = json.loads((shipped_or_path(source) / "config.json").read_text())
+    else:
+        config = checkpoint_config(source, cfg.model.cache_dir)
+    if config.get("durations"):
+        raise ModelError(f"transducer.algorithm=aes: AES++ searches RNN-T models, and model.source={source} is "
+                         f"a TDT (durations {list(config['durations'])}); use transducer.algorithm=alsd, or "
+                         "model.source=embedded_rnnt (the shipped RNN-T)")
 
 
 def checkpoint_architectures(source: str) -> list[str]:

@@ -6,16 +6,17 @@ transducer over the frozen Whisper tiny.en encoder (embedded.py). The adapters
 carries its state and the joint (token and, for TDT, duration log-probs); transformers'
 own ``generate`` is greedy only.
 
-``model.source``: ``embedded`` (the shipped transducer), a ``train-transducer`` output
-directory, or a Parakeet directory / Hugging Face id in the local cache.
+``model.source``: ``embedded`` (the shipped TDT transducer), ``embedded_rnnt`` (its RNN-T
+twin, for AES++), a ``train-transducer`` output directory, or a Parakeet directory /
+Hugging Face id in the local cache.
 """
 from __future__ import annotations
 
 
 def load(model_config, device: str, dtype):
-    from pipeline.models.transducer.embedded import EMBEDDED, is_embedded_transducer_dir
+    from pipeline.models.transducer.embedded import EMBEDDED, EMBEDDED_RNNT, is_embedded_transducer_dir
 
-    if model_config.source == EMBEDDED or is_embedded_transducer_dir(model_config.source):
+    if model_config.source in (EMBEDDED, EMBEDDED_RNNT) or is_embedded_transducer_dir(model_config.source):
         from pipeline.models.transducer.embedded import load_embedded_transducer_adapter
 
         return load_embedded_transducer_adapter(model_config.source, device=device, dtype=dtype,

@@ -34,14 +34,23 @@ from pipeline.models.whisper.adapter import SAMPLES_PER_STATE, WhisperAdapter
 from pipeline.text import charset
 
 EMBEDDED = "embedded"
+# the RNN-T twin (no durations: what AES++ searches), trained like the TDT
+EMBEDDED_RNNT = "embedded_rnnt"
 # config.json's ``architectures`` entry, so ``--model DIR`` finds the transducer family
 ARCHITECTURE = "ShardscribeWhisperTDT"
 WEIGHTS_FILE = "transducer.safetensors"
 CONFIG_FILE = "config.json"
 
 
-def embedded_transducer_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "assets" / "transducer"
+def embedded_transducer_dir(source: str = EMBEDDED) -> Path:
+    """The shipped transducer a ``model.source`` name stands for."""
+    return Path(__file__).resolve().parents[2] / "assets" / ("transducer_rnnt" if source == EMBEDDED_RNNT
+                                                               else "transducer")
+
+
+def shipped_or_path(source: str | Path) -> Path:
+    """``embedded`` / ``embedded_rnnt``: the shipped directory; anything else: the path."""
+    return embedded_transducer_dir(str(source)) if str(source) in (EMBEDDED, EMBEDDED_RNNT) else Path(source)
 
 
 def is_embedded_transducer_dir(path: str | Path) -> bool:
@@ -129,7 +138,7 @@ def load_embedded_transducer(source: str | Path = EMBEDDED, device="cpu",
                              dtype: torch.dtype = torch.float32) -> EmbeddedTransducer:
     from safetensors.torch import load_file
 
-    path = embedded_transducer_dir() if str(source) == EMBEDDED else Path(source)
+    path = shipped_or_path(source)
     if not is_embedded_transducer_dir(path):
         raise ValueError(f"model.source: no embedded-format transducer at {path} (no {WEIGHTS_FILE})")
     raw = json.loads((path / CONFIG_FILE).read_text())
@@ -204,7 +213,8 @@ class EmbeddedTransducerAdapter(TransducerAdapter):
 def load_embedded_transducer_adapter(source: str = EMBEDDED, device: str = "cpu", dtype=torch.float32,
                                      cache_dir=None) -> EmbeddedTransducerAdapter:
     """Whisper tiny.en with the embedded CTC head (the frozen encoder side) and the
-    transducer at ``source`` (``embedded``: the shipped one; or a train-transducer output)."""
+    transducer at ``source`` (``embedded``: the shipped TDT; ``embedded_rnnt``: its RNN-T twin;
+    or a train-transducer output)."""
     from pipeline.models.whisper.adapter import load_whisper_adapter
 
     model = load_embedded_transducer(source, device=device, dtype=dtype)
