@@ -1,0 +1,40 @@
+"""`shardscribe bench regimes --quick`: the GPU regimes bench on toy sizes of the same
+architectures, on the CPU, so it cannot rot while no GPU is lent. Besides the contract
+keys, the run's own checks must hold: SSD's fallback from a verified prefix (seeded from
+the verification pass's KV cache) continues exactly as full greedy AR does, on rows whose
+draft was corrupted mid-way; the CTC beam with LM and boosting gives another text than
+greedy, and its native loop the eager loop's results; ALSD++ at beam 1 is greedy."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from jobs import bench_regimes
+
+
+def test_quick_regimes_bench_runs_with_its_checks(tmp_path):
+    parser = argparse.ArgumentParser()
+    bench_regimes.add_arguments(parser)
+    args = parser.parse_args(["--batch", "6", "--whisper-processor", str(tmp_path / "processor")])
+    args.quick, args.device, args.out = True, "cpu", str(tmp_path / "r.json")
+    result = bench_regimes.run(args)
+    summary, rows = result["summary"], result["rows"]
+    json.dumps(result, default=float)
+    assert summary["device"] == "cpu" and summary["sizes"] == "toy"
+    by = {(r["section"], r["regime"]): r for r in rows}
+    ha = by[("ssd", "high_accuracy")]
+    assert ha["fallback_s"] > 0 and ha["verify_s"] > 0          # rows were verified and some rejected
+    assert ha["fallback_equals_ar"] == 1.0
+    assert by[("ssd", "high_rtfx")]["verify_s"] < ha["verify_s"]   # nearly every row gated
+    for key in ("ssd_high_accuracy_vs_ar", "ssd_high_rtfx_vs_ar", "ctc_beam_eager_vs_greedy",
+                "transducer_alsd4_vs_greedy"):
+        assert summary[key] > 0, key
+    assert summary["ctc_beam_native_equals_eager"] is True
+    assert summary["ctc_beam_beam_differs_from_greedy"] is True
+    assert summary["transducer_beam1_equals_greedy"] is True
+    assert (tmp_path / "r.png").is_file()
+    # the processor written on the first run is what a machine without the embedded model reads
+    assert (tmp_path / "processor" / "tokenizer.json").is_file()
+    args.sections, args.out = "ssd", None
+    again = bench_regimes.run(args)
+    assert {r["regime"] for r in again["rows"]} == {"full AR", "high_accuracy", "high_rtfx"}
