@@ -3,7 +3,8 @@ which the GPU machine lacks), on the realistic architectures built from their co
 random weights, so only speed and the searches' own equalities are measured:
 
 - **SSD** ("Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts", Table 1
-  and Fig. 2) on Whisper large-v3-turbo's architecture: full AR (encoder + greedy decoding)
+  and Fig. 2) on Whisper large-v3-turbo's architecture and on granite-speech-3.3-2b's (the
+  paper's model family; stacked log-mel features drawn at random): full AR (encoder + greedy decoding)
   against SSD at forced acceptance. A share ``%C`` of rows is gated (the CTC draft is
   final: no decoder work), the other rows are verified in one teacher-forced pass (eq. 5);
   a share ``%L`` of them is accepted (its draft is the model's own greedy output) and the
@@ -30,6 +31,7 @@ The LM is written here as a random ARPA over the vocabulary (no KenLM on the GPU
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
 
@@ -43,10 +45,27 @@ TURBO = dict(d_model=1280, encoder_layers=32, decoder_layers=4, encoder_attentio
 TOY_WHISPER = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
                    decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128)
 TOY_PARAKEET = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 128}
+# granite-speech-3.3-2b as we read its published config: a 40-layer 2048-wide Granite LLM
+# (GQA 32/8 heads), a 16-block 1024-wide conformer encoder over 160-dim stacked log-mels,
+# a 2-layer Q-Former projector (5x downsampling in 15-frame windows)
+GRANITE_2B = dict(
+    text=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=40, num_attention_heads=32,
+              num_key_value_heads=8, vocab=49160),
+    encoder=dict(input_dim=160, num_layers=16, hidden_dim=1024, num_heads=8, dim_head=128, context_size=200,
+                 max_pos_emb=512, conv_kernel_size=15),
+    projector=dict(hidden_size=1024, num_hidden_layers=2, num_attention_heads=16, intermediate_size=4096))
+TOY_GRANITE = dict(
+    text=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab=512),
+    encoder=dict(input_dim=16, num_layers=2, hidden_dim=32, num_heads=2, dim_head=16, context_size=20,
+                 max_pos_emb=32, conv_kernel_size=5),
+    projector=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64))
+GRANITE_SPECIALS = ["<|end_of_text|>", "<|audio|>", "<|start_of_role|>", "<|end_of_role|>", "<unk>"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sections", default="ssd,ctc_beam,transducer")
+    parser.add_argument("--ssd-models", default="whisper,granite", help="SSD section: whisper, granite or both")
     parser.add_argument("--batch", type=int, default=None, help="rows per batch (default 32, --quick 4)")
     parser.add_argument("--seconds", type=float, default=None, help="clip length (default 8, --quick 2)")
     parser.add_argument("--tokens", type=int, default=None, help="AR tokens per row (default 48, --quick 8)")
@@ -72,7 +91,8 @@ def run(args) -> dict:
         quick=quick, device=device, dtype=dtype, seed=args.seed, reject_at=args.reject_at,
         batch=args.batch or (4 if quick else 32), seconds=args.seconds or (2.0 if quick else 8.0),
         tokens=args.tokens or (8 if quick else 48), rounds=args.rounds or (1 if quick else 3),
-        whisper_processor=getattr(args, "whisper_processor", None))
+        whisper_processor=getattr(args, "whisper_processor", None),
+        ssd_models=[m.strip() for m in getattr(args, "ssd_models", "whisper,granite").split(",") if m.strip()])
     rows, summary = [], {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                          "dtype": str(dtype).removeprefix("torch."), "batch": opts.batch, "seconds": opts.seconds,
                          "sizes": "toy" if quick else "full"}
@@ -142,28 +162,99 @@ def random_whisper(dims: dict, device, dtype, processor_dir: str | None = None, 
     return WhisperAdapter(model, processor, device=device, ctc_head=head, ctc_decode=charset.decode)
 
 
+def random_granite(dims: dict, device, dtype):
+    """granite-speech with ``dims`` and random weights, a word-level tokenizer of the LLM's
+    vocabulary size (the chat roles, the audio token and placeholder words) and a CTC
+    vocabulary of the encoder's outputs; inputs are stacked log-mel features."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GraniteSpeechConfig, GraniteSpeechForConditionalGeneration, PreTrainedTokenizerFast
+
+    from pipeline.models.granite_speech.adapter import GraniteSpeechAdapter
+
+    text = dict(dims["text"])
+    vocab = text.pop("vocab")
+    words = GRANITE_SPECIALS + [f"w{i}" for i in range(vocab - len(GRANITE_SPECIALS))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(GRANITE_SPECIALS)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=GRANITE_SPECIALS[0], unk_token="<unk>",
+                                        pad_token=GRANITE_SPECIALS[0])
+    ctc_vocab = ["<blank>"] + [chr(c) for c in range(97, 123)] + [" ", "'"]
+    cfg = GraniteSpeechConfig(
+        text_config=dict(model_type="granite", vocab_size=vocab, max_position_embeddings=4096,
+                         eos_token_id=0, bos_token_id=0, pad_token_id=0, **text),
+        encoder_config=dict(output_dim=len(ctc_vocab), dropout=0.0, **dims["encoder"]),
+        projector_config=dict(model_type="blip_2_qformer", encoder_hidden_size=dims["encoder"]["hidden_dim"],
+                              cross_attention_frequency=1, **dims["projector"]),
+        audio_token_index=1, has_lora_adapter=False, downsample_rate=5, window_size=15,
+        tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = GraniteSpeechForConditionalGeneration(cfg).to(device=device, dtype=dtype).eval()
+    return GraniteSpeechAdapter(model, tokenizer, ctc_vocab, device=device)
+
+
+def _other_token(adapter, token: int) -> int:
+    """The next id after ``token`` that greedy decoding could emit (not end-of-text, not
+    suppressed): a draft corrupted with it is rejected where it stands."""
+    banned = adapter.suppress_mask.cpu()
+    for step in range(1, adapter.vocab_size):
+        t = (token + step) % adapter.vocab_size
+        if t != adapter.eot_id and not banned[t]:
+            return t
+    raise ValueError("no other token can be emitted")
+
+
+def _parameters(adapter) -> int:
+    return sum(p.numel() for p in adapter.model.parameters())
+
+
 def ssd_regimes(o) -> tuple[list[dict], dict]:
+    import torch
+
+    rows, summary = [], {}
+    for name in o.ssd_models:
+        if name == "whisper":
+            adapter = random_whisper(TOY_WHISPER if o.quick else TURBO, o.device, o.dtype, o.whisper_processor)
+            clips = _clips(o.batch, o.seconds, o.seed)
+            encode = functools.partial(adapter.encode, clips)
+            label = "whisper toy" if o.quick else "whisper large-v3-turbo"
+        elif name == "granite":
+            adapter = random_granite(TOY_GRANITE if o.quick else GRANITE_2B, o.device, o.dtype)
+            dim = adapter.model.config.encoder_config.input_dim
+            feats = torch.randn(o.batch, int(o.seconds * 50), dim, generator=torch.Generator().manual_seed(o.seed))
+            encode = functools.partial(adapter.encode_features, feats)
+            label = "granite-speech toy" if o.quick else "granite-speech-3.3-2b"
+        else:
+            raise SystemExit(f"--ssd-models: unknown {name!r} (whisper, granite)")
+        got_rows, got = _ssd_on(adapter, label, encode, o)
+        rows += got_rows
+        summary.update({f"{k}_{name}" if k.startswith("ssd_") else k: v for k, v in got.items()})
+        summary[f"ssd_parameters_{name}"] = _parameters(adapter)
+        del adapter, encode      # free the model before the next one is built
+    return rows, summary
+
+
+def _ssd_on(adapter, label: str, encode, o) -> tuple[list[dict], dict]:
+    """Full AR and SSD at the paper's rates on one model (see the module docstring)."""
     import torch
 
     from pipeline.decoding.ar_greedy import greedy_decode, seeds_from_cache
     from pipeline.decoding.ssd import VERIFY_HEAD_CHUNK
     from pipeline.decoding.ssd_verify import verify_drafts
 
-    adapter = random_whisper(TOY_WHISPER if o.quick else TURBO, o.device, o.dtype, o.whisper_processor)
-    clips = _clips(o.batch, o.seconds, o.seed)
-    audio_s = o.seconds * len(clips)
-    enc, t_enc = _best(lambda: adapter.encode(clips), o.device, o.rounds)
+    audio_s = o.seconds * o.batch
+    enc, t_enc = _best(encode, o.device, o.rounds)
     states = enc.states
     with torch.inference_mode():
         ar, t_ar = _best(lambda: greedy_decode(adapter, states, max_new_tokens=o.tokens), o.device, o.rounds)
         _, t_ctc = _best(lambda: adapter.ctc_draft(enc), o.device, o.rounds)
-    rows = [{"section": "ssd", "regime": "full AR", "gated": 0.0, "accepted": None, "encoder_s": t_enc,
+    rows = [{"section": f"ssd {label}", "regime": "full AR", "gated": 0.0, "accepted": None, "encoder_s": t_enc,
              "ctc_s": 0.0, "verify_s": 0.0, "fallback_s": t_ar, "rtfx": audio_s / (t_enc + t_ar),
              "vs_ar": 1.0, "fallback_equals_ar": None}]
-    summary = {"ssd_model": "whisper toy" if o.quick else "whisper large-v3-turbo (random)",
-               "ssd_tokens_per_row": float(np.mean([len(t) for t in ar]))}
+    summary = {"ssd_tokens_per_row": float(np.mean([len(t) for t in ar]))}
     for regime, (gated, accepted) in PAPER_RATES.items():
-        n = len(clips)
+        n = o.batch
         n_gate = round(gated * n)
         todo = list(range(n_gate, n))
         n_acc = round(accepted * len(todo))
@@ -173,7 +264,7 @@ def ssd_regimes(o) -> tuple[list[dict], dict]:
         for i in todo:
             d = list(ar[i])
             if i in at:    # another token than greedy's at the chosen position
-                d[at[i]] = (d[at[i]] + 1) % adapter.eot_id
+                d[at[i]] = _other_token(adapter, d[at[i]])
             drafts.append(d)
 
         def verify():
@@ -196,7 +287,7 @@ def ssd_regimes(o) -> tuple[list[dict], dict]:
             t_fb = max(0.0, t_fb - t_ver)    # the fallback alone (its seeds come from a fresh pass)
         same = [ar[i][:at[i]] + tokens == ar[i] for i, tokens in zip(rejected, out)]
         total = t_enc + t_ctc + t_ver + t_fb
-        rows.append({"section": "ssd", "regime": regime, "gated": gated, "accepted": accepted, "encoder_s": t_enc,
+        rows.append({"section": f"ssd {label}", "regime": regime, "gated": gated, "accepted": accepted, "encoder_s": t_enc,
                      "ctc_s": t_ctc, "verify_s": t_ver, "fallback_s": t_fb, "rtfx": audio_s / total,
                      "vs_ar": (t_enc + t_ar) / total,
                      "fallback_equals_ar": float(np.mean(same)) if same else None})

@@ -2,7 +2,7 @@
 architectures, on the CPU, so it cannot rot while no GPU is lent. Besides the contract
 keys, the run's own checks must hold: SSD's fallback from a verified prefix (seeded from
 the verification pass's KV cache) continues exactly as full greedy AR does, on rows whose
-draft was corrupted mid-way; the CTC beam with LM and boosting gives another text than
+draft was corrupted mid-way, on Whisper and on granite-speech; the CTC beam with LM and boosting gives another text than
 greedy, and its native loop the eager loop's results; ALSD++ at beam 1 is greedy."""
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ def test_quick_regimes_bench_runs_with_its_checks(tmp_path):
     json.dumps(result, default=float)
     assert summary["device"] == "cpu" and summary["sizes"] == "toy"
     by = {(r["section"], r["regime"]): r for r in rows}
-    ha = by[("ssd", "high_accuracy")]
-    assert ha["fallback_s"] > 0 and ha["verify_s"] > 0          # rows were verified and some rejected
-    assert ha["fallback_equals_ar"] == 1.0
-    assert by[("ssd", "high_rtfx")]["verify_s"] < ha["verify_s"]   # nearly every row gated
-    for key in ("ssd_high_accuracy_vs_ar", "ssd_high_rtfx_vs_ar", "ctc_beam_eager_vs_greedy",
+    for model in ("whisper toy", "granite-speech toy"):
+        ha = by[(f"ssd {model}", "high_accuracy")]
+        assert ha["fallback_s"] > 0 and ha["verify_s"] > 0          # rows were verified and some rejected
+        assert ha["fallback_equals_ar"] == 1.0, model
+        assert by[(f"ssd {model}", "high_rtfx")]["verify_s"] < ha["verify_s"]   # nearly every row gated
+    for key in ("ssd_high_accuracy_vs_ar_whisper", "ssd_high_rtfx_vs_ar_granite", "ctc_beam_eager_vs_greedy",
                 "transducer_alsd4_vs_greedy"):
         assert summary[key] > 0, key
     assert summary["ctc_beam_native_equals_eager"] is True
@@ -35,6 +36,7 @@ def test_quick_regimes_bench_runs_with_its_checks(tmp_path):
     assert (tmp_path / "r.png").is_file()
     # the processor written on the first run is what a machine without the embedded model reads
     assert (tmp_path / "processor" / "tokenizer.json").is_file()
-    args.sections, args.out = "ssd", None
+    args.sections, args.ssd_models, args.out = "ssd", "whisper", None
     again = bench_regimes.run(args)
-    assert {r["regime"] for r in again["rows"]} == {"full AR", "high_accuracy", "high_rtfx"}
+    assert {(r["section"], r["regime"]) for r in again["rows"]} == {
+        ("ssd whisper toy", "full AR"), ("ssd whisper toy", "high_accuracy"), ("ssd whisper toy", "high_rtfx")}
