@@ -287,8 +287,8 @@ def _ssd_on(adapter, label: str, encode, o) -> tuple[list[dict], dict]:
             t_fb = max(0.0, t_fb - t_ver)    # the fallback alone (its seeds come from a fresh pass)
         same = [ar[i][:at[i]] + tokens == ar[i] for i, tokens in zip(rejected, out)]
         total = t_enc + t_ctc + t_ver + t_fb
-        rows.append({"section": f"ssd {label}", "regime": regime, "gated": gated, "accepted": accepted, "encoder_s": t_enc,
-                     "ctc_s": t_ctc, "verify_s": t_ver, "fallback_s": t_fb, "rtfx": audio_s / total,
+        rows.append({"section": f"ssd {label}", "regime": regime, "gated": gated, "accepted": accepted,
+                     "encoder_s": t_enc, "ctc_s": t_ctc, "verify_s": t_ver, "fallback_s": t_fb, "rtfx": audio_s / total,
                      "vs_ar": (t_enc + t_ar) / total,
                      "fallback_equals_ar": float(np.mean(same)) if same else None})
         summary[f"ssd_{regime}_vs_ar"] = (t_enc + t_ar) / total
