@@ -130,6 +130,31 @@ def test_a_wrong_word_gets_a_low_confidence(whisper_adapter, sample_audio):
     assert scorer.utterance(c_wrong) < scorer.utterance(c_right)
 
 
+def test_the_confidence_pass_reusing_greedys_cross_attention_scores_the_same(whisper_adapter, sample_audio):
+    """``ar`` hands greedy decoding's cross-attention K/V to the confidence pass: every
+    measure of every token is the same as from a pass that projects the encoder states
+    itself, on a batch of clips of different lengths and texts."""
+    from pipeline.confidence.scores import decoder_token_scores
+    from pipeline.decoding.ar_greedy import greedy_decode
+
+    ad = whisper_adapter
+    audios = [sample_audio[k] for k in ("pump_flite_rms", "fox_flite_slt", "coffee_espeak_en_us")]
+    states = ad.encode(audios).states
+    cross = []
+    tokens = greedy_decode(ad, states, cross_out=cross)
+    assert len(cross) == ad.model.config.decoder_layers and cross[0][0].shape[0] == len(audios)
+    assert len({len(t) for t in tokens}) > 1          # rows ended at different steps
+    plain = decoder_token_scores(ad, states, tokens)
+    reused = decoder_token_scores(ad, states, tokens, cross_kv=cross)
+    for a, b in zip(plain, reused):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    # the K/V handed over are the ones that matter: other rows' K/V change the scores
+    swapped = [(k.flip(0), v.flip(0)) for k, v in cross]
+    assert not np.array_equal(decoder_token_scores(ad, states, tokens, cross_kv=swapped)[0]["prob"], plain[0]["prob"])
+
+
 # --------------------------------------------------------------------- the job's rows
 def _run(cfg, rows):
     from actors.audio_prep import AudioPrep

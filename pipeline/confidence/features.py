@@ -28,12 +28,13 @@ def _with(features: list[dict], name: str, values: list[float] | None) -> list[d
 
 def decoder_words(adapter, encoder_states: torch.Tensor, tokens: list[list[int]],
                   drafts: list[str | None] | None = None, timed: list[list[dict] | None] | None = None,
-                  prompts: list[list[int]] | None = None):
+                  prompts: list[list[int]] | None = None, cross_kv: list | None = None):
     """Per row: words and features of ``tokens`` scored by the attention decoder over
     ``encoder_states`` (row i's are ``encoder_states[i]``); ``drafts``: the CTC draft text
     of each row (None: no draft); ``timed``: word timings where the decoder has them;
-    ``prompts``: the prompts the tokens were decoded after (default: the adapter's)."""
-    scores = decoder_token_scores(adapter, encoder_states, tokens, prompts)
+    ``prompts``: the prompts the tokens were decoded after (default: the adapter's);
+    ``cross_kv``: the rows' cross-attention K/V from their greedy decoding, reused."""
+    scores = decoder_token_scores(adapter, encoder_states, tokens, prompts, cross_kv)
     out = []
     for i, (toks, sc) in enumerate(zip(tokens, scores)):
         text = adapter.text(toks)

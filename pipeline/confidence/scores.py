@@ -26,9 +26,12 @@ def _numpy(measures: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 @torch.inference_mode()
 def decoder_token_scores(adapter, encoder_states: torch.Tensor, tokens: list[list[int]],
-                         prompts: list[list[int]] | None = None) -> list[dict[str, np.ndarray]]:
+                         prompts: list[list[int]] | None = None,
+                         cross_kv: list | None = None) -> list[dict[str, np.ndarray]]:
     """Measures of each row's ``tokens`` under the attention decoder, given its encoder
-    states (``encoder_states[i]`` is row i's), after ``prompts`` (default: the adapter's)."""
+    states (``encoder_states[i]`` is row i's), after ``prompts`` (default: the adapter's).
+    ``cross_kv``: the cross-attention K/V greedy decoding already projected for exactly
+    these rows (``greedy_decode(cross_out=...)``), so this pass does not project them again."""
     B = len(tokens)
     empty = {k: np.zeros(0) for k in ("prob", "max_prob", "gibbs", "tsallis", "renyi")}
     if B == 0 or not any(tokens):
@@ -45,7 +48,12 @@ def decoder_token_scores(adapter, encoder_states: torch.Tensor, tokens: list[lis
     cols = torch.arange(P + Kmax, device=device).unsqueeze(0)
     mask = ((cols >= lead.unsqueeze(1)) & (cols < (P + torch.tensor(K, device=device)).unsqueeze(1))).long()
     positions = (cols - lead.unsqueeze(1)).clamp(min=0)
-    hidden, _ = adapter.decoder_hidden(ids, encoder_states, None, mask, positions)
+    cache = None
+    if cross_kv:
+        from pipeline.decoding.ar_greedy import cross_attention_cache
+
+        cache = cross_attention_cache(cross_kv)
+    hidden, _ = adapter.decoder_hidden(ids, encoder_states, cache, mask, positions)
     out = []
     for i in range(B):
         if K[i] == 0:

@@ -48,9 +48,10 @@ class ARSegmentDecoder:
         return self.adapter.segment_cost(len(audio))
 
     def _decode(self, enc):
+        cross = []
         tokens = greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens,
-                               map_drafting=self.drafting)
-        return tokens, self._confidence_words(enc, tokens) if self.confidence else None
+                               map_drafting=self.drafting, cross_out=cross if self.confidence else None)
+        return tokens, self._confidence_words(enc, tokens, cross_kv=cross) if self.confidence else None
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
         options = getattr(self.adapter, "options", None)
@@ -71,8 +72,10 @@ class ARSegmentDecoder:
 
         adapter, options = self.adapter, self.adapter.options
         prompts, languages, probs = adapter.language_prompts(enc.states)
+        cross = []
         tokens = greedy_decode(adapter, enc.states, max_new_tokens=self.max_new_tokens, map_drafting=self.drafting,
-                               prompts=prompts, rules=adapter.timestamp_rules)
+                               prompts=prompts, rules=adapter.timestamp_rules,
+                               cross_out=cross if self.confidence else None)
         times = None
         if options.word_timestamps:
             from pipeline.models.whisper.alignment import token_times
@@ -94,17 +97,20 @@ class ARSegmentDecoder:
             results.append(res)
         if self.confidence:
             for res, (words, feats) in zip(results, self._confidence_words(enc, tokens, prompts,
-                                                                           [r.words for r in results])):
+                                                                           [r.words for r in results], cross)):
                 res.words, res.word_features = words, feats
         return results
 
-    def _confidence_words(self, enc, tokens, prompts=None, timed=None):
+    def _confidence_words(self, enc, tokens, prompts=None, timed=None, cross_kv=None):
         from pipeline.confidence.features import decoder_words
         from pipeline.models.base import CTC
 
         # A model with a CTC head offers a second view for free: agreement with its draft.
         drafts = self.adapter.ctc_draft(enc).texts if CTC in self.adapter.capabilities else None
-        return decoder_words(self.adapter, enc.states, tokens, drafts, timed=timed, prompts=prompts)
+        # the confidence pass reuses greedy decoding's cross-attention K/V (same rows, same
+        # order) instead of projecting the encoder states again
+        return decoder_words(self.adapter, enc.states, tokens, drafts, timed=timed, prompts=prompts,
+                             cross_kv=cross_kv or None)
 
     def _words(self, toks: list[int], times: list[float], last: float) -> list[dict]:
         from pipeline.models.whisper.alignment import words_of

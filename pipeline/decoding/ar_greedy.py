@@ -141,6 +141,24 @@ def _cache_of(kv: list[tuple[torch.Tensor, torch.Tensor]]):
     return cache
 
 
+def _cross_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A decoder cache's cross-attention K/V per layer, or [] where it has none."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    if not isinstance(cache, EncoderDecoderCache):
+        return []
+    return [(layer.keys, layer.values) for layer in cache.cross_attention_cache.layers]
+
+
+def cross_attention_cache(cross_kv: list[tuple[torch.Tensor, torch.Tensor]]):
+    """An encoder-decoder cache with no self-attention entries and ``cross_kv`` (per layer
+    [B, H, T, d], as ``greedy_decode(cross_out=...)`` leaves them) as its cross-attention:
+    a pass over the same rows then skips projecting the encoder states again."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    return EncoderDecoderCache(DynamicCache(), _cache_of(cross_kv))
+
+
 def _cross_kv(seeds: list[DecodeSeed]):
     src = seeds[0].cross_source
     if src is not None and all(sd.cross_source is src for sd in seeds):
@@ -186,7 +204,7 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
                   draft_starts: list[int] | None = None, lookahead: int = 0,
                   verify_chunk: int = LOOKAHEAD_CHUNK, accept_prob: float | None = None,
                   map_drafting: MapDrafting | None = None, prompts: list[list[int]] | None = None,
-                  rules=None) -> list[list[int]]:
+                  rules=None, cross_out: list | None = None) -> list[list[int]]:
     """Return, per row, the generated tokens after its prefix (end-of-text excluded).
 
     With ``seeds`` (one per row, each for that row's prompt + prefix), the prefill pass is
@@ -204,7 +222,10 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     ``prompts`` (one per row) replace ``adapter.batch_prompts`` (Whisper's detected
     languages); ``rules(logits, generated_per_row)`` edits each step's suppressed logits
     in place from what each row has generated (Whisper's timestamp rules; plain steps
-    only, not with drafting)."""
+    only, not with drafting).
+    ``cross_out`` (a list): filled with the prefill's cross-attention K/V per layer
+    ([B, H, T, d], every row in call order), for a later pass over the same rows
+    (:func:`cross_attention_cache`); left empty for seeded rows or a decoder without them."""
     t0 = time.perf_counter()
     B = encoder_states.shape[0]
     device = encoder_states.device
@@ -240,6 +261,8 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
             input_ids[i, L - len(s):] = torch.tensor(s, device=device)
         if limit > 0:
             hidden, cache = adapter.decoder_hidden(input_ids, encoder_states, cache, mask, positions)
+            if cross_out is not None:
+                cross_out[:] = _cross_layers(cache)
             logits = adapter.logits(hidden[:, -1])
             logits.masked_fill_(adapter.suppress_mask, float("-inf"))
             if adapter.begin_suppress_ids.numel():
