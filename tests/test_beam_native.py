@@ -219,28 +219,26 @@ def test_native_loop_reads_back_off_graphs_like_the_torch_step(token_arpa, blank
     assert plain.tokens != native.tokens
 
 
-@pytest.mark.parametrize("ratio", [None, 5e-4, 0.3])
-@pytest.mark.parametrize("blank", [0, 517, 1024])
-def test_native_flop_prune_equals_a_brute_force_sort_on_a_large_vocabulary(ratio, blank):
-    """The native FLToP scan skips blocks of columns with vector compares: against a plain
-    sort of every frame (value descending, ties to the earlier column; blank is id 0) on a
-    1025-column vocabulary with ties, -inf columns, rivals near the best and a tail that is
-    not a whole block."""
+def _check_flop_prune(ratio, blank: int, v1: int, n: int):
+    """The native FLToP scan against a plain sort of every frame (value descending, ties to
+    the earlier column; blank is id 0), on frames with ties, -inf columns, rivals near the
+    best and a last block that is not whole."""
     import math
 
-    g = torch.Generator().manual_seed(blank + int(1e4 * (ratio or 0)))
-    b, t, v1, n = 3, 40, 1025, 8
+    g = torch.Generator().manual_seed(blank + v1 + n + int(1e4 * (ratio or 0)))
+    b, t = 3, 40
     x = torch.randn(b, t, v1, generator=g)
     x = torch.round(x * 2) / 2                         # many exact ties
     x[:, :, ::7] = float("-inf")
     win = torch.randint(0, v1, (b, t), generator=g)
     x.scatter_(2, win[..., None], 12.0)
-    x[:, ::3, 1021] = 11.5                            # a rival in the last, partial block
+    x[:, ::3, v1 - 4] = 11.5                          # a rival in the last, partial block
     x[:, 5, :] = float("-inf")
     x[:, 5, blank] = 0.0
     lp = x.log_softmax(-1)
     lengths = torch.tensor([40, 17, 0])
     values, tokens = loop_native.flop_prune(lp, lengths, blank, n, ratio)
+    n = min(n, v1)
     values, tokens = values.view(t, b, n), tokens.view(t, b, n)
     for bi in range(b):
         for ti in range(t):
@@ -254,6 +252,38 @@ def test_native_flop_prune_equals_a_brute_force_sort_on_a_large_vocabulary(ratio
                           key=lambda p: (-p[0], p[1]))[:n]
             got = [(float(v), int(i)) for v, i in zip(values[ti, bi], tokens[ti, bi]) if v != -math.inf]
             assert got == [(v, ids[e]) for v, e in kept]
+
+
+@pytest.mark.parametrize("ratio", [None, 5e-4, 0.3])
+@pytest.mark.parametrize("blank", [0, 517, 1024])
+def test_native_flop_prune_equals_a_brute_force_sort_on_a_large_vocabulary(ratio, blank):
+    """The scan skips blocks of columns with vector compares and a bound on the N-th best."""
+    _check_flop_prune(ratio, blank, 1025, 8)
+
+
+@pytest.mark.parametrize("ratio", [None, 5e-4])
+@pytest.mark.parametrize("v1, n", [(20, 4), (1025, 40), (1025, 70), (7, 9)])
+def test_native_flop_prune_at_the_edges_of_its_bound(ratio, v1, n):
+    """Fewer columns than a block, more kept columns than blocks (no bound but the floor),
+    more than the old 64-entry cap, more than the vocabulary."""
+    _check_flop_prune(ratio, v1 - 1, v1, n)
+
+
+@pytest.fixture
+def portable_build(monkeypatch):
+    """The native library built without the SSE2 branch (as for a CPU without it), then
+    the usual one again."""
+    loop_native._library.cache_clear()
+    monkeypatch.setattr(loop_native, "CFLAGS", loop_native.CFLAGS + ("-U__SSE2__",))
+    yield
+    monkeypatch.undo()
+    loop_native._library.cache_clear()
+
+
+@pytest.mark.parametrize("ratio, v1, n", [(5e-4, 1025, 8), (None, 20, 4), (5e-4, 1025, 40)])
+def test_native_flop_prune_without_sse2_equals_the_brute_force_sort(portable_build, ratio, v1, n):
+    assert loop_native.available()
+    _check_flop_prune(ratio, 0, v1, n)
 
 
 @pytest.mark.parametrize("flop", [True, False])

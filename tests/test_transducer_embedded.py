@@ -77,7 +77,8 @@ def char_lm(tmp_path_factory):
 def test_the_shipped_rnnt_twin_reads_the_samples_with_aes(ssd_adapter, encoded, sample_manifest):
     """``model.source=embedded_rnnt``: the RNN-T twin (no durations) on the same frozen
     encoder side; greedy reads the bundled samples, AES++ at beam 1 is greedy, and AES++
-    and ALSD++ at beam 4 read them no worse than greedy."""
+    and ALSD++ at beam 4 read them within 2 CER points of greedy (no LM: a wider beam may
+    trade a character or two either way)."""
     from pipeline.decoding.transducer.greedy import transducer_greedy
     from pipeline.decoding.transducer.search import TransducerBeamSearch
     from pipeline.models.transducer.embedded import EMBEDDED_RNNT, EmbeddedTransducerAdapter, load_embedded_transducer

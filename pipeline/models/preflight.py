@@ -160,7 +160,7 @@ def check_transducer_search(cfg) -> None:
     if source in (EMBEDDED, EMBEDDED_RNNT):
         config = json.loads((shipped_or_path(source) / "config.json").read_text())
     else:
-        config = checkpoint_config(source, cfg.model.cache_dir)
+        config = checkpoint_config(source)    # the hub cache the loader reads (model.cache_dir is ours)
     if config.get("durations"):
         raise ModelError(f"transducer.algorithm=aes: AES++ searches RNN-T models, and model.source={source} is "
                          f"a TDT (durations {list(config['durations'])}); use transducer.algorithm=alsd, or "

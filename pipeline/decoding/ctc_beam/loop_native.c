@@ -404,8 +404,8 @@ void ctc_backtrack(int64_t S, int64_t B, int64_t K, int64_t W, int64_t n,
  * vector width (SSE2 intrinsics on x86-64, GCC/clang vector extensions elsewhere; no build
  * flag) for the maximum of each block of FLOP_BLOCK columns. A block is read again only
  * if its maximum reaches the ratio's floor, a lower bound on the frame's N-th best value
- * (the smallest of the maxima of N runs of blocks) and, once N columns are kept, the N-th
- * of them; its columns that reach the limit come out of vector compares as a bit mask,
+ * (the smallest of the maxima of N runs of blocks) and, once N columns are kept, exceeds
+ * the N-th of them; its columns that reach the limit come out of vector compares as a bit mask,
  * in column order. Max and compare are exact, so the result is the plain scan's, ties
  * included (the earlier column first). */
 #define FLOP_BLOCK 32
