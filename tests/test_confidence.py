@@ -155,6 +155,45 @@ def test_the_confidence_pass_reusing_greedys_cross_attention_scores_the_same(whi
     assert not np.array_equal(decoder_token_scores(ad, states, tokens, cross_kv=swapped)[0]["prob"], plain[0]["prob"])
 
 
+@pytest.mark.parametrize("seeds_carry_cross", [True, False])
+def test_ssd_fallback_hands_its_cross_attention_to_the_confidence_pass(whisper_adapter, sample_audio,
+                                                                      seeds_carry_cross):
+    """SSD's fallback decodes seeded rows (verified prefixes; their seeds carry the
+    verification's cross-attention K/V in-process, or not, as from another process) and
+    plain ones (an empty draft) in two groups; the K/V it leaves, put back in row order,
+    give the confidence pass the scores it computes by projecting them itself."""
+    from pipeline.confidence.scores import decoder_token_scores
+    from pipeline.decoding.ssd import SelfSpeculativeDecoder
+
+    ad = whisper_adapter
+    keys = ("pump_flite_rms", "fox_flite_slt", "coffee_espeak_en_us", "lights_festival_kal")
+    states = ad.encode([sample_audio[k] for k in keys]).states
+    drafts = ["Please replace the banana filter before Monday.", "", "The quick brown cat", "Turn off the"]
+    ssd = SelfSpeculativeDecoder(ad, tau_ctc=0.0, tau_slm=0.3)
+    rows = ssd.first_pass(states, drafts, torch.full((len(drafts),), 5.0))
+    pending = [i for i, r in enumerate(rows) if r.stage is None]
+    assert pending == [0, 1, 2, 3], [r.stage for r in rows]
+    assert rows[1].seed is None and all(rows[i].seed is not None for i in (0, 2, 3))
+    if not seeds_carry_cross:
+        for i in (0, 2, 3):
+            rows[i].seed.cross_source = None
+    cross = []
+    done = ssd.fallback(states[pending], [rows[i] for i in pending], cross_out=cross)
+    assert len(cross) == ad.model.config.decoder_layers and cross[0][0].shape[0] == len(pending)
+    tokens = [r.tokens for r in done]
+    # handing the K/V over changes nothing in the decoding itself
+    again = ssd.first_pass(states, drafts, torch.full((len(drafts),), 5.0))
+    if not seeds_carry_cross:
+        for i in (0, 2, 3):
+            again[i].seed.cross_source = None
+    assert [r.tokens for r in ssd.fallback(states[pending], [again[i] for i in pending])] == tokens
+    plain = decoder_token_scores(ad, states[pending], tokens)
+    reused = decoder_token_scores(ad, states[pending], tokens, cross_kv=cross)
+    for a, b in zip(plain, reused):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
 # --------------------------------------------------------------------- the job's rows
 def _run(cfg, rows):
     from actors.audio_prep import AudioPrep

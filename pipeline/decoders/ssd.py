@@ -352,13 +352,16 @@ class SSDFallback:
             rows.append(SSDRow(stage=None, text="", max_entropy=r.max_entropy or 0.0, draft_text="",
                                draft_tokens=list(p.draft), prefix=list(p.prefix), min_prob=r.min_prob,
                                seed=seed))
-        rows = self.ssd.fallback(states, rows)
+        cross = [] if self.confidence else None
+        rows = self.ssd.fallback(states, rows, cross_out=cross)
         scored = None
         if self.confidence:
             from pipeline.confidence.features import decoder_words
 
             drafts = [p.draft_text if p.draft_text is not None else self.adapter.text(p.draft) for p in pend]
-            scored = decoder_words(self.adapter, states, [row.tokens for row in rows], drafts)
+            # the confidence pass reuses the cross-attention K/V the fallback decoded with
+            scored = decoder_words(self.adapter, states, [row.tokens for row in rows], drafts,
+                                   cross_kv=cross or None)
         for n, (res, row) in enumerate(zip(results, rows)):
             res.text, res.stage, res.tokens = row.text, row.stage, len(row.tokens)
             res.prefix_len, res.generated = len(row.prefix), row.generated

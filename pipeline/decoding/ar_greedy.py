@@ -147,7 +147,24 @@ def _cross_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
     if not isinstance(cache, EncoderDecoderCache):
         return []
-    return [(layer.keys, layer.values) for layer in cache.cross_attention_cache.layers]
+    layers = [(layer.keys, layer.values) for layer in cache.cross_attention_cache.layers]
+    if not layers or any(k is None or not k.numel() for k, _ in layers):
+        return []      # not projected yet
+    return layers
+
+
+def _project_cross(adapter, encoder_states: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every row's cross-attention K/V per layer, from one throwaway decoder step over a
+    scratch cache (its self-attention entry is dropped with it)."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    B, device = encoder_states.shape[0], encoder_states.device
+    ids = torch.full((B, 1), adapter.eot_id, dtype=torch.long, device=device)
+    scratch = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    _, scratch = adapter.decoder_hidden(ids, encoder_states, scratch, torch.ones((B, 1), dtype=torch.long,
+                                                                                  device=device),
+                                        torch.zeros((B, 1), dtype=torch.long, device=device))
+    return _cross_layers(scratch)
 
 
 def cross_attention_cache(cross_kv: list[tuple[torch.Tensor, torch.Tensor]]):
@@ -223,9 +240,10 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     languages); ``rules(logits, generated_per_row)`` edits each step's suppressed logits
     in place from what each row has generated (Whisper's timestamp rules; plain steps
     only, not with drafting).
-    ``cross_out`` (a list): filled with the prefill's cross-attention K/V per layer
+    ``cross_out`` (a list): filled with the cross-attention K/V the decoding used, per layer
     ([B, H, T, d], every row in call order), for a later pass over the same rows
-    (:func:`cross_attention_cache`); left empty for seeded rows or a decoder without them."""
+    (:func:`cross_attention_cache`); left empty for a decoder without them. Seeds without
+    them (from another process) get them projected before the first step, for every row."""
     t0 = time.perf_counter()
     B = encoder_states.shape[0]
     device = encoder_states.device
@@ -254,6 +272,16 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         if len(seeds) != B or any(sd.length != len(s) for sd, s in zip(seeds, seqs)):
             raise ValueError("one seed per row, each covering that row's prompt + prefix")
         cache = _seeded_cache(seeds, L)
+        if cross_out is not None:
+            cross = _cross_layers(cache)            # the seeds' own, where they carry them
+            if not cross and seeds[0].encoder_decoder:
+                # else the first step would project them lazily, for the rows still alive
+                # then; projected here for every row, the step reads them from the cache
+                from transformers.cache_utils import EncoderDecoderCache
+
+                cross = _project_cross(adapter, encoder_states)
+                cache = EncoderDecoderCache(cache.self_attention_cache, _cache_of(cross))
+            cross_out[:] = cross
         next_tok = torch.tensor([sd.next_token for sd in seeds], dtype=torch.long, device=device)
     else:
         input_ids = torch.full((B, L), eot, dtype=torch.long, device=device)

@@ -182,8 +182,11 @@ class SelfSpeculativeDecoder:
         return rows
 
     @torch.inference_mode()
-    def fallback(self, encoder_states: torch.Tensor, rows: list[SSDRow], timer: dict | None = None) -> list[SSDRow]:
-        """Finish pending rows (``encoder_states`` holds exactly those rows, in order)."""
+    def fallback(self, encoder_states: torch.Tensor, rows: list[SSDRow], timer: dict | None = None,
+                 cross_out: list | None = None) -> list[SSDRow]:
+        """Finish pending rows (``encoder_states`` holds exactly those rows, in order).
+        ``cross_out``: filled with the cross-attention K/V the decoding used, per layer, in
+        ``rows`` order (``greedy_decode``'s), or left empty where a group has none."""
         if not rows:
             return rows
         # Seeded rows skip the prefill; the others (empty or unverified drafts, seeds not
@@ -191,18 +194,23 @@ class SelfSpeculativeDecoder:
         seeded = [i for i, r in enumerate(rows) if r.seed is not None and self.reuse_kv]
         plain = [i for i, r in enumerate(rows) if r.seed is None or not self.reuse_kv]
         gen: list[list[int]] = [[] for _ in rows]
+        crosses = []
         for group, seeds in ((seeded, True), (plain, False)):
             if not group:
                 continue
+            cross: list | None = [] if cross_out is not None else None
             out = greedy_decode(self.adapter, encoder_states[group], prefixes=[rows[i].prefix for i in group],
                                 max_new_tokens=self.max_new_tokens,
                                 seeds=[rows[i].seed for i in group] if seeds else None, timer=timer,
                                 drafts=[rows[i].draft_tokens for i in group],
                                 draft_starts=[len(rows[i].prefix) for i in group], lookahead=self.lookahead,
                                 accept_prob=self.tau_slm if self.lookahead_rule == "tau_slm" else None,
-                                map_drafting=self.map_drafting)
+                                map_drafting=self.map_drafting, cross_out=cross)
             for i, tokens in zip(group, out):
                 gen[i] = tokens
+            crosses.append((group, cross))
+        if cross_out is not None and crosses and all(c for _, c in crosses):
+            cross_out[:] = _in_row_order(crosses, len(rows))
         for row, tokens in zip(rows, gen):
             row.seed = None
             row.stage, row.generated = AR_FALLBACK, len(tokens)
@@ -217,3 +225,19 @@ class SelfSpeculativeDecoder:
         if pending:
             self.fallback(encoder_states[pending], [rows[i] for i in pending])
         return rows
+
+
+def _in_row_order(groups: list[tuple[list[int], list]], n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the groups' cross-attention K/V put back in row order (no copy when one
+    group holds every row in order)."""
+    if len(groups) == 1 and groups[0][0] == list(range(n)):
+        return groups[0][1]
+    out = []
+    for li in range(len(groups[0][1])):
+        k0, v0 = groups[0][1][li]
+        keys, values = k0.new_empty((n, *k0.shape[1:])), v0.new_empty((n, *v0.shape[1:]))
+        for rows, cross in groups:
+            idx = torch.tensor(rows, device=k0.device)
+            keys[idx], values[idx] = cross[li]
+        out.append((keys, values))
+    return out
