@@ -32,6 +32,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -217,13 +218,15 @@ int ctc_beam_loop(
 {
     if (n_lookups > MAX_LOOKUPS || M > MAX_SLOTS || K > MAX_SLOTS || M < K) return -1;
     cand_t top[MAX_SLOTS];
-    static const memo_t empty = {-1, {0.0f, 0}};
-    memo_t memo[1 << MEMO_BITS];
-    for (int64_t i = 0; i < (1 << MEMO_BITS); i++) memo[i] = empty;
     float new_scores[MAX_SLOTS];
     int64_t new_last[MAX_SLOTS], new_key[MAX_SLOTS], new_states[MAX_LOOKUPS][MAX_SLOTS];
     int64_t viable[VIABLE_HEAD], tail[4096];
     if (W > 4096) return -2;
+    /* on the heap: the stack already holds ~125 KiB of the arrays above, and a worker
+     * thread's stack may be small */
+    memo_t *memo = malloc(sizeof(memo_t) << MEMO_BITS);
+    if (!memo) return -3;
+    for (int64_t i = 0; i < (1 << MEMO_BITS); i++) memo[i].key = -1;
     float bmax = 0.0f;
     for (int64_t l = 0; l < n_lookups; l++) bmax += bonus_max[l] > 0.0f ? bonus_max[l] : 0.0f;
     if (has_beta_only && beta_only > 0.0f) bmax += beta_only;
@@ -367,6 +370,7 @@ int ctc_beam_loop(
             count_live(alive, b, sc, K, weights[fb]);
         }
     }
+    free(memo);
     return 0;
 }
 
