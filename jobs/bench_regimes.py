@@ -299,6 +299,12 @@ def _ssd_on(adapter, label: str, encode, o) -> tuple[list[dict], dict]:
     return rows, summary
 
 
+def _decoder_row(section: str, regime: str, t_enc: float, t_dec: float, t_greedy: float, audio_s: float) -> dict:
+    """A decoder's row: full-model RTFx (encoder + decoder) and its ratio to greedy's."""
+    return {"section": section, "regime": regime, "encoder_s": t_enc, "decoder_s": t_dec,
+            "rtfx": audio_s / (t_enc + t_dec), "vs_greedy": (t_enc + t_greedy) / (t_enc + t_dec)}
+
+
 # ---------------------------------------------------------------------------- CTC beam
 def random_arpa(vocab: int, order: int, seed: int, per_order: int) -> str:
     """A back-off n-gram over token ids ``0..vocab-1`` in ARPA form, random but well formed
@@ -384,8 +390,7 @@ def ctc_beam_regime(o) -> tuple[list[dict], dict]:
               flop_top_n=8, flop_ratio=0.0005)
     rows, summary = [], {}
     greedy, t_greedy = _best(lambda: ctc_greedy(lp, lengths, blank=blank), o.device, o.rounds)
-    rows.append({"section": "ctc_beam", "regime": "greedy", "encoder_s": t_enc, "decoder_s": t_greedy,
-                 "rtfx": audio_s / (t_enc + t_greedy), "vs_greedy": 1.0})
+    rows.append(_decoder_row("ctc_beam", "greedy", t_enc, t_greedy, t_greedy, audio_s))
     results, times = {}, {}
     modes = [("eager", False, False)] + ([("cuda_graph", True, False)] if o.device.type == "cuda"
                                          else [("native", False, True)])
@@ -395,10 +400,9 @@ def ctc_beam_regime(o) -> tuple[list[dict], dict]:
         if search.last_loop != mode:
             summary[f"ctc_beam_{mode}_fell_back_to"] = search.last_loop
         results[mode], times[mode] = out, t_beam
-        rows.append({"section": "ctc_beam", "regime": f"beam 8 + LM + 100 phrases ({search.last_loop})",
-                     "encoder_s": t_enc, "decoder_s": t_beam, "rtfx": audio_s / (t_enc + t_beam),
-                     "vs_greedy": (t_enc + t_greedy) / (t_enc + t_beam)})
-        summary[f"ctc_beam_{mode}_vs_greedy"] = (t_enc + t_greedy) / (t_enc + t_beam)
+        rows.append(_decoder_row("ctc_beam", f"beam 8 + LM + 100 phrases ({search.last_loop})", t_enc, t_beam,
+                                 t_greedy, audio_s))
+        summary[f"ctc_beam_{mode}_vs_greedy"] = rows[-1]["vs_greedy"]
     other = modes[1][0]     # CUDA graphs on a GPU, the native loop on a CPU: the same search as eager
     a, b = results[other], results["eager"]
     summary[f"ctc_beam_{other}_equals_eager"] = a.tokens == b.tokens and bool(
@@ -429,13 +433,11 @@ def transducer_regime(o) -> tuple[list[dict], dict]:
     frames, lengths = enc.states, enc.valid_frames
     greedy, t_greedy = _best(lambda: transducer_greedy(adapter, frames, lengths), o.device, o.rounds)
     search = TransducerBeamSearch(adapter, 4)
-    beam, t_beam = _best(lambda: search(frames, lengths), o.device, o.rounds)
+    _, t_beam = _best(lambda: search(frames, lengths), o.device, o.rounds)
     one = TransducerBeamSearch(adapter, 1)(frames, lengths)
-    rows = [{"section": "transducer", "regime": "greedy", "encoder_s": t_enc, "decoder_s": t_greedy,
-             "rtfx": audio_s / (t_enc + t_greedy), "vs_greedy": 1.0},
-            {"section": "transducer", "regime": "alsd++ beam 4", "encoder_s": t_enc, "decoder_s": t_beam,
-             "rtfx": audio_s / (t_enc + t_beam), "vs_greedy": (t_enc + t_greedy) / (t_enc + t_beam)}]
-    return rows, {"transducer_alsd4_vs_greedy": (t_enc + t_greedy) / (t_enc + t_beam),
+    rows = [_decoder_row("transducer", "greedy", t_enc, t_greedy, t_greedy, audio_s),
+            _decoder_row("transducer", "alsd++ beam 4", t_enc, t_beam, t_greedy, audio_s)]
+    return rows, {"transducer_alsd4_vs_greedy": rows[1]["vs_greedy"],
                   "transducer_tokens_per_row": float(np.mean([len(t) for t in greedy.tokens])),
                   "transducer_beam1_equals_greedy": one.tokens == greedy.tokens}
 

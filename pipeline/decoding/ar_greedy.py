@@ -189,8 +189,9 @@ def _cross_kv(seeds: list[DecodeSeed]):
             for li in range(len(per_row[0]))]
 
 
-def _seeded_cache(seeds: list[DecodeSeed], L: int):
-    """The left-padded batch cache of ``seeds`` (row b at columns [L - S_b, L))."""
+def _seeded_cache(seeds: list[DecodeSeed], L: int, cross: list | None = None):
+    """The left-padded batch cache of ``seeds`` (row b at columns [L - S_b, L)); its
+    cross-attention K/V: ``cross`` if given, else the seeds' own where they carry them."""
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
     layers = []
@@ -207,11 +208,10 @@ def _seeded_cache(seeds: list[DecodeSeed], L: int):
     self_cache = _cache_of(layers)
     if not seeds[0].encoder_decoder:
         return self_cache
-    if all(s.cross_source is not None for s in seeds):
-        cross = _cache_of(_cross_kv(seeds))
-    else:
-        cross = DynamicCache()  # computed from the encoder states by the first step
-    return EncoderDecoderCache(self_cache, cross)
+    if cross is None and all(s.cross_source is not None for s in seeds):
+        cross = _cross_kv(seeds)
+    # without any, the first step computes them from the encoder states
+    return EncoderDecoderCache(self_cache, _cache_of(cross) if cross else DynamicCache())
 
 
 @torch.inference_mode()
@@ -271,17 +271,15 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     if seeds is not None:
         if len(seeds) != B or any(sd.length != len(s) for sd, s in zip(seeds, seqs)):
             raise ValueError("one seed per row, each covering that row's prompt + prefix")
-        cache = _seeded_cache(seeds, L)
+        cross = None
+        if cross_out is not None and seeds[0].encoder_decoder and \
+                not all(sd.cross_source is not None for sd in seeds):
+            # else the first step would project them lazily, for the rows still alive then;
+            # projected here for every row, the step reads them from the cache
+            cross = _project_cross(adapter, encoder_states)
+        cache = _seeded_cache(seeds, L, cross)
         if cross_out is not None:
-            cross = _cross_layers(cache)            # the seeds' own, where they carry them
-            if not cross and seeds[0].encoder_decoder:
-                # else the first step would project them lazily, for the rows still alive
-                # then; projected here for every row, the step reads them from the cache
-                from transformers.cache_utils import EncoderDecoderCache
-
-                cross = _project_cross(adapter, encoder_states)
-                cache = EncoderDecoderCache(cache.self_attention_cache, _cache_of(cross))
-            cross_out[:] = cross
+            cross_out[:] = _cross_layers(cache)
         next_tok = torch.tensor([sd.next_token for sd in seeds], dtype=torch.long, device=device)
     else:
         input_ids = torch.full((B, L), eot, dtype=torch.long, device=device)

@@ -232,12 +232,13 @@ def _in_row_order(groups: list[tuple[list[int], list]], n: int) -> list[tuple[to
     group holds every row in order)."""
     if len(groups) == 1 and groups[0][0] == list(range(n)):
         return groups[0][1]
+    device = groups[0][1][0][0].device
+    index = [torch.tensor(rows, device=device) for rows, _ in groups]
     out = []
     for li in range(len(groups[0][1])):
         k0, v0 = groups[0][1][li]
         keys, values = k0.new_empty((n, *k0.shape[1:])), v0.new_empty((n, *v0.shape[1:]))
-        for rows, cross in groups:
-            idx = torch.tensor(rows, device=k0.device)
+        for idx, (_, cross) in zip(index, groups):
             keys[idx], values[idx] = cross[li]
         out.append((keys, values))
     return out

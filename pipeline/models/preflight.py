@@ -154,13 +154,12 @@ def check_transducer_search(cfg) -> None:
     with token durations) is one line here instead of an error from every beam worker."""
     if cfg.decoder.kind != "transducer_beam" or cfg.transducer.algorithm != "aes":
         return
-    from pipeline.models.transducer.embedded import EMBEDDED, EMBEDDED_RNNT, shipped_or_path
+    from pipeline.models.transducer.embedded import shipped_or_path
 
     source = cfg.model.source
-    if source in (EMBEDDED, EMBEDDED_RNNT):
-        config = json.loads((shipped_or_path(source) / "config.json").read_text())
-    else:
-        config = checkpoint_config(source)    # the hub cache the loader reads (model.cache_dir is ours)
+    # a shipped name becomes its directory; the hub cache is the one the loader reads
+    # (model.cache_dir is ours, not the hub's)
+    config = checkpoint_config(str(shipped_or_path(source)))
     if config.get("durations"):
         raise ModelError(f"transducer.algorithm=aes: AES++ searches RNN-T models, and model.source={source} is "
                          f"a TDT (durations {list(config['durations'])}); use transducer.algorithm=alsd, or "
