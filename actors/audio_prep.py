@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from actors.registrations import adopt
 from pipeline.config import config_from_dict
+from pipeline.device import torch_threads
 from pipeline.prepare import TIMEOUT_ERROR, prepare_row_within
 from pipeline.records import PREPARED_SCHEMA, table
 from pipeline.segment import VadSegmenter
@@ -16,10 +17,6 @@ from pipeline.storage import use_options
 
 class AudioPrep:
     def __init__(self, config: dict, kind=None, family=None):
-        import torch
-
-        # One thread: this stage runs beside the model workers and VAD is tiny.
-        torch.set_num_threads(1)
         adopt(kind, family)
         cfg = config_from_dict(config)
         self.storage_options = cfg.storage.options
@@ -27,9 +24,16 @@ class AudioPrep:
         self.timeout_s = cfg.audio.read_timeout_s
         self.new_segmenter = lambda: VadSegmenter(cfg.audio.max_segment_s, cfg.audio.vad_threshold,
                                                   cfg.audio.vad_pad_s)
-        self.segmenter = self.new_segmenter()
+        with torch_threads(1):
+            self.segmenter = self.new_segmenter()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        # One thread, for this stage only: it runs beside the model workers (in the same
+        # process with the in-process runner) and the VAD is tiny.
+        with torch_threads(1):
+            return self._prepare(batch)
+
+    def _prepare(self, batch: pa.Table) -> pa.Table:
         rows = []
         items = batch.to_pylist()
         # The options hold for the protocols of the audio the job reads (a no-op once set;

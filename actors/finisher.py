@@ -13,6 +13,7 @@ from actors.registrations import adopt
 from pipeline.confidence.apply import ConfidenceScorer
 from pipeline.config import config_from_dict, config_hash
 from pipeline.decoders import decoder_kind
+from pipeline.device import torch_threads, worker_threads
 from pipeline.filters import mark_rows
 from pipeline.records import OUTPUT_SCHEMA, stamp, table
 from pipeline.segment_runner import complete_pending
@@ -24,10 +25,14 @@ class Finisher:
         self.cfg = config_from_dict(config)
         self.config_hash = config_hash(self.cfg)
         self.kind = kind or decoder_kind(self.cfg.decoder.kind)
-        self.stage = self.kind.build_second_stage(self.cfg, first_stage)
+        self.threads = worker_threads(self.cfg.model.num_threads)
+        with torch_threads(self.threads):
+            self.stage = self.kind.build_second_stage(self.cfg, first_stage)
         self.confidence = ConfidenceScorer.from_config(self.cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = mark_rows(complete_pending(batch.to_pylist(), self.stage, self.cfg.batching.max_tokens,
-                                          confidence=self.confidence), self.cfg.filters)
+        with torch_threads(self.threads):
+            rows = complete_pending(batch.to_pylist(), self.stage, self.cfg.batching.max_tokens,
+                                    confidence=self.confidence)
+        rows = mark_rows(rows, self.cfg.filters)
         return table(stamp(rows, self.config_hash), OUTPUT_SCHEMA)

@@ -12,6 +12,7 @@ from actors.registrations import adopt
 from pipeline.confidence.apply import ConfidenceScorer
 from pipeline.config import config_from_dict, config_hash
 from pipeline.decoders import decoder_kind
+from pipeline.device import torch_threads, worker_threads
 from pipeline.filters import mark_rows
 from pipeline.models import load_model
 from pipeline.records import INTERMEDIATE_SCHEMA, OUTPUT_SCHEMA, prepared_rows, stamp, table
@@ -24,14 +25,17 @@ class Transcriber:
         self.cfg = config_from_dict(config)
         self.config_hash = config_hash(self.cfg)
         self.kind = kind or decoder_kind(self.cfg.decoder.kind)
-        # A kind that needs no model capability (it reads the audio alone) loads no model.
-        self.adapter = load_model(self.cfg.model) if self.kind.needs else None
-        self.decoder = self.kind.build_first_stage(self.adapter, self.cfg)
+        self.threads = worker_threads(self.cfg.model.num_threads)
+        with torch_threads(self.threads):
+            # A kind that needs no model capability (it reads the audio alone) loads no model.
+            self.adapter = load_model(self.cfg.model) if self.kind.needs else None
+            self.decoder = self.kind.build_first_stage(self.adapter, self.cfg)
         self.schema = INTERMEDIATE_SCHEMA if self.kind.two_stage else OUTPUT_SCHEMA
         self.confidence = ConfidenceScorer.from_config(self.cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = transcribe_prepared(prepared_rows(batch), self.decoder, self.cfg.batching.max_tokens,
-                                   confidence=self.confidence)
+        with torch_threads(self.threads):
+            rows = transcribe_prepared(prepared_rows(batch), self.decoder, self.cfg.batching.max_tokens,
+                                       confidence=self.confidence)
         mark_rows(rows, self.cfg.filters)
         return table(stamp(rows, self.config_hash), self.schema)

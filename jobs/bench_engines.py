@@ -35,7 +35,8 @@ def add_arguments(parser) -> None:
                         help="our configs, comma-separated; NAME+key=value+... adds overrides")
     parser.add_argument("--compute-types", default="int8,float32", help="faster-whisper compute types")
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds (0: 3, --quick: 1)")
-    parser.add_argument("--threads", type=int, default=0, help="threads for every engine (0: torch's default)")
+    parser.add_argument("--threads", type=int, default=0, help="threads for every engine (0: the CPUs this process may use, "
+                        "as the job's model stage takes them)")
     parser.add_argument("--limit", type=int, default=0, help="first N recordings (0: all; --quick: 8)")
     parser.add_argument("--plot", default=None, help="PNG path (default: beside --out)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -154,14 +155,15 @@ def run(args) -> dict:
 
     from jobs.benchmark_data import DEFAULT_MANIFEST, load_recordings
     from pipeline.audio import SAMPLE_RATE, decode_stream
-    from pipeline.device import cpu_bf16_native
+    from pipeline.device import cpu_bf16_native, worker_threads
     from pipeline.metrics import corpus_wer
     from pipeline.sources import open_audio, read_source
     from pipeline.timing import timed
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    threads = args.threads or torch.get_num_threads()
+    # Every engine gets the same threads: faster-whisper's cpu_threads, and our model
+    # stages' model.num_threads (pipeline.device.worker_threads, which they default to).
+    threads = worker_threads(args.threads)
+    torch.set_num_threads(threads)
     limit = args.limit or (8 if args.quick else 0)
     rounds = args.rounds or (1 if args.quick else 3)
     manifest = args.manifest or str(DEFAULT_MANIFEST)
@@ -176,7 +178,8 @@ def run(args) -> dict:
     refs = {r["id"]: r.get("reference") or "" for r in rows}
 
     engines = [FasterWhisper(ct, threads) for ct in args.compute_types.split(",") if ct]
-    engines += [Ours(spec, args.device, args.overrides) for spec in args.configs.split(",") if spec]
+    ours_common = [f"model.num_threads={threads}", *args.overrides]
+    engines += [Ours(spec, args.device, ours_common) for spec in args.configs.split(",") if spec]
     best: dict[str, float] = {}
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:

@@ -1,6 +1,10 @@
-"""Device and dtype names of the config, resolved for torch, and whether this CPU computes
-in bfloat16 natively (AMX or AVX512-BF16) rather than emulating it in float32."""
+"""Device and dtype names of the config, resolved for torch, whether this CPU computes
+in bfloat16 natively (AMX or AVX512-BF16) rather than emulating it in float32, and how
+many CPU threads a stage's torch ops use."""
 from __future__ import annotations
+
+import os
+from contextlib import contextmanager
 
 
 def resolve_device(device: str) -> str:
@@ -37,3 +41,36 @@ def check_dtype(device: str, name: str, key: str) -> None:
     torch would run it emulated, slower than float32."""
     if name == "bfloat16" and resolve_device(device) == "cpu" and not cpu_bf16_native():
         raise ValueError(f"{key}=bfloat16: this CPU has neither AMX nor AVX512-BF16; use float32")
+
+
+def worker_threads(configured: int = 0) -> int:
+    """Intra-op threads for a model stage: ``configured`` (model.num_threads) when > 0, else
+    OMP_NUM_THREADS (Ray sets it to an actor's CPU share; a user may set it), else every
+    CPU this process may run on."""
+    if configured > 0:
+        return configured
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def torch_threads(n: int | None = None):
+    """Run the block with torch's intra-op thread count at ``n`` (None: as it is now), and
+    put back the count found on entry afterwards. torch's count is process-wide: stages
+    that share a process (the in-process runner) would otherwise inherit each other's, and
+    importing silero-vad sets it to 1 for the whole process."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n is not None and n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from pipeline.audio import SAMPLE_RATE
+from pipeline.device import torch_threads
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,14 @@ class Segment:
 
 class VadSegmenter:
     def __init__(self, max_segment_s: float = 30.0, threshold: float = 0.5, pad_s: float = 0.2):
-        from silero_vad import load_silero_vad
+        with torch_threads():  # silero-vad's import sets torch's process-wide thread count to 1
+            from silero_vad import load_silero_vad
 
+            self.model = load_silero_vad()
         self.max_len = int(max_segment_s * SAMPLE_RATE)
         self.threshold = threshold
         self.pad_ms = int(pad_s * 1000)
         self.max_segment_s = max_segment_s
-        self.model = load_silero_vad()
 
     def speech_spans(self, audio: np.ndarray) -> list[Segment]:
         from silero_vad import get_speech_timestamps
