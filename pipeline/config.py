@@ -41,7 +41,9 @@ class ModelConfig:
     cache_dir: str | None = None      # converted checkpoints; default ~/.cache/shardscribe
     ctc_head: str | None = None       # whisper: "embedded" (the shipped head), a head directory, or null
     ctc_vocab: str | None = None      # granite_speech: JSON list naming the encoder's CTC outputs, blank first
-    num_threads: int = 0              # torch intra-op threads per worker; 0 = torch default
+    # torch intra-op threads per model worker; 0: OMP_NUM_THREADS (Ray sets it to an actor's
+    # CPUs), else every CPU the process may use (pipeline.device.worker_threads)
+    num_threads: int = 0
     # Segments per encoder call: a batch is encoded in slices of this many (0: whole
     # batches; null: the family's default for the device, e.g. Whisper's on CPU).
     encoder_micro_batch: int | None = None
@@ -61,6 +63,11 @@ class ModelConfig:
     quantize: str = "none"            # none | int8
     # The encoder's own dtype (null: model.dtype); bfloat16 on CPU needs AMX or AVX512-BF16.
     encoder_dtype: str | None = None
+    # Whisper: greedy steps pick their token through a bfloat16 screen of the output
+    # projection, rescored in float32 (pipeline.decoding.screened_argmax): the float32
+    # argmax for a quarter of the weight traffic. Applies on a CPU with AMX or
+    # AVX512-BF16 to a float32 decoder; elsewhere, and when false, the full product.
+    screened_argmax: bool = True
 
     def validate(self, key: str) -> None:
         _choice(f"{key}.dtype", self.dtype, ("float32", "float16", "bfloat16"))
@@ -695,7 +702,7 @@ def config_from_dict(data: dict) -> JobConfig:
 
 # Keys that change how a job runs but not what it writes (where and how fast it runs,
 # where checkpoints are cached): a rerun that changes only these is the same config.
-_EXECUTION_KEYS = {"name", "ray", "batching", "model.cache_dir", "model.num_threads",
+_EXECUTION_KEYS = {"name", "ray", "batching", "model.cache_dir", "model.num_threads", "model.screened_argmax",
                    "model.encoder_micro_batch", "model.device", "beam.use_cuda_graphs", "beam.native",
                    "pseudo_label"}
 

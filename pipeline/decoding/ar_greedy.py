@@ -352,11 +352,8 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         step_pos = pos + torch.arange(width, device=device) if width > 1 else pos
         hidden, cache = adapter.decoder_hidden(step_ids, enc, cache, torch.cat([mask, step_mask], 1), step_pos)
         if width == 1:
-            logits = adapter.logits(hidden[:, -1])
-            logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-            if rules is not None:
-                rules(logits, [prefixes[r] + generated[r] for r in alive])
-            next_tok = logits.argmax(-1)
+            next_tok = _plain_step_tokens(adapter, hidden[:, -1], rules,
+                                          lambda: [prefixes[r] + generated[r] for r in alive])
             pos = pos + 1
         else:
             next_tok, kept = _verify_guesses(adapter, hidden, step_ids[:, 1:], [len(g) for g in guesses],
@@ -376,6 +373,21 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     if timer is not None:
         timer["decode"] = timer.get("decode", 0.0) + time.perf_counter() - t0
     return generated
+
+
+def _plain_step_tokens(adapter, hidden: torch.Tensor, rules=None, histories=None) -> torch.Tensor:
+    """The greedy token after each row's newest position (``hidden`` [A, D]) with the
+    suppressed tokens masked: through the adapter's ``next_tokens`` where it has one (no
+    logits; pipeline.decoding.screened_argmax), else the logits' argmax, edited first by
+    ``rules(logits, histories())`` where given."""
+    pick = getattr(adapter, "next_tokens", None)
+    if pick is not None and rules is None:
+        return pick(hidden)
+    logits = adapter.logits(hidden)
+    logits.masked_fill_(adapter.suppress_mask, float("-inf"))
+    if rules is not None:
+        rules(logits, histories())
+    return logits.argmax(-1)
 
 
 def _advance_last(draft: list[int], ptr: int, prefix: list[int], generated: list[int]) -> int:
@@ -404,9 +416,7 @@ def _tree_step(adapter, md: MapDrafting, alive, next_tok, enc, cache, mask, pos,
     if not any(cands):
         hidden, cache = adapter.decoder_hidden(next_tok.unsqueeze(-1), enc, cache,
                                                torch.cat([mask, torch.ones_like(pos)], 1), pos)
-        logits = adapter.logits(hidden[:, -1])
-        logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-        nxt = logits.argmax(-1)
+        nxt = _plain_step_tokens(adapter, hidden[:, -1])
         if md.policy is not None:
             synchronize(nxt)  # a drafting pass waits for its tokens on the host too
             md.policy.observe(False, clock() - t0, len(alive), len(alive))

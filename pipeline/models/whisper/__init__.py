@@ -28,4 +28,5 @@ def load(model_config, device: str, dtype):
     return load_whisper_adapter(model_config.source, device=device, dtype=dtype,
                                 cache_dir=model_config.cache_dir, ctc_head=model_config.ctc_head,
                                 encoder_micro_batch=micro, options=WhisperOptions.of(model_config),
-                                quantize=model_config.quantize, encoder_dtype=encoder_dtype)
+                                quantize=model_config.quantize, encoder_dtype=encoder_dtype,
+                                screened_argmax=model_config.screened_argmax)

@@ -29,7 +29,8 @@ PACKED_EXTRA_FRAMES = 16
 
 class WhisperAdapter:
     def __init__(self, model, processor, device: str | torch.device = "cpu", ctc_head=None,
-                 ctc_decode=None, encoder_micro_batch: int = 0, options: WhisperOptions | None = None):
+                 ctc_decode=None, encoder_micro_batch: int = 0, options: WhisperOptions | None = None,
+                 screened_argmax: bool = True):
         self.model = model.requires_grad_(False)
         # A CTC head over the encoder states: module(states [B,T,D], lengths [B]) -> logits
         # [B,T,C]; ctc_decode maps its collapsed ids to text.
@@ -87,8 +88,23 @@ class WhisperAdapter:
         self.capabilities = frozenset({ATTENTION_DECODER, PACKABLE}
                                       | ({CTC, BEAM_VOCABULARY} if self.ctc_head is not None else set()))
         self.window_samples = WINDOW_SAMPLES
+        # Greedy steps' token choice without the logits (None: take the logits' argmax).
+        self.next_tokens = self._screen() if screened_argmax else None
 
     frame_stride_s = SAMPLES_PER_STATE / SAMPLE_RATE   # encoder states (and CTC head frames)
+
+    def _screen(self):
+        """The bfloat16-screened argmax over the output projection with the suppressed
+        tokens masked (pipeline.decoding.screened_argmax), where it pays: a float32 plain
+        Linear on a CPU that computes bfloat16 natively; else None."""
+        from pipeline.decoding.screened_argmax import ScreenedArgmax
+        from pipeline.device import cpu_bf16_native
+
+        proj = self.model.proj_out
+        if (self.device.type != "cpu" or type(proj) is not torch.nn.Linear or proj.bias is not None
+                or proj.weight.dtype != torch.float32 or not cpu_bf16_native()):
+            return None
+        return ScreenedArgmax(proj.weight, self.suppress_mask)
 
     def segment_cost(self, num_samples: int, packed: bool = False) -> int:
         """Padded encoder frames a segment takes in a batch: a whole 30-s window, or with
@@ -281,10 +297,12 @@ def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
                          dtype: torch.dtype = torch.float32, cache_dir=None,
                          ctc_head: str | None = None, encoder_micro_batch: int = 0,
                          options: WhisperOptions | None = None, quantize: str = "none",
-                         encoder_dtype: torch.dtype | None = None) -> WhisperAdapter:
+                         encoder_dtype: torch.dtype | None = None,
+                         screened_argmax: bool = True) -> WhisperAdapter:
     """Whisper (+ an optional character CTC head: "embedded" or a head directory);
     ``quantize="int8"``: :func:`quantize_int8` (CPU); ``encoder_dtype``: the encoder's own
-    dtype (its states are cast to ``dtype`` for the decoder and the CTC head)."""
+    dtype (its states are cast to ``dtype`` for the decoder and the CTC head);
+    ``screened_argmax``: see :attr:`WhisperAdapter.next_tokens`."""
     from pipeline.models.whisper.loader import load_whisper
 
     model, processor = load_whisper(source, device=device, dtype=dtype, cache_dir=cache_dir)
@@ -303,4 +321,5 @@ def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
 
         head, decode = load_ctc_head(ctc_head, device=device), charset.decode
     return WhisperAdapter(model, processor, device=device, ctc_head=head, ctc_decode=decode,
-                          encoder_micro_batch=encoder_micro_batch, options=options)
+                          encoder_micro_batch=encoder_micro_batch, options=options,
+                          screened_argmax=screened_argmax)
