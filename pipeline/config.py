@@ -62,7 +62,10 @@ class ModelConfig:
     # quantised per batch at run time (torch dynamic quantisation; CPU only).
     quantize: str = "none"            # none | int8
     # The encoder's own dtype (null: model.dtype); bfloat16 on CPU needs AMX or AVX512-BF16.
-    encoder_dtype: str | None = None
+    # auto: bfloat16 on a CPU that has them, with model.dtype float32 (the encoder is ~70%
+    # of a CPU job; WER within faster-whisper's +2% on held-out and real speech, figures:
+    # docs/engines.md), else model.dtype. Transcripts then depend on the CPU's flags.
+    encoder_dtype: str | None = "auto"
     # Whisper: greedy steps pick their token through a bfloat16 screen of the output
     # projection, rescored in float32 (pipeline.decoding.screened_argmax): the float32
     # argmax for a quarter of the weight traffic. Applies on a CPU with AMX or
@@ -77,10 +80,10 @@ class ModelConfig:
                               f"got {self.language!r}")
         _choice(f"{key}.quantize", self.quantize, ("none", "int8"))
         if self.encoder_dtype is not None:
-            _choice(f"{key}.encoder_dtype", self.encoder_dtype, ("float32", "float16", "bfloat16"))
+            _choice(f"{key}.encoder_dtype", self.encoder_dtype, ("auto", "float32", "float16", "bfloat16"))
         if not (self.family == "whisper" or (self.family == "ctc" and self.source == "embedded")):
-            for name, off in (("quantize", "none"), ("encoder_dtype", None)):
-                if getattr(self, name) != off:
+            for name, off in (("quantize", ("none",)), ("encoder_dtype", (None, "auto"))):
+                if getattr(self, name) not in off:
                     raise ConfigError(f"{key}.{name}: only Whisper models have it, model.family={self.family}")
         if self.quantize != "none" and self.device.startswith("cuda"):
             raise ConfigError(f"{key}.quantize: {self.quantize} runs on CPU only, model.device={self.device}")

@@ -36,6 +36,15 @@ def cpu_bf16_native() -> bool:
     return any(t in torch.backends.cpu.get_cpu_capability().lower() for t in ("amx", "bf16"))
 
 
+def encoder_dtype_name(encoder_dtype: str | None, device: str, dtype: str) -> str | None:
+    """model.encoder_dtype resolved on this machine: "auto" is bfloat16 on a CPU with
+    native bfloat16 under a float32 model, else None (the model's dtype)."""
+    if encoder_dtype != "auto":
+        return encoder_dtype
+    native = resolve_device(device) == "cpu" and dtype == "float32" and cpu_bf16_native()
+    return "bfloat16" if native else None
+
+
 def check_dtype(device: str, name: str, key: str) -> None:
     """Raise ValueError (naming ``key``) for bfloat16 on a CPU without native support, where
     torch would run it emulated, slower than float32."""

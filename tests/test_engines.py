@@ -52,9 +52,9 @@ def test_bad_lever_values_fail_naming_the_key(overrides, key):
         load_config("ar", overrides)
 
 
-def test_levers_are_whisper_only_and_off_by_default(tmp_path):
+def test_levers_are_whisper_only_and_int8_is_off_by_default(tmp_path):
     cfg = load_config(None)
-    assert (cfg.model.quantize, cfg.model.encoder_dtype) == ("none", None)
+    assert (cfg.model.quantize, cfg.model.encoder_dtype) == ("none", "auto")
     checkpoint = tmp_path / "w2v"
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text(json.dumps({"architectures": ["Wav2Vec2ForCTC"]}))
@@ -73,6 +73,30 @@ def test_bfloat16_on_a_cpu_without_native_support_fails_before_any_worker(monkey
         with pytest.raises(ModelError, match=f"{key}=bfloat16: this CPU has neither AMX nor AVX512-BF16"):
             check_model(load_config("ar", [f"{key}=bfloat16", "model.device=cpu"]).model)
     check_model(load_config("ar", ["model.device=cpu"]).model)
+
+
+def test_auto_encoder_dtype_is_bfloat16_only_on_a_native_cpu_under_float32(monkeypatch):
+    from pipeline import device
+
+    for native, on_cpu in ((True, "bfloat16"), (False, None)):
+        monkeypatch.setattr(device, "cpu_bf16_native", lambda native=native: native)
+        assert device.encoder_dtype_name("auto", "cpu", "float32") == on_cpu
+        assert device.encoder_dtype_name("auto", "cpu", "bfloat16") is None      # the model's own
+        assert device.encoder_dtype_name("float32", "cpu", "float32") == "float32"
+    assert device.encoder_dtype_name("auto", "cuda", "float32") is None
+
+
+def test_the_default_config_loads_the_encoder_in_the_resolved_dtype(monkeypatch, model_cache):
+    from pipeline import device
+    from pipeline.models import load_model
+
+    for native, expected in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(device, "cpu_bf16_native", lambda native=native: native)
+        adapter = load_model(load_config(None, ["model.device=cpu", f"model.cache_dir={model_cache}"]).model)
+        assert (adapter.encoder_dtype, adapter.dtype) == (expected, torch.float32)
+    # A CPU without native bfloat16 still loads the default: auto never refuses.
+    from pipeline.models.preflight import check_model
+    check_model(load_config(None, ["model.device=cpu"]).model)
 
 
 def _greedy_texts(adapter, audios):

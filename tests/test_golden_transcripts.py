@@ -52,7 +52,8 @@ def transcribe(config: str, overrides: list[str], rows: list[dict], dst: Path, c
     from pipeline.config import load_config
     from actors.local_runner import run_local
 
-    cfg = load_config(config, overrides + [f"model.cache_dir={cache}"])
+    # The float32 encoder: model.encoder_dtype=auto would make the texts depend on the CPU.
+    cfg = load_config(config, overrides + [f"model.cache_dir={cache}", "model.encoder_dtype=float32"])
     run_local(rows, cfg, str(dst), progress=False)
     table = pq.read_table(sorted(str(p) for p in dst.glob("*.parquet")), columns=["id", "text", "error"])
     out = {}

@@ -124,7 +124,7 @@ def check_model(model_config) -> None:
     check_device(model_config.device)
     try:
         check_dtype(model_config.device, model_config.dtype, "model.dtype")
-        if model_config.encoder_dtype:
+        if model_config.encoder_dtype not in (None, "auto"):
             check_dtype(model_config.device, model_config.encoder_dtype, "model.encoder_dtype")
     except ValueError as exc:
         raise ModelError(str(exc)) from None

@@ -22,9 +22,10 @@ def load(model_config, device: str, dtype):
     micro = model_config.encoder_micro_batch
     if micro is None:
         micro = CPU_ENCODER_MICRO_BATCH if torch.device(device).type == "cpu" else 0
-    from pipeline.device import torch_dtype
+    from pipeline.device import encoder_dtype_name, torch_dtype
 
-    encoder_dtype = torch_dtype(model_config.encoder_dtype) if model_config.encoder_dtype else None
+    name = encoder_dtype_name(model_config.encoder_dtype, device, model_config.dtype)
+    encoder_dtype = torch_dtype(name) if name else None
     return load_whisper_adapter(model_config.source, device=device, dtype=dtype,
                                 cache_dir=model_config.cache_dir, ctc_head=model_config.ctc_head,
                                 encoder_micro_batch=micro, options=WhisperOptions.of(model_config),
