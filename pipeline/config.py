@@ -42,7 +42,7 @@ class ModelConfig:
     ctc_head: str | None = None       # whisper: "embedded" (the shipped head), a head directory, or null
     ctc_vocab: str | None = None      # granite_speech: JSON list naming the encoder's CTC outputs, blank first
     # torch intra-op threads per model worker; 0: OMP_NUM_THREADS (Ray sets it to an actor's
-    # CPUs), else every CPU the process may use (pipeline.device.worker_threads)
+    # CPUs), else the physical cores the process may use (pipeline.device.worker_threads)
     num_threads: int = 0
     # Segments per encoder call: a batch is encoded in slices of this many (0: whole
     # batches; null: the family's default for the device, e.g. Whisper's on CPU).
@@ -68,7 +68,7 @@ class ModelConfig:
     encoder_dtype: str | None = "auto"
     # Whisper: greedy steps pick their token through a bfloat16 screen of the output
     # projection, rescored in float32 (pipeline.decoding.screened_argmax): the float32
-    # argmax for a quarter of the weight traffic. Applies on a CPU with AMX or
+    # argmax for half the weight traffic. Applies on a CPU with AMX or
     # AVX512-BF16 to a float32 decoder; elsewhere, and when false, the full product.
     screened_argmax: bool = True
 
@@ -725,5 +725,13 @@ def config_hash(cfg: JobConfig) -> str:
             out[key] = strip(value, dotted + ".") if isinstance(value, dict) and prefix == "" else value
         return out
 
-    text = json.dumps(strip(cfg.to_dict(), ""), sort_keys=True, default=str)
+    stripped = strip(cfg.to_dict(), "")
+    model = stripped.get("model", {})
+    if model.get("encoder_dtype") == "auto":
+        # What auto means on this machine: null where it changes nothing, so configs that
+        # do not use it hash as before the default existed.
+        from pipeline.device import encoder_dtype_name
+
+        model["encoder_dtype"] = encoder_dtype_name("auto", model.get("device", "auto"), model.get("dtype", "float32"))
+    text = json.dumps(stripped, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

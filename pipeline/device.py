@@ -54,17 +54,31 @@ def check_dtype(device: str, name: str, key: str) -> None:
 
 def worker_threads(configured: int = 0) -> int:
     """Intra-op threads for a model stage: ``configured`` (model.num_threads) when > 0, else
-    OMP_NUM_THREADS (Ray sets it to an actor's CPU share; a user may set it), else every
-    CPU this process may run on."""
+    OMP_NUM_THREADS (Ray sets it to an actor's CPU share; a user may set it), else the
+    physical cores this process may run on."""
     if configured > 0:
         return configured
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = os.sched_getaffinity(0)
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+    return _physical_cores(cpus)
+
+
+def _physical_cores(cpus: set[int]) -> int:
+    """Cores among logical CPUs ``cpus`` (hyperthreads of one core count once, as torch's
+    own default does); the CPU count where the kernel does not say."""
+    cores = set()
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as fh:
+                cores.add(fh.read().strip())
+        except OSError:
+            return len(cpus)
+    return max(1, len(cores))
 
 
 @contextmanager

@@ -89,13 +89,24 @@ def test_config_hash_names_what_decides_the_transcripts():
     base = config_hash(load_config("ar"))
     assert len(base) == 12
     same = ["ray.num_cpus=3", "batching.max_tokens=30000", "model.cache_dir=/x", "model.device=cpu",
-            "model.num_threads=2"]
+            "model.num_threads=2", "model.screened_argmax=false"]
     assert config_hash(load_config("ar", same)) == base
     # A worker rebuilds the config from its dict and must stamp the driver's hash.
     assert config_hash(config_from_dict(load_config("ar").to_dict())) == base
     for other in (["decoder.max_new_tokens=100"], ["model.source=/some/whisper"], ["audio.vad_threshold=0.4"]):
         assert config_hash(load_config("ar", other)) != base, other
     assert config_hash(load_config("ssd")) != base
+
+
+def test_auto_encoder_dtype_hashes_as_what_it_means_on_this_machine(monkeypatch):
+    from pipeline import device
+    from pipeline.config import config_hash
+
+    for native, meaning in ((True, "bfloat16"), (False, "null")):
+        monkeypatch.setattr(device, "cpu_bf16_native", lambda native=native: native)
+        auto = config_hash(load_config("ar", ["model.device=cpu"]))
+        assert auto == config_hash(load_config("ar", ["model.device=cpu", f"model.encoder_dtype={meaning}"]))
+    assert auto != config_hash(load_config("ar", ["model.device=cpu", "model.encoder_dtype=bfloat16"]))
 
 
 def test_a_local_instance_too_small_for_the_actor_pools_is_refused():

@@ -37,7 +37,7 @@ def test_screened_argmax_equals_the_float32_argmax_where_bfloat16_alone_does_not
     exact = torch.nn.functional.linear(hidden, weight).argmax(-1)
     rough = torch.nn.functional.linear(hidden.bfloat16(), weight.bfloat16()).float().argmax(-1)
     assert (rough != exact).sum() >= 10            # the inputs break a bfloat16-only choice
-    # (a radius 64x too small, 2^-12, fails here: checked by hand)
+    # (a radius 16x too small, 2^-9, fails here: checked by hand)
     none = torch.zeros(weight.shape[0], dtype=torch.bool)
     assert torch.equal(ScreenedArgmax(weight, none)(hidden), exact)
 
@@ -79,3 +79,17 @@ def test_greedy_decoding_with_the_screen_equals_the_full_logits(whisper_adapter,
         adapter.next_tokens = saved
     assert screened == full and sum(len(t) for t in full) > 50
     assert len(calls) > 10       # the plain steps went through the screen
+
+
+def test_the_screen_is_built_on_first_use_and_switched_off_by_config(monkeypatch, model_cache):
+    from pipeline import device
+    from pipeline.models.whisper.adapter import load_whisper_adapter
+
+    monkeypatch.setattr(device, "cpu_bf16_native", lambda: True)
+    on = load_whisper_adapter("embedded", cache_dir=model_cache)
+    assert on._next_tokens is not None and not isinstance(on._next_tokens, ScreenedArgmax)   # not yet built
+    assert isinstance(on.next_tokens, ScreenedArgmax)
+    assert on.next_tokens.weight.data_ptr() == on.model.proj_out.weight.data_ptr()       # no float32 copy
+    assert load_whisper_adapter("embedded", cache_dir=model_cache, screened_argmax=False).next_tokens is None
+    monkeypatch.setattr(device, "cpu_bf16_native", lambda: False)
+    assert load_whisper_adapter("embedded", cache_dir=model_cache).next_tokens is None     # emulated bf16: no

@@ -27,6 +27,9 @@ PACK_GAP_S = 0.3  # silence between packed clips
 PACKED_EXTRA_FRAMES = 16
 
 
+_UNBUILT = object()
+
+
 class WhisperAdapter:
     def __init__(self, model, processor, device: str | torch.device = "cpu", ctc_head=None,
                  ctc_decode=None, encoder_micro_batch: int = 0, options: WhisperOptions | None = None,
@@ -88,10 +91,21 @@ class WhisperAdapter:
         self.capabilities = frozenset({ATTENTION_DECODER, PACKABLE}
                                       | ({CTC, BEAM_VOCABULARY} if self.ctc_head is not None else set()))
         self.window_samples = WINDOW_SAMPLES
-        # Greedy steps' token choice without the logits (None: take the logits' argmax).
-        self.next_tokens = self._screen() if screened_argmax else None
+        # Greedy steps' token choice without the logits (None: take the logits' argmax);
+        # built on first use (a 40-MB bfloat16 copy that CTC-only configs never need).
+        self._next_tokens = _UNBUILT if screened_argmax else None
 
     frame_stride_s = SAMPLES_PER_STATE / SAMPLE_RATE   # encoder states (and CTC head frames)
+
+    @property
+    def next_tokens(self):
+        if self._next_tokens is _UNBUILT:
+            self._next_tokens = self._screen()
+        return self._next_tokens
+
+    @next_tokens.setter
+    def next_tokens(self, pick) -> None:
+        self._next_tokens = pick
 
     def _screen(self):
         """The bfloat16-screened argmax over the output projection with the suppressed
