@@ -9,7 +9,7 @@ still empty, i.e. not after a non-empty forced prefix: a prefix is text already 
 so the next token is not the transcript's first.
 Finished rows leave the batch (their cache rows are dropped), so the tail of a batch
 costs only what its unfinished rows need; after the first drop, later ones move only the
-rows past the new end into the freed places (see ``_drop_rows``).
+rows past the new end into the freed places (see ``_move_rows``).
 
 Seeded start (SSD eqs. 6-7, "reuse the verification pass's KV cache, cropped to the
 prefix"): instead of a prefill over prompt + prefix, rows may start from a ``DecodeSeed``
@@ -323,9 +323,13 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         if not keep:
             break
         if len(keep) < len(alive):
-            order = _drop_rows(cache, keep, owned)
-            owned = True    # after a copying drop, the cache's tensors are this call's alone
+            order = _move_rows(cache, keep) if owned else keep
             idx = torch.tensor(order, device=device)
+            if not owned:
+                # the tensors may be the caller's or a seed's: copy the kept rows out; after
+                # that the cache's tensors are this call's alone
+                cache.batch_select_indices(idx)
+                owned = True
             alive = [alive[n] for n in order]
             next_tok, enc, mask, pos = next_tok[idx], enc[idx], mask[idx], pos[idx]
         guesses = [[] for _ in alive]
@@ -387,19 +391,12 @@ def _cache_layers(cache) -> list:
     return [layer for c in caches for layer in c.layers if layer.keys is not None and layer.keys.numel()]
 
 
-def _drop_rows(cache, keep: list[int], in_place: bool) -> list[int]:
-    """Keep the batch rows ``keep`` (ascending positions) of ``cache``; return, per new
-    position, the old position whose row it now holds. Copying the kept rows out costs all
-    survivors' cross-attention K/V each time a row ends (18 MB per Whisper tiny row);
-    ``in_place`` (the tensors are this decoding's alone: never the caller's or a seed's)
-    moves only the kept rows beyond the new end into the freed positions and narrows the
-    batch, so the rows' order changes and the caller follows ``order``."""
-    if not in_place:
-        layers = _cache_layers(cache)
-        idx = torch.tensor(keep, device=layers[0].keys.device) if layers else None
-        for layer in layers:
-            layer.keys, layer.values = layer.keys[idx], layer.values[idx]
-        return list(keep)
+def _move_rows(cache, keep: list[int]) -> list[int]:
+    """Keep the batch rows ``keep`` (ascending positions) of ``cache``, whose tensors only
+    this decoding holds, without copying every survivor's cross-attention K/V again (18 MB
+    per Whisper tiny row): move the kept rows beyond the new end into the freed positions
+    and narrow the batch. Returns, per new position, the old position whose row it now
+    holds; the rows' order changes and the caller follows it."""
     n = len(keep)
     kept = set(keep)
     moves = list(zip([p for p in range(n) if p not in kept], [q for q in keep if q >= n]))
