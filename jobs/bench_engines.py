@@ -35,7 +35,7 @@ def add_arguments(parser) -> None:
                         help="our configs, comma-separated; NAME+key=value+... adds overrides")
     parser.add_argument("--compute-types", default="int8,float32", help="faster-whisper compute types")
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds (0: 3, --quick: 1)")
-    parser.add_argument("--threads", type=int, default=0, help="threads for every engine (0: the CPUs this process may use, "
+    parser.add_argument("--threads", type=int, default=0, help="threads for every engine (0: the physical cores this process may use, "
                         "as the job's model stage takes them)")
     parser.add_argument("--limit", type=int, default=0, help="first N recordings (0: all; --quick: 8)")
     parser.add_argument("--plot", default=None, help="PNG path (default: beside --out)")
