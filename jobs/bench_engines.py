@@ -199,7 +199,7 @@ def run(args) -> dict:
         hyps = [res["texts"].get(i, "") for i in ids]
         row = {"engine": engine.name, "recordings": len(rows), "audio_s": file_s, "wall_s": wall,
                "rtfx": file_s / wall, "vs_first": baseline / wall,
-               "wer": corpus_wer([refs[i] for i in ids], hyps)}
+               "wer": corpus_wer([refs[i] for i in ids], hyps), "texts": dict(zip(ids, hyps))}
         if "stages" in res:
             st = res["stages"]
             feats = feature_seconds(engine.adapter, recordings)

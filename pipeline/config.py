@@ -66,6 +66,10 @@ class ModelConfig:
     # of a CPU job; WER within faster-whisper's +2% on held-out and real speech, figures:
     # docs/engines.md), else model.dtype. Transcripts then depend on the CPU's flags.
     encoder_dtype: str | None = "auto"
+    # The dtype of the decoder's cross-attention K/V projection, a function of the encoder
+    # states alone (pipeline.models.whisper.cross_projection). auto: the encoder's dtype as
+    # model.encoder_dtype resolves it; null: model.dtype.
+    cross_kv_dtype: str | None = "auto"
     # Whisper: greedy steps pick their token through a bfloat16 screen of the output
     # projection, rescored in float32 (pipeline.decoding.screened_argmax): the float32
     # argmax for half the weight traffic. Applies on a CPU with AMX or
@@ -79,10 +83,12 @@ class ModelConfig:
             raise ConfigError(f"{key}.language: expected a language code such as en or de, auto, or null; "
                               f"got {self.language!r}")
         _choice(f"{key}.quantize", self.quantize, ("none", "int8"))
-        if self.encoder_dtype is not None:
-            _choice(f"{key}.encoder_dtype", self.encoder_dtype, ("auto", "float32", "float16", "bfloat16"))
+        for name in ("encoder_dtype", "cross_kv_dtype"):
+            if getattr(self, name) is not None:
+                _choice(f"{key}.{name}", getattr(self, name), ("auto", "float32", "float16", "bfloat16"))
         if not (self.family == "whisper" or (self.family == "ctc" and self.source == "embedded")):
-            for name, off in (("quantize", ("none",)), ("encoder_dtype", (None, "auto"))):
+            for name, off in (("quantize", ("none",)), ("encoder_dtype", (None, "auto")),
+                              ("cross_kv_dtype", (None, "auto"))):
                 if getattr(self, name) not in off:
                     raise ConfigError(f"{key}.{name}: only Whisper models have it, model.family={self.family}")
         if self.quantize != "none" and self.device.startswith("cuda"):
@@ -727,11 +733,16 @@ def config_hash(cfg: JobConfig) -> str:
 
     stripped = strip(cfg.to_dict(), "")
     model = stripped.get("model", {})
-    if model.get("encoder_dtype") == "auto":
+    if model:
         # What auto means on this machine: null where it changes nothing, so configs that
         # do not use it hash as before the default existed.
-        from pipeline.device import encoder_dtype_name
+        from pipeline.device import cross_kv_dtype_name, encoder_dtype_name
 
-        model["encoder_dtype"] = encoder_dtype_name("auto", model.get("device", "auto"), model.get("dtype", "float32"))
+        encoder = encoder_dtype_name(model.get("encoder_dtype"), model.get("device", "auto"),
+                                     model.get("dtype", "float32"))
+        cross = cross_kv_dtype_name(model.pop("cross_kv_dtype", None), encoder, model.get("dtype", "float32"))
+        model["encoder_dtype"] = encoder
+        if cross is not None:
+            model["cross_kv_dtype"] = cross
     text = json.dumps(stripped, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

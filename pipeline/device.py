@@ -45,6 +45,13 @@ def encoder_dtype_name(encoder_dtype: str | None, device: str, dtype: str) -> st
     return "bfloat16" if native else None
 
 
+def cross_kv_dtype_name(cross_kv_dtype: str | None, encoder: str | None, dtype: str) -> str | None:
+    """model.cross_kv_dtype resolved: "auto" follows the encoder's resolved dtype
+    (``encoder``, None: the model's); None where the projection keeps the model's dtype."""
+    name = encoder if cross_kv_dtype == "auto" else cross_kv_dtype
+    return None if name in (None, dtype) else name
+
+
 def check_dtype(device: str, name: str, key: str) -> None:
     """Raise ValueError (naming ``key``) for bfloat16 on a CPU without native support, where
     torch would run it emulated, slower than float32."""

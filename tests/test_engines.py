@@ -143,3 +143,58 @@ def test_encoder_dtype_runs_the_encoder_alone_in_that_dtype(model_cache, whisper
     assert enc.states.dtype == torch.float32
     err = (enc.states - ref.states).abs().max().item()
     assert 0 < err < 0.1 * ref.states.abs().max().item()
+
+
+def test_cross_kv_dtype_follows_the_encoder_unless_set(monkeypatch, model_cache):
+    from pipeline import device
+    from pipeline.models import load_model
+
+    assert device.cross_kv_dtype_name("auto", "bfloat16", "float32") == "bfloat16"
+    assert device.cross_kv_dtype_name("auto", None, "float32") is None
+    assert device.cross_kv_dtype_name("float32", "bfloat16", "float32") is None   # the model's own
+    assert device.cross_kv_dtype_name("bfloat16", None, "float32") == "bfloat16"
+    with pytest.raises(ConfigError, match="model.cross_kv_dtype"):
+        load_config("ar", ["model.cross_kv_dtype=int8"])
+    for native in (True, False):
+        monkeypatch.setattr(device, "cpu_bf16_native", lambda native=native: native)
+        adapter = load_model(load_config(None, ["model.device=cpu", f"model.cache_dir={model_cache}"]).model)
+        assert (adapter.cross_projection is not None) == native
+        assert adapter.cross_projection is None or adapter.cross_projection.dtype == torch.bfloat16
+        pinned = load_model(load_config(None, ["model.device=cpu", f"model.cache_dir={model_cache}",
+                                               "model.cross_kv_dtype=float32"]).model)
+        assert pinned.cross_projection is None
+        from pipeline.config import config_hash
+        assert (config_hash(load_config(None, ["model.device=cpu"])) !=
+                config_hash(load_config(None, ["model.device=cpu", "model.cross_kv_dtype=float32"]))) == native
+
+
+def test_the_decoder_reads_cross_attention_projected_in_cross_kv_dtype(model_cache, whisper_adapter, sample_audio,
+                                                                        sample_manifest):
+    """The bfloat16 projection's K/V are the ones the decoder attends to (the model does not
+    project the states again), within bfloat16's error of the float32 ones, and decoding
+    with them keeps the bundled clips' transcripts."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    from pipeline.decoding.ar_greedy import greedy_decode
+    from pipeline.models.whisper.adapter import load_whisper_adapter
+
+    bf16 = load_whisper_adapter("embedded", cache_dir=model_cache, cross_kv_dtype=torch.bfloat16)
+    audios = [sample_audio[m["id"]] for m in sample_manifest]
+    states = whisper_adapter.encode(audios[:2]).states
+    ids = torch.tensor([whisper_adapter.prompt_ids] * 2)
+    ref_h, ref_cache = whisper_adapter.decoder_hidden(ids, states, None)
+    for cache in (None, EncoderDecoderCache(DynamicCache(), DynamicCache())):
+        h, got = bf16.decoder_hidden(ids, states, cache)
+        assert got.cross_attention_cache.layers[0].keys.dtype == torch.float32
+        for ref_layer, layer in zip(ref_cache.cross_attention_cache.layers, got.cross_attention_cache.layers):
+            for ref_t, t in ((ref_layer.keys, layer.keys), (ref_layer.values, layer.values)):
+                err = (t - ref_t).abs().max().item()
+                assert 0 < err < 2 ** -6 * ref_t.abs().max().item()
+        assert (h - ref_h).abs().max().item() < 0.05 * ref_h.abs().max().item()
+    # Projected once: a later step reads the cached K/V (the same tensors), not new ones.
+    keys = got.cross_attention_cache.layers[0].keys
+    bf16.decoder_hidden(ids[:, -1:], states, got, None, torch.full((2, 1), ids.shape[1]))
+    assert got.cross_attention_cache.layers[0].keys is keys
+    full = bf16.encode(audios).states
+    assert ([bf16.text(t) for t in greedy_decode(bf16, full)] ==
+            [whisper_adapter.text(t) for t in greedy_decode(whisper_adapter, full)])

@@ -129,7 +129,7 @@ def seeds_from_cache(cache, rows: list[int], starts: list[int], ends: list[int],
     return seeds
 
 
-def _cache_of(kv: list[tuple[torch.Tensor, torch.Tensor]]):
+def cache_of(kv: list[tuple[torch.Tensor, torch.Tensor]]):
     """A DynamicCache holding exactly these tensors (its constructor would copy them)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -174,7 +174,7 @@ def cross_attention_cache(cross_kv: list[tuple[torch.Tensor, torch.Tensor]]):
     a pass over the same rows then skips projecting the encoder states again."""
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-    return EncoderDecoderCache(DynamicCache(), _cache_of(cross_kv))
+    return EncoderDecoderCache(DynamicCache(), cache_of(cross_kv))
 
 
 def _cross_kv(seeds: list[DecodeSeed]):
@@ -206,13 +206,13 @@ def _seeded_cache(seeds: list[DecodeSeed], L: int, cross: list | None = None):
             keys[b, :, L - k.shape[-2]:] = k
             values[b, :, L - v.shape[-2]:] = v
         layers.append((keys, values))
-    self_cache = _cache_of(layers)
+    self_cache = cache_of(layers)
     if not seeds[0].encoder_decoder:
         return self_cache
     if cross is None and all(s.cross_source is not None for s in seeds):
         cross = _cross_kv(seeds)
     # without any, the first step computes them from the encoder states
-    return EncoderDecoderCache(self_cache, _cache_of(cross) if cross else DynamicCache())
+    return EncoderDecoderCache(self_cache, cache_of(cross) if cross else DynamicCache())
 
 
 @torch.inference_mode()

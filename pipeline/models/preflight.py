@@ -124,8 +124,9 @@ def check_model(model_config) -> None:
     check_device(model_config.device)
     try:
         check_dtype(model_config.device, model_config.dtype, "model.dtype")
-        if model_config.encoder_dtype not in (None, "auto"):
-            check_dtype(model_config.device, model_config.encoder_dtype, "model.encoder_dtype")
+        for key in ("encoder_dtype", "cross_kv_dtype"):
+            if getattr(model_config, key) not in (None, "auto"):
+                check_dtype(model_config.device, getattr(model_config, key), f"model.{key}")
     except ValueError as exc:
         raise ModelError(str(exc)) from None
     if model_config.source == "embedded_rnnt":

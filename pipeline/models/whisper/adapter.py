@@ -33,7 +33,7 @@ _UNBUILT = object()
 class WhisperAdapter:
     def __init__(self, model, processor, device: str | torch.device = "cpu", ctc_head=None,
                  ctc_decode=None, encoder_micro_batch: int = 0, options: WhisperOptions | None = None,
-                 screened_argmax: bool = True):
+                 screened_argmax: bool = True, cross_kv_dtype: torch.dtype | None = None):
         self.model = model.requires_grad_(False)
         # A CTC head over the encoder states: module(states [B,T,D], lengths [B]) -> logits
         # [B,T,C]; ctc_decode maps its collapsed ids to text.
@@ -94,6 +94,14 @@ class WhisperAdapter:
         # Greedy steps' token choice without the logits (None: take the logits' argmax);
         # built on first use (a 40-MB bfloat16 copy that CTC-only configs never need).
         self._next_tokens = _UNBUILT if screened_argmax else None
+        # The decoder's cross-attention K/V projected in another dtype
+        # (pipeline.models.whisper.cross_projection; model.cross_kv_dtype), else None: the
+        # model's own layers project them in its dtype.
+        self.cross_projection = None
+        if cross_kv_dtype is not None and cross_kv_dtype != self.dtype:
+            from pipeline.models.whisper.cross_projection import CrossProjection
+
+            self.cross_projection = CrossProjection(model.model.decoder.layers, cross_kv_dtype, self.dtype)
 
     frame_stride_s = SAMPLES_PER_STATE / SAMPLE_RATE   # encoder states (and CTC head frames)
 
@@ -275,10 +283,28 @@ class WhisperAdapter:
     # --- decoder side -----------------------------------------------------------------
     def decoder_hidden(self, input_ids, encoder_states, cache=None, attention_mask=None,
                        position_ids=None):
+        if self.cross_projection is not None:
+            cache = self._with_cross(cache, encoder_states)
         out = self.model.model.decoder(
             input_ids=input_ids, encoder_hidden_states=encoder_states,
             cache=cache, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
         return out.last_hidden_state, out.cache
+
+    def _with_cross(self, cache, encoder_states: torch.Tensor):
+        """``cache`` (a new one for None) holding the cross-attention K/V of
+        ``encoder_states`` from :attr:`cross_projection`, where it has none yet; the model's
+        attention then reads them instead of projecting the states itself."""
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+        from pipeline.decoding.ar_greedy import cache_of
+
+        if cache is None:
+            return EncoderDecoderCache(DynamicCache(), cache_of(self.cross_projection(encoder_states)))
+        if isinstance(cache, EncoderDecoderCache) and cache.cross_attention_cache.get_seq_length() == 0:
+            cache.cross_attention_cache = cache_of(self.cross_projection(encoder_states))
+            for i in range(len(self.cross_projection.weights)):
+                cache.is_updated[i] = True
+        return cache
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.proj_out(hidden).float()
@@ -312,11 +338,13 @@ def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
                          ctc_head: str | None = None, encoder_micro_batch: int = 0,
                          options: WhisperOptions | None = None, quantize: str = "none",
                          encoder_dtype: torch.dtype | None = None,
-                         screened_argmax: bool = True) -> WhisperAdapter:
+                         screened_argmax: bool = True,
+                         cross_kv_dtype: torch.dtype | None = None) -> WhisperAdapter:
     """Whisper (+ an optional character CTC head: "embedded" or a head directory);
     ``quantize="int8"``: :func:`quantize_int8` (CPU); ``encoder_dtype``: the encoder's own
     dtype (its states are cast to ``dtype`` for the decoder and the CTC head);
-    ``screened_argmax``: see :attr:`WhisperAdapter.next_tokens`."""
+    ``screened_argmax``: see :attr:`WhisperAdapter.next_tokens`; ``cross_kv_dtype``: the
+    dtype the decoder's cross-attention K/V are projected in (None: the model's)."""
     from pipeline.models.whisper.loader import load_whisper
 
     model, processor = load_whisper(source, device=device, dtype=dtype, cache_dir=cache_dir)
@@ -336,4 +364,4 @@ def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
         head, decode = load_ctc_head(ctc_head, device=device), charset.decode
     return WhisperAdapter(model, processor, device=device, ctc_head=head, ctc_decode=decode,
                           encoder_micro_batch=encoder_micro_batch, options=options,
-                          screened_argmax=screened_argmax)
+                          screened_argmax=screened_argmax, cross_kv_dtype=cross_kv_dtype)
