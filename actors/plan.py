@@ -44,10 +44,11 @@ def init_ray(cfg) -> None:
     _loopback_environment()
     import ray
 
-    # More logical CPUs than cores, so the CPU stage and the model actors fit together
-    # on small machines; the OS shares the real cores.
-    num_cpus = cfg.ray.num_cpus or max(4, 2 * (os.cpu_count() or 1))
-    ray.init(address="local", num_cpus=num_cpus, **_INIT_KWARGS)
+    # More logical CPUs than cores (pipeline.config.RayConfig.cpus), so the CPU stage, the
+    # model actors and Ray Data's tasks fit together on small machines; the OS shares the
+    # real cores.
+    two_stage = decoder_kind(cfg.decoder.kind).two_stage
+    ray.init(address="local", num_cpus=cfg.ray.cpus(two_stage).local, **_INIT_KWARGS)
 
 
 _INIT_KWARGS = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
@@ -143,7 +144,7 @@ def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None, tally=N
     ds = ds.map_batches(Transcriber, fn_constructor_kwargs=args,
                         batch_size=per_block, batch_format="pyarrow",
                         compute=ActorPoolStrategy(size=cfg.ray.decode_actors),
-                        num_cpus=cfg.ray.decode_actor_cpus, **extra)
+                        num_cpus=_decode_actor_cpus(cfg, kind), **extra)
     # Second pool: only the pending segments are decoded there (SSD's AR fallback, CTC
     # beam search); their state arrives through the object store as bytes in the rows.
     if kind.two_stage:
@@ -152,6 +153,15 @@ def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None, tally=N
                             compute=ActorPoolStrategy(size=cfg.ray.fallback_actors),
                             num_cpus=cfg.ray.fallback_actor_cpus, **extra)
     return tally.attach(ds) if tally is not None else ds
+
+
+def _decode_actor_cpus(cfg, kind) -> float:
+    """A model actor's CPUs, fitted to the local instance that is running (it may have been
+    started for another config, or by the caller)."""
+    import ray
+
+    running = ray.cluster_resources().get("CPU") if cfg.ray.address is None else None
+    return cfg.ray.cpus(kind.two_stage, instance_cpus=running).decode_actor
 
 
 def write_output(ds, cfg, dst: str, job_id: str) -> None:

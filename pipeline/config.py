@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import types
 import typing
@@ -324,12 +325,29 @@ class BatchingConfig:
         _at_least(f"{key}.max_tokens", self.max_tokens, 1)
 
 
+# Logical CPUs a local instance keeps free of the actor pools: Ray Data's own tasks (reading
+# the input, splitting blocks, writing parts) need one each, and without one free the plan
+# waits for ever.
+RAY_TASK_CPUS = 1
+
+
+@dataclass
+class RayCPUs:
+    """What a plan asks of Ray: a local instance's logical CPUs (None: a cluster's own) and
+    a model actor's CPUs, which Ray also makes its threads (OMP_NUM_THREADS)."""
+    local: int | None
+    decode_actor: float
+
+
 @dataclass
 class RayConfig:
     address: str | None = None        # None: start a local instance
-    num_cpus: int | None = None       # logical CPUs for a local instance (default: 2 x cores)
+    num_cpus: int | None = None       # logical CPUs for a local instance (default: 2 x cores, or what the pools need)
     decode_actors: int = 1            # model actors (GPU: one per GPU)
-    decode_actor_cpus: float = 1.0
+    # CPUs of a model actor, hence its threads. null: on a local instance, the physical
+    # cores divided among the model actors (within ray.num_cpus when that is set); on a
+    # cluster, 1.
+    decode_actor_cpus: float | None = None
     fallback_actors: int = 1          # second pool of a two-stage decoder kind (SSD fallback, beam search)
     fallback_actor_cpus: float = 1.0
     audio_actors: int = 1             # decode/segment workers
@@ -343,10 +361,34 @@ class RayConfig:
             raise ConfigError(f"{key}.no_progress_timeout_s: must be > 0 or -1 (off), got {self.no_progress_timeout_s}")
         _at_least(f"{key}.decode_actors", self.decode_actors, 1)
         _at_least(f"{key}.audio_actors", self.audio_actors, 1)
-        if self.decode_actor_cpus <= 0 or self.audio_actor_cpus <= 0:
+        if (self.decode_actor_cpus is not None and self.decode_actor_cpus <= 0) or self.audio_actor_cpus <= 0 \
+                or self.fallback_actor_cpus <= 0:
             raise ConfigError(f"{key}: actor CPU shares must be > 0")
         if self.num_cpus is not None:
             _at_least(f"{key}.num_cpus", self.num_cpus, 1)
+
+    def cpus(self, two_stage: bool, cores: int | None = None, instance_cpus: float | None = None) -> RayCPUs:
+        """The plan's CPU asks for a decoder kind with (``two_stage``) or without a second
+        pool; ``cores``: the machine's physical cores (default: this process's);
+        ``instance_cpus``: the logical CPUs of a local instance already running, which
+        the pools must then fit instead of ``num_cpus``."""
+        if self.address is not None:
+            return RayCPUs(None, self.decode_actor_cpus or 1.0)
+        others = self.audio_actors * self.audio_actor_cpus + RAY_TASK_CPUS \
+            + (self.fallback_actors * self.fallback_actor_cpus if two_stage else 0.0)
+        decode = self.decode_actor_cpus
+        if decode is None:
+            if cores is None:
+                from pipeline.device import physical_cores
+
+                cores = physical_cores()
+            decode = cores // self.decode_actors
+            cap = instance_cpus if instance_cpus is not None else self.num_cpus
+            if cap is not None:
+                decode = min(decode, int((cap - others) // self.decode_actors))
+            decode = float(max(1, decode))
+        need = math.ceil(others + self.decode_actors * decode)
+        return RayCPUs(self.num_cpus or max(4, 2 * (os.cpu_count() or 1), need), decode)
 
 
 @dataclass
@@ -501,12 +543,15 @@ class JobConfig:
             raise ConfigError(f"audio.max_segment_s: model.family={family.name} reads at most "
                               f"{family.max_segment_s:g} s, got {self.audio.max_segment_s}")
         r = self.ray
-        pools = r.audio_actors * r.audio_actor_cpus + r.decode_actors * r.decode_actor_cpus \
-            + (r.fallback_actors * r.fallback_actor_cpus if kind.two_stage else 0.0)
-        if r.num_cpus is not None and r.address is None and pools > r.num_cpus:
-            # Ray would start the first pools and wait for the last one forever.
-            raise ConfigError(f"ray.num_cpus: the actor pools of decoder.kind={kind.name} need {pools:g} CPUs "
-                              f"(ray.*_actors x ray.*_actor_cpus), got {r.num_cpus}")
+        if r.num_cpus is not None and r.address is None:
+            pools = r.audio_actors * r.audio_actor_cpus + r.decode_actors * r.cpus(kind.two_stage).decode_actor \
+                + (r.fallback_actors * r.fallback_actor_cpus if kind.two_stage else 0.0)
+            if pools + RAY_TASK_CPUS > r.num_cpus:
+                # Ray would start the pools it can and wait for the rest, or for a CPU for
+                # its own read and write tasks, for ever.
+                raise ConfigError(f"ray.num_cpus: the actor pools of decoder.kind={kind.name} need {pools:g} CPUs "
+                                  f"(ray.*_actors x ray.*_actor_cpus) and Ray Data's tasks {RAY_TASK_CPUS} more, "
+                                  f"got {r.num_cpus}")
         return self
 
     def to_dict(self) -> dict:

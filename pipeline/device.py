@@ -68,6 +68,11 @@ def worker_threads(configured: int = 0) -> int:
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
+    return physical_cores()
+
+
+def physical_cores() -> int:
+    """The physical cores this process may run on."""
     try:
         cpus = os.sched_getaffinity(0)
     except AttributeError:  # not on Linux

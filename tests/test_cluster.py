@@ -73,7 +73,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def test_a_local_ray_instance_listens_on_loopback_only_and_requires_a_token():
     script = ("import time, ray; from actors.plan import init_ray; from pipeline.config import load_config; "
-              "init_ray(load_config('ar', ['ray.num_cpus=2'])); "
+              "init_ray(load_config('ar', ['ray.num_cpus=3'])); "
               "ray.data.range(8).map_batches(lambda b: b).materialize(); print('READY', flush=True); time.sleep(120)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["PYTHONPATH"] = str(ROOT)
