@@ -92,6 +92,9 @@ class ModelConfig:
                               ("cross_kv_dtype", (None, "auto"))):
                 if getattr(self, name) not in off:
                     raise ConfigError(f"{key}.{name}: only Whisper models have it, model.family={self.family}")
+        if self.quantize != "none" and self.cross_kv_dtype not in (None, "auto", self.dtype):
+            raise ConfigError(f"{key}.cross_kv_dtype: the cross-attention projections are {self.quantize} "
+                              f"under model.quantize={self.quantize}; leave it auto")
         if self.quantize != "none" and self.device.startswith("cuda"):
             raise ConfigError(f"{key}.quantize: {self.quantize} runs on CPU only, model.device={self.device}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
@@ -778,16 +781,16 @@ def config_hash(cfg: JobConfig) -> str:
 
     stripped = strip(cfg.to_dict(), "")
     model = stripped.get("model", {})
-    if model:
-        # What auto means on this machine: null where it changes nothing, so configs that
-        # do not use it hash as before the default existed.
-        from pipeline.device import cross_kv_dtype_name, encoder_dtype_name
+    # What auto means on this machine: null where it changes nothing, so configs that do
+    # not use it hash as before the default existed.
+    from pipeline.device import cross_kv_dtype_name, encoder_dtype_name
 
-        encoder = encoder_dtype_name(model.get("encoder_dtype"), model.get("device", "auto"),
-                                     model.get("dtype", "float32"))
-        cross = cross_kv_dtype_name(model.pop("cross_kv_dtype", None), encoder, model.get("dtype", "float32"))
-        model["encoder_dtype"] = encoder
-        if cross is not None:
-            model["cross_kv_dtype"] = cross
+    encoder = encoder_dtype_name(model.get("encoder_dtype"), model.get("device", "auto"),
+                                 model.get("dtype", "float32"))
+    cross = cross_kv_dtype_name(model.pop("cross_kv_dtype", None), encoder, model.get("dtype", "float32"),
+                                model.get("quantize", "none"))
+    model["encoder_dtype"] = encoder
+    if cross is not None:
+        model["cross_kv_dtype"] = cross
     text = json.dumps(stripped, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

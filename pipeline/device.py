@@ -45,11 +45,14 @@ def encoder_dtype_name(encoder_dtype: str | None, device: str, dtype: str) -> st
     return "bfloat16" if native else None
 
 
-def cross_kv_dtype_name(cross_kv_dtype: str | None, encoder: str | None, dtype: str) -> str | None:
+def cross_kv_dtype_name(cross_kv_dtype: str | None, encoder: str | None, dtype: str,
+                        quantize: str = "none") -> str | None:
     """model.cross_kv_dtype resolved: "auto" follows the encoder's resolved dtype
-    (``encoder``, None: the model's); None where the projection keeps the model's dtype."""
-    name = encoder if cross_kv_dtype == "auto" else cross_kv_dtype
-    return None if name in (None, dtype) else name
+    (``encoder``, None: the model's) unless the model's Linear layers are quantised (the
+    projections are int8 then); None where the projection keeps the model's own."""
+    if cross_kv_dtype == "auto":
+        cross_kv_dtype = encoder if quantize == "none" else None
+    return None if cross_kv_dtype in (None, dtype) else cross_kv_dtype
 
 
 def check_dtype(device: str, name: str, key: str) -> None:

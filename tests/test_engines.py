@@ -155,6 +155,10 @@ def test_cross_kv_dtype_follows_the_encoder_unless_set(monkeypatch, model_cache)
     assert device.cross_kv_dtype_name("bfloat16", None, "float32") == "bfloat16"
     with pytest.raises(ConfigError, match="model.cross_kv_dtype"):
         load_config("ar", ["model.cross_kv_dtype=int8"])
+    # int8 Linear layers project K/V themselves: auto leaves them be, an explicit dtype is refused
+    assert device.cross_kv_dtype_name("auto", "bfloat16", "float32", "int8") is None
+    with pytest.raises(ConfigError, match="model.cross_kv_dtype: the cross-attention projections are int8"):
+        load_config("ar", ["model.quantize=int8", "model.cross_kv_dtype=bfloat16"])
     for native in (True, False):
         monkeypatch.setattr(device, "cpu_bf16_native", lambda native=native: native)
         adapter = load_model(load_config(None, ["model.device=cpu", f"model.cache_dir={model_cache}"]).model)
@@ -163,6 +167,9 @@ def test_cross_kv_dtype_follows_the_encoder_unless_set(monkeypatch, model_cache)
         pinned = load_model(load_config(None, ["model.device=cpu", f"model.cache_dir={model_cache}",
                                                "model.cross_kv_dtype=float32"]).model)
         assert pinned.cross_projection is None
+        int8 = load_model(load_config("ar", ["model.device=cpu", f"model.cache_dir={model_cache}",
+                                             "model.quantize=int8"]).model)
+        assert int8.cross_projection is None
         from pipeline.config import config_hash
         assert (config_hash(load_config(None, ["model.device=cpu"])) !=
                 config_hash(load_config(None, ["model.device=cpu", "model.cross_kv_dtype=float32"]))) == native

@@ -26,7 +26,7 @@ def load(model_config, device: str, dtype):
 
     name = encoder_dtype_name(model_config.encoder_dtype, device, model_config.dtype)
     encoder_dtype = torch_dtype(name) if name else None
-    cross = cross_kv_dtype_name(model_config.cross_kv_dtype, name, model_config.dtype)
+    cross = cross_kv_dtype_name(model_config.cross_kv_dtype, name, model_config.dtype, model_config.quantize)
     return load_whisper_adapter(model_config.source, device=device, dtype=dtype,
                                 cache_dir=model_config.cache_dir, ctc_head=model_config.ctc_head,
                                 encoder_micro_batch=micro, options=WhisperOptions.of(model_config),
