@@ -336,10 +336,12 @@ RAY_TASK_CPUS = 1
 
 @dataclass
 class RayCPUs:
-    """What a plan asks of Ray: a local instance's logical CPUs (None: a cluster's own) and
-    a model actor's CPUs, which Ray also makes its threads (OMP_NUM_THREADS)."""
+    """What a plan asks of Ray: a local instance's logical CPUs (None: a cluster's own), a
+    model actor's CPUs, which Ray also makes its threads (OMP_NUM_THREADS), and the CPUs of
+    all the actor pools together."""
     local: int | None
     decode_actor: float
+    pools: float
 
 
 @dataclass
@@ -375,12 +377,12 @@ class RayConfig:
         pool; ``cores``: the machine's physical cores (default: this process's);
         ``instance_cpus``: the logical CPUs of a local instance already running, which
         the pools must then fit instead of ``num_cpus``."""
-        if self.address is not None:
-            return RayCPUs(None, self.decode_actor_cpus or 1.0)
-        others = self.audio_actors * self.audio_actor_cpus + RAY_TASK_CPUS \
+        others = self.audio_actors * self.audio_actor_cpus \
             + (self.fallback_actors * self.fallback_actor_cpus if two_stage else 0.0)
         decode = self.decode_actor_cpus
-        if decode is None:
+        if decode is None and self.address is not None:
+            decode = 1.0
+        elif decode is None:
             if cores is None:
                 from pipeline.device import physical_cores
 
@@ -388,10 +390,13 @@ class RayConfig:
             decode = cores // self.decode_actors
             cap = instance_cpus if instance_cpus is not None else self.num_cpus
             if cap is not None:
-                decode = min(decode, int((cap - others) // self.decode_actors))
+                decode = min(decode, int((cap - others - RAY_TASK_CPUS) // self.decode_actors))
             decode = float(max(1, decode))
-        need = math.ceil(others + self.decode_actors * decode)
-        return RayCPUs(self.num_cpus or max(4, 2 * (os.cpu_count() or 1), need), decode)
+        pools = others + self.decode_actors * decode
+        if self.address is not None:
+            return RayCPUs(None, decode, pools)
+        need = math.ceil(pools + RAY_TASK_CPUS)
+        return RayCPUs(self.num_cpus or max(4, 2 * (os.cpu_count() or 1), need), decode, pools)
 
 
 @dataclass
@@ -547,8 +552,7 @@ class JobConfig:
                               f"{family.max_segment_s:g} s, got {self.audio.max_segment_s}")
         r = self.ray
         if r.num_cpus is not None and r.address is None:
-            pools = r.audio_actors * r.audio_actor_cpus + r.decode_actors * r.cpus(kind.two_stage).decode_actor \
-                + (r.fallback_actors * r.fallback_actor_cpus if kind.two_stage else 0.0)
+            pools = r.cpus(kind.two_stage).pools
             if pools + RAY_TASK_CPUS > r.num_cpus:
                 # Ray would start the pools it can and wait for the rest, or for a CPU for
                 # its own read and write tasks, for ever.

@@ -135,9 +135,11 @@ def test_a_model_actor_gets_the_cores_a_local_instance_has_left():
     ssd = load_config(None).ray.cpus(True, cores=16)
     assert ssd.decode_actor == 16.0 and ssd.local >= 0.5 + 16 + 1 + 1
     # within ray.num_cpus=4: 4 - 0.5 (audio) - 1 (fallback) - 1 (tasks) leaves 1
-    assert load_config(None, ["ray.num_cpus=4"]).ray.cpus(True, cores=16) == type(ssd)(4, 1.0)
+    within = load_config(None, ["ray.num_cpus=4"]).ray.cpus(True, cores=16)
+    assert (within.local, within.decode_actor, within.pools) == (4, 1.0, 2.5)
     assert load_config("ar", ["ray.decode_actor_cpus=3"]).ray.cpus(False, cores=16).decode_actor == 3.0
-    assert load_config("ar", ["ray.address=ray://head:10001"]).ray.cpus(False, cores=16) == type(ssd)(None, 1.0)
+    cluster = load_config("ar", ["ray.address=ray://head:10001"]).ray.cpus(False, cores=16)
+    assert (cluster.local, cluster.decode_actor) == (None, 1.0)
 
 
 def test_a_model_actor_fits_the_local_instance_already_running():
