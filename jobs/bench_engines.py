@@ -134,7 +134,15 @@ class Ours:
         run_local(rows, self.cfg, str(dst), progress=False, stages=self.stages)
         out = read_output(str(dst), ["id", "text", "t_prepare_s", "t_encode_s", "t_decode_s", "t_fallback_s"]).to_pylist()
         stage = {k: sum(r[k] or 0.0 for r in out) for k in ("t_prepare_s", "t_encode_s", "t_decode_s", "t_fallback_s")}
-        return {"texts": {r["id"]: r["text"] or "" for r in out}, "stages": stage}
+        res = {"texts": {r["id"]: r["text"] or "" for r in out}, "stages": stage}
+        policy = getattr(self.stages[1].decoder, "verify_policy", None)
+        if policy is not None:
+            # SSD's draft-or-skip decisions so far (its state carries over between rounds,
+            # as it does between the batches of a long job)
+            res["verify_policy"] = {"drafted_batches": policy.drafted_batches,
+                                    "skipped_batches": policy.skipped_batches,
+                                    "gain": policy.gain(), "cost": policy.cost()}
+        return res
 
 
 def feature_seconds(adapter, recordings: list[list]) -> float:
@@ -206,6 +214,8 @@ def run(args) -> dict:
             row.update(prepare_s=st["t_prepare_s"], features_s=feats,
                        encoder_s=max(0.0, st["t_encode_s"] - feats), decoder_s=st["t_decode_s"],
                        fallback_s=st["t_fallback_s"], overhead_s=wall - sum(st.values()))
+        if "verify_policy" in res:
+            row["verify_policy"] = res["verify_policy"]
         out_rows.append(row)
     summary = {"manifest": manifest, "rounds": rounds, "threads": threads, "speech_s": audio_s,
                "cpu_bf16_native": cpu_bf16_native(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -199,21 +199,27 @@ def run(args) -> dict:
     pack_decisions = {}  # label -> the PackGatePolicy of its latest run (adaptive packed gate rows)
 
     calibrated = {}  # label -> the GateCalibration of its latest run
+    verify_decisions = {}  # label -> the VerifyPolicy of its latest run
 
     def run_pipeline_ssd(label, preset, pack_gate, gate_verify_tau=None, adaptive=cfg.ssd.adaptive_pack_gate,
                          max_draft_error=None, tau_cap=None, warm=None):
         # The pipeline's SSD decoder end to end, its own encoder pass(es) included: the
         # packed gate changes what the encoder does, so it cannot share the pass above.
         tc, ts, _ = thresholds[preset]
+        # As the config resolves ssd.adaptive_verify: on with a self-calibrating gate unless set.
+        adaptive_verify = cfg.ssd.adaptive_verify if cfg.ssd.adaptive_verify is not None else max_draft_error is not None
         decoder = SSDFirstPassDecoder(adapter, tau_cap or tc, ts, cfg.decoder.max_new_tokens,
                                       reuse_kv=cfg.ssd.reuse_kv, pack_gate=pack_gate, gate_verify_tau=gate_verify_tau,
-                                      adaptive_pack_gate=adaptive, max_draft_error=max_draft_error)
+                                      adaptive_pack_gate=adaptive, max_draft_error=max_draft_error,
+                                      adaptive_verify=adaptive_verify, verify_break_even=cfg.ssd.verify_break_even)
         if decoder.ssd.gate_calibration is not None:
             calibrated[label] = decoder.ssd.gate_calibration
             if warm:
                 # A longer corpus: the gate has learnt on other recordings first (untimed).
                 decode_segments(decoder, warm, cfg.batching.max_tokens)
-        fallback = SSDFallback(decoder.ssd, decoder.share_seeds())
+        fallback = SSDFallback(decoder.ssd, decoder.share_seeds(), verify_policy=decoder.verify_policy)
+        if decoder.verify_policy is not None:
+            verify_decisions[label] = decoder.verify_policy
         if decoder.pack_policy is not None:
             pack_decisions[label] = decoder.pack_policy
 
@@ -307,6 +313,11 @@ def run(args) -> dict:
             # the gate's results only, which do not change between runs.
             row["packed_batches"] = pack_decisions[label].packed_batches
             row["plain_batches"] = pack_decisions[label].plain_batches
+        if label in verify_decisions:
+            # Of the latest run (a fresh policy each run, or warmed with the gate): batches
+            # drafted and verified, and batches decoded as plain AR (pipeline.verify_policy).
+            row["drafted_batches"] = verify_decisions[label].drafted_batches
+            row["skipped_batches"] = verify_decisions[label].skipped_batches
         if k == 0:
             recorded["CTC greedy"] = record("CTC greedy", [t.strip() for d in drafts for t in d.texts], t_ctc,
                                             stages={"ctc_head": t_ctc})
@@ -384,7 +395,8 @@ def _calibrated_summary(recorded: dict, calibrated: dict) -> dict:
         row = recorded[label]
         out[label] = {"wer": row["wer"], "wer_rel_ar": row["wer"] / ar["wer"] if ar["wer"] else None,
                       "rtfx": row["rtfx"], "rtfx_vs_ar": row["rtfx"] / ar["rtfx"], "pct_ctc_gated": row["pct_C"],
-                      "tau_learnt": row["tau_learnt"]}
+                      "tau_learnt": row["tau_learnt"], "drafted_batches": row.get("drafted_batches"),
+                      "skipped_batches": row.get("skipped_batches")}
     return out
 
 

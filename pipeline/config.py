@@ -222,6 +222,13 @@ class SSDConfig:
     # With pack_gate: pack a batch only while the running gate pass rate is above that
     # batch's break-even (pipeline.pack_gate_policy); false packs every batch.
     adaptive_pack_gate: bool = True
+    # Draft and verify a batch only while the first pass pays for itself in tokens the
+    # fallback need not decode (pipeline.verify_policy); a skipped batch is decoded as plain
+    # AR. null: on while the gate calibrates itself (max_draft_error), else off.
+    adaptive_verify: bool | None = None
+    # Its break-even in tokens decided per segment (null: measured as the job runs, from
+    # timings, so that which batches draft, hence their text, may differ between runs).
+    verify_break_even: float | None = None
     # Named threshold sets (docs/ssd.md has how each was chosen and what it measured).
     presets: dict = field(default_factory=lambda: {
         "high_accuracy": {"tau_ctc": 0.6, "tau_slm": 0.1},
@@ -256,6 +263,8 @@ class SSDConfig:
             raise ConfigError(f"{key}.max_draft_error: must be in (0, 1) or null, got {target}")
         _at_least(f"{key}.lookahead", self.lookahead, 0)
         _choice(f"{key}.lookahead_rule", self.lookahead_rule, LOOKAHEAD_RULES)
+        if self.verify_break_even is not None and self.verify_break_even < 0:
+            raise ConfigError(f"{key}.verify_break_even: must be >= 0 or null, got {self.verify_break_even}")
         if self.verify_max_entropy is not None and self.verify_max_entropy < 0:
             raise ConfigError(f"{key}.verify_max_entropy: must be >= 0 or null, got {self.verify_max_entropy}")
 
@@ -279,6 +288,11 @@ class SSDConfig:
 
     def thresholds(self) -> tuple[float, float]:
         return float(self._pick("tau_ctc", None)), float(self._pick("tau_slm", None))
+
+    def verifies_adaptively(self) -> bool:
+        if self.adaptive_verify is not None:
+            return bool(self.adaptive_verify)
+        return self.draft_error_target() is not None
 
 
 @dataclass

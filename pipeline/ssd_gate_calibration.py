@@ -32,9 +32,10 @@ The gate hides its own labels: a draft it accepts is not verified. So one accept
 in ``probe_every`` is verified anyway (a probe); it stays final only if verification
 accepts it, so probing never costs accuracy, only its share of a verification pass. On a
 corpus where drafts are never right, no bin's error falls under the target, τ_CTC stays
-at 0 and nothing is gated or probed: the decoder costs what high_accuracy costs (every
-draft verified, fallback from the verified prefix), and a packed gate that never passes
-is switched off by its own policy (pipeline.pack_gate_policy).
+at 0 and nothing is gated or probed. Verifying every draft would then cost what
+high_accuracy costs for a few prefix tokens; with the gate calibrating itself, batches
+skip the draft and its verification while they do not pay (pipeline.verify_policy), and a
+packed gate that never passes is switched off by its own policy (pipeline.pack_gate_policy).
 """
 from __future__ import annotations
 

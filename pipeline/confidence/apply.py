@@ -26,7 +26,13 @@ class ConfidenceScorer:
         return cls(load_for(cfg), cfg.decoder.kind)
 
     def words(self, stage: str, features: list[dict]) -> list[float | None]:
-        cal = self.calibration.word.get(f"{self.kind}:{stage}") if self.calibration else None
+        cal = None
+        if self.calibration:
+            cal = self.calibration.word.get(f"{self.kind}:{stage}")
+            if cal is None and stage == "ar":
+                # A segment another kind decoded as plain AR (SSD without a draft) has the
+                # ar kind's evidence: its map.
+                cal = self.calibration.word.get("ar:ar")
         if cal is not None:
             return [float(x) for x in cal(features)]
         return [_finite(f.get("prob_mean")) for f in features]

@@ -22,12 +22,13 @@ import torch
 from pipeline.decoders.ar import map_drafting
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult
 from pipeline.decoding.ar_greedy import DecodeSeed
-from pipeline.decoding.ssd import CTC_GATE, SelfSpeculativeDecoder, SSDRow
+from pipeline.decoding.ssd import AR_UNDRAFTED, CTC_GATE, SelfSpeculativeDecoder, SSDRow
 from pipeline.decoding.ssd_packed_verify import verify_packed_drafts
 from pipeline.models.base import PACKABLE, require
 from pipeline.pack_gate_policy import PackGatePolicy
 from pipeline.ssd_gate_calibration import GateCalibration
 from pipeline.timing import synchronize, timed
+from pipeline.verify_policy import VerifyPolicy
 
 
 @dataclass
@@ -45,6 +46,7 @@ class SSDPending(PendingState):
     kv: np.ndarray | None = None
     next_token: int | None = None
     draft_text: str | None = None     # the CTC draft, for the confidence's agreement feature
+    undrafted: bool = False           # no draft, no verification (pipeline.verify_policy): plain AR
 
 
 class SeedStore:
@@ -105,8 +107,12 @@ class SSDFirstPassDecoder:
                  reuse_kv: bool = True, verify_max_entropy: float | None = None, lookahead: int = 0,
                  lookahead_rule: str = "greedy", pack_gate: bool = False,
                  gate_verify_tau: float | None = None, adaptive_pack_gate: bool = False, map_drafting=None,
-                 max_draft_error: float | None = None, confidence: bool = False):
+                 max_draft_error: float | None = None, adaptive_verify: bool = False,
+                 verify_break_even: float | None = None, confidence: bool = False):
         self.confidence = confidence
+        # Adaptive: a batch gets the draft and its verification only while they pay for
+        # themselves (pipeline.verify_policy); otherwise every batch does.
+        self.verify_policy = VerifyPolicy(break_even=verify_break_even) if adaptive_verify else None
         if pack_gate:
             require(adapter, PACKABLE, what="ssd.pack_gate")
         self.adapter = adapter
@@ -121,6 +127,9 @@ class SSDFirstPassDecoder:
                                           gate_calibration=None if max_draft_error is None else
                                           GateCalibration(max_draft_error, cap=tau_ctc))
         self.seeds: SeedStore | None = None
+        # The fallback of this same process (set by build_fallback): it finishes a batch
+        # the verify policy skipped right here, without the pending states' round trip.
+        self.local_fallback: SSDFallback | None = None
 
     def share_seeds(self) -> SeedStore:
         """Keep each pending row's verification cache for a fallback in this process."""
@@ -138,6 +147,19 @@ class SSDFirstPassDecoder:
         draft = self.adapter.ctc_draft(enc)
         rows = self.ssd.first_pass(enc.states, draft.texts, draft.max_entropy)
         return rows, enc.states, list(range(len(rows))), t_enc
+
+    def _undrafted_first_pass(self, audios: list[np.ndarray]):
+        """Encode only: every row pending, for the fallback to decode as plain AR."""
+        enc, t_enc = timed(self.adapter.encode, audios, device=self.adapter.device)
+        rows = [SSDRow(stage=None, text="", max_entropy=float("nan"), draft_text="") for _ in audios]
+        return rows, enc.states, list(range(len(rows))), t_enc
+
+    def _decided(self, rows: list[SSDRow]) -> int:
+        """Tokens the first pass decided: final drafts whole, pending rows' verified prefixes."""
+        ad = self.adapter
+        return sum(len(r.prefix) if r.stage is None else
+                   len(r.tokens) if r.tokens else len(ad.tokenize(r.text)) if r.text.strip() else 0
+                   for r in rows)
 
     def _gate_first_pass(self, audios: list[np.ndarray]):
         """The packed gate for clips of at most a third of the encoder window (where the policy says it
@@ -254,25 +276,32 @@ class SSDFirstPassDecoder:
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
         t0 = time.perf_counter()
-        rows, states, needs, t_enc = self._gate_first_pass(audios)
+        policy = self.verify_policy
+        drafted = policy is None or policy.should_draft()
+        rows, states, needs, t_enc = (self._gate_first_pass if drafted else self._undrafted_first_pass)(audios)
         if states is not None:
             synchronize(states)
+        if policy is not None and drafted:
+            policy.observe_first_pass(len(rows), self._decided(rows), time.perf_counter() - t0 - t_enc)
         t_enc, t_dec = t_enc / len(audios), (time.perf_counter() - t0 - t_enc) / len(audios)
         pending = [k for k, i in enumerate(needs) if rows[i].stage is None]
         # One device-to-host copy for all pending rows (the CPU offload), not one per row.
-        host_rows = dict(zip((needs[k] for k in pending), states[pending].float().cpu().numpy())) if pending else {}
+        # A skipped batch with the fallback in this process never leaves the device.
+        local_ar = not drafted and self.local_fallback is not None
+        host_rows = dict(zip((needs[k] for k in pending), states[pending].float().cpu().numpy())) \
+            if pending and not local_ar else {}
         shipped_kv = self._ship_kv([rows[needs[k]] for k in pending])
         # A fixed model.language (auto needs the ar kind) is every segment's language.
         language = getattr(getattr(self.adapter, "options", None), "language", None)
         out = []
         for i, row in enumerate(rows):
             res = SegmentResult(row.text, row.stage or PENDING, len(row.tokens), t_enc, t_dec,
-                                max_entropy=row.max_entropy, min_prob=row.min_prob,
+                                max_entropy=row.max_entropy if drafted else None, min_prob=row.min_prob,
                                 prefix_len=row.prefix_len, drafted=len(row.draft_tokens), generated=0,
                                 language=language)
             if row.stage is None:
-                state = SSDPending(states=host_rows[i], prefix=list(row.prefix), draft=list(row.draft_tokens),
-                                   draft_text=row.draft_text)
+                state = SSDPending(states=host_rows.get(i), prefix=list(row.prefix), draft=list(row.draft_tokens),
+                                   draft_text=row.draft_text if drafted else None, undrafted=not drafted)
                 if self.seeds is not None and row.seed is not None:
                     state.handle = self.seeds.keep(row.seed)
                 elif id(row) in shipped_kv:
@@ -280,7 +309,13 @@ class SSDFirstPassDecoder:
                 row.seed = None
                 res.pending = state
             out.append(res)
-        if self.confidence:
+        if local_ar:
+            # Plain AR for the whole batch: nothing to re-batch across recordings, so it
+            # is decoded here, as one batch, and leaves this stage final.
+            share = self.local_fallback.finish(out, states) / len(out)
+            for res in out:
+                res.t_decode_s += share
+        if self.confidence and drafted:
             self._confidence(rows, states, needs, out)
         return out
 
@@ -319,8 +354,11 @@ class SSDFallback:
     name = "ssd"
     pending_type = SSDPending
 
-    def __init__(self, ssd: SelfSpeculativeDecoder, seeds: SeedStore | None = None, confidence: bool = False):
+    def __init__(self, ssd: SelfSpeculativeDecoder, seeds: SeedStore | None = None, confidence: bool = False,
+                 verify_policy: VerifyPolicy | None = None):
         self.confidence = confidence
+        # The first pass's policy, in its process: told what a decoded token costs here.
+        self.verify_policy = verify_policy
         self.ssd = ssd
         self.adapter = ssd.adapter
         self.seeds = seeds
@@ -329,19 +367,22 @@ class SSDFallback:
     def cost(self, result: SegmentResult) -> int:
         return int(result.pending.states.shape[0])
 
-    def finish(self, results: list[SegmentResult]) -> float:
-        """AR fallback for pending results, in place; returns the seconds spent."""
+    def finish(self, results: list[SegmentResult], states: torch.Tensor | None = None) -> float:
+        """AR fallback for pending results, in place; returns the seconds spent.
+        ``states``: the results' encoder states, row by row, where the caller holds them
+        on the device already (else they come from each pending state's array)."""
         t0 = time.perf_counter()
         device = self.adapter.device
         dtype = self.adapter.dtype
-        # Zero-padded to the longest row: Whisper's rows are all 1500 frames; adapters with
-        # per-row lengths (granite) read zero rows as padding.
-        # Arrays rebuilt from the row's bytes may be read-only, and torch warns on those:
-        # np.require copies only read-only arrays (2.3 MB per Whisper tiny segment).
         pend = [r.pending for r in results]
-        states = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(np.require(p.states, requirements="W"))
-                                                  for p in pend],
-                                                 batch_first=True).to(device, dtype)
+        if states is None:
+            # Zero-padded to the longest row: Whisper's rows are all 1500 frames; adapters
+            # with per-row lengths (granite) read zero rows as padding.
+            # Arrays rebuilt from the row's bytes may be read-only, and torch warns on those:
+            # np.require copies only read-only arrays (2.3 MB per Whisper tiny segment).
+            states = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(np.require(p.states, requirements="W"))
+                                                      for p in pend], batch_first=True)
+        states = states.to(device, dtype)
         rows = []
         for r, p in zip(results, pend):
             seed = self.seeds.take(p.handle) if self.seeds is not None else None
@@ -354,16 +395,20 @@ class SSDFallback:
                                seed=seed))
         cross = [] if self.confidence else None
         rows = self.ssd.fallback(states, rows, cross_out=cross)
+        if self.verify_policy is not None:
+            self.verify_policy.observe_fallback(len(rows), sum(row.generated for row in rows),
+                                                time.perf_counter() - t0)
         scored = None
         if self.confidence:
             from pipeline.confidence.features import decoder_words
 
-            drafts = [p.draft_text if p.draft_text is not None else self.adapter.text(p.draft) for p in pend]
+            drafts = [None if p.undrafted else p.draft_text if p.draft_text is not None else self.adapter.text(p.draft)
+                      for p in pend]
             # the confidence pass reuses the cross-attention K/V the fallback decoded with
             scored = decoder_words(self.adapter, states, [row.tokens for row in rows], drafts,
                                    cross_kv=cross or None)
-        for n, (res, row) in enumerate(zip(results, rows)):
-            res.text, res.stage, res.tokens = row.text, row.stage, len(row.tokens)
+        for n, (res, row, p) in enumerate(zip(results, rows, pend)):
+            res.text, res.stage, res.tokens = row.text, AR_UNDRAFTED if p.undrafted else row.stage, len(row.tokens)
             res.prefix_len, res.generated = len(row.prefix), row.generated
             if scored is not None:
                 res.words, res.word_features = scored[n]
@@ -382,7 +427,8 @@ def _options(cfg) -> dict:
 def build_first_pass(adapter, cfg) -> SSDFirstPassDecoder:
     return SSDFirstPassDecoder(adapter, pack_gate=cfg.ssd.packs_gate(), adaptive_pack_gate=cfg.ssd.adaptive_pack_gate,
                                map_drafting=map_drafting(adapter, cfg), max_draft_error=cfg.ssd.draft_error_target(),
-                               confidence=cfg.confidence.enabled,
+                               adaptive_verify=cfg.ssd.verifies_adaptively(),
+                               verify_break_even=cfg.ssd.verify_break_even, confidence=cfg.confidence.enabled,
                                **_options(cfg))
 
 
@@ -390,7 +436,10 @@ def build_fallback(cfg, first_stage: SSDFirstPassDecoder | None = None) -> SSDFa
     """In the first pass's process: its model and its verification caches; elsewhere a
     model of its own."""
     if first_stage is not None:
-        return SSDFallback(first_stage.ssd, first_stage.share_seeds(), confidence=cfg.confidence.enabled)
+        fallback = SSDFallback(first_stage.ssd, first_stage.share_seeds(), confidence=cfg.confidence.enabled,
+                               verify_policy=first_stage.verify_policy)
+        first_stage.local_fallback = fallback
+        return fallback
     from pipeline.models import load_model
 
     adapter = load_model(cfg.model)

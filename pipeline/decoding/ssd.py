@@ -54,6 +54,8 @@ from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 from pipeline.decoding.ssd_verify import verify_drafts
 
 CTC_GATE, LLM_VERIFY, AR_FALLBACK = "ctc_gate", "llm_verify", "ar_fallback"
+# A segment SSD decoded as plain greedy AR, without a draft (pipeline.verify_policy).
+AR_UNDRAFTED = "ar"
 # Draft positions per chunk of the verification's output projection (see ssd_verify):
 # most rejected drafts fail within the first few tokens.
 VERIFY_HEAD_CHUNK = 8
