@@ -79,6 +79,21 @@ def test_word_labels_agreement_and_nbest_posterior():
     assert token_word_index(lambda ids: "".join(pieces[i] for i in ids), [1, 2, 3, 4]) == [0, 0, 1, 1]
 
 
+def test_word_features_carry_their_neighbours_weakest_token():
+    """Three words from five tokens (probabilities by hand): each word's neighbour
+    features are the adjacent words' min token probability, 1.0 past the segment's ends."""
+    from pipeline.confidence.words import aggregate
+
+    prob = np.array([0.9, 0.4, 0.8, 0.7, 0.2])
+    feats = aggregate({"prob": prob}, [0, 0, 1, 2, 2], 3)
+    assert [f["prob_min"] for f in feats] == [0.4, 0.8, 0.2]
+    assert [f["prev_prob_min"] for f in feats] == [1.0, 0.4, 0.8]
+    assert [f["next_prob_min"] for f in feats] == [0.8, 0.2, 1.0]
+    assert [f["ctx_min"] for f in feats] == [0.8, 0.2, 0.8]
+    one = aggregate({"prob": np.array([0.5])}, [0], 1)[0]
+    assert (one["prev_prob_min"], one["next_prob_min"], one["ctx_min"]) == (1.0, 1.0, 1.0)
+
+
 def test_calibration_round_trip_equals_scikit_learn(tmp_path):
     from sklearn.isotonic import IsotonicRegression
     from sklearn.linear_model import LogisticRegression

@@ -7,6 +7,14 @@ mapping each token to the word its text ends in (``token_word_index``, decoding 
 prefixes, so any tokenizer's spacing rule holds) and aggregating per word (mean, min and the
 product, as a sum of logs).
 
+Each word also carries its neighbours' weakest token probability (``prev_prob_min``,
+``next_prob_min``, 1.0 past the segment's ends, and their minimum ``ctx_min``): errors come
+in runs (a misheard phrase spans words), so a confident word between two doubtful ones is
+less likely right than its own tokens say. Beyond "Fast Entropy-Based Methods of
+Word-Level Confidence Estimation for End-to-End Automatic Speech Recognition", whose
+measures are per word; chosen by 5-fold cross-validation on the calibration's fit split
+(docs/confidence.md).
+
 Agreement of two texts (the CTC draft and the decoder's text) and the N-best posterior of a
 beam decoder both align word sequences by edit distance (rapidfuzz's Levenshtein opcodes,
 the alignment jiwer's WER uses): a word agrees where it is aligned to an equal word.
@@ -56,7 +64,18 @@ def aggregate(token_values: dict[str, np.ndarray], word_of: Sequence[int], n_wor
             feats[f"{name}_min"] = float(np.min(vals))
             if name == "prob":
                 feats["prob_logprod"] = float(np.sum(np.log(np.clip(vals, 1e-12, 1.0))))
+    _with_context(out)
     return out
+
+
+def _with_context(feats: list[dict]) -> None:
+    """The neighbours' ``prob_min`` on each word of one segment (1.0 past its ends)."""
+    weakest = [f.get("prob_min", math.nan) for f in feats]
+    for i, f in enumerate(feats):
+        prev = weakest[i - 1] if i > 0 else 1.0
+        nxt = weakest[i + 1] if i + 1 < len(feats) else 1.0
+        known = [x for x in (prev, nxt) if not math.isnan(x)]
+        f["prev_prob_min"], f["next_prob_min"], f["ctx_min"] = prev, nxt, min(known, default=math.nan)
 
 
 def _norm(word: str) -> str:
