@@ -178,21 +178,26 @@ def cross_attention_cache(cross_kv: list[tuple[torch.Tensor, torch.Tensor]]):
 
 
 def _cross_kv(seeds: list[DecodeSeed]):
+    """The seeds' cross-attention K/V as one batch, and whether it is a copy of this call's
+    own (else it is the tensors of the batch the seeds came from)."""
     src = seeds[0].cross_source
     if src is not None and all(sd.cross_source is src for sd in seeds):
         rows = [sd.cross_row for sd in seeds]
         if rows == list(range(src[0][0].shape[0])):
-            return src  # the source batch itself: nothing to copy (the cache never writes into it)
+            return src, False  # the source batch itself: nothing to copy
         idx = torch.tensor(rows, device=src[0][0].device)
-        return [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in src]
+        return [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in src], True
     per_row = [sd.cross_kv for sd in seeds]
     return [(torch.stack([kv[li][0] for kv in per_row]), torch.stack([kv[li][1] for kv in per_row]))
-            for li in range(len(per_row[0]))]
+            for li in range(len(per_row[0]))], True
 
 
 def _seeded_cache(seeds: list[DecodeSeed], L: int, cross: list | None = None):
-    """The left-padded batch cache of ``seeds`` (row b at columns [L - S_b, L)); its
-    cross-attention K/V: ``cross`` if given, else the seeds' own where they carry them."""
+    """The left-padded batch cache of ``seeds`` (row b at columns [L - S_b, L)), and whether
+    every tensor in it is this call's own; its cross-attention K/V: ``cross`` if given
+    (the caller's own), else the seeds' own where they carry them (copied out of their
+    batch, unless they are all of it, in order), else none yet (the first step projects
+    them)."""
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
     layers = []
@@ -208,11 +213,12 @@ def _seeded_cache(seeds: list[DecodeSeed], L: int, cross: list | None = None):
         layers.append((keys, values))
     self_cache = cache_of(layers)
     if not seeds[0].encoder_decoder:
-        return self_cache
+        return self_cache, True
+    own = True
     if cross is None and all(s.cross_source is not None for s in seeds):
-        cross = _cross_kv(seeds)
+        cross, own = _cross_kv(seeds)
     # without any, the first step computes them from the encoder states
-    return EncoderDecoderCache(self_cache, cache_of(cross) if cross else DynamicCache())
+    return EncoderDecoderCache(self_cache, cache_of(cross) if cross else DynamicCache()), own
 
 
 @torch.inference_mode()
@@ -278,7 +284,7 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
             # else the first step would project them lazily, for the rows still alive then;
             # projected here for every row, the step reads them from the cache
             cross = _project_cross(adapter, encoder_states)
-        cache = _seeded_cache(seeds, L, cross)
+        cache, own = _seeded_cache(seeds, L, cross)
         if cross_out is not None:
             cross_out[:] = _cross_layers(cache)
         next_tok = torch.tensor([sd.next_token for sd in seeds], dtype=torch.long, device=device)
@@ -307,7 +313,10 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         timer["prefill"] = timer.get("prefill", 0.0) + t1 - t0
         t0 = t1
     alive = list(range(B))
-    owned = False
+    # Rows that end leave the cache in place (moved, not copied) once its tensors are this
+    # call's alone: built here (the prefill, the seeds' gathered K/V) and not handed to the
+    # caller through ``cross_out``. Otherwise the first drop copies the kept rows out.
+    owned = cross_out is None and (seeds is None or own)
     enc, pos = encoder_states, positions[:, -1:] + 1
     while True:
         # next_tok holds each alive row's newest decided token: commit it, drop rows that
