@@ -206,8 +206,7 @@ def run(args) -> dict:
         # The pipeline's SSD decoder end to end, its own encoder pass(es) included: the
         # packed gate changes what the encoder does, so it cannot share the pass above.
         tc, ts, _ = thresholds[preset]
-        # As the config resolves ssd.adaptive_verify: on with a self-calibrating gate unless set.
-        adaptive_verify = cfg.ssd.adaptive_verify if cfg.ssd.adaptive_verify is not None else max_draft_error is not None
+        adaptive_verify = cfg.ssd.verifies_adaptively(gate_calibrates=max_draft_error is not None)
         decoder = SSDFirstPassDecoder(adapter, tau_cap or tc, ts, cfg.decoder.max_new_tokens,
                                       reuse_kv=cfg.ssd.reuse_kv, pack_gate=pack_gate, gate_verify_tau=gate_verify_tau,
                                       adaptive_pack_gate=adaptive, max_draft_error=max_draft_error,

@@ -289,10 +289,13 @@ class SSDConfig:
     def thresholds(self) -> tuple[float, float]:
         return float(self._pick("tau_ctc", None)), float(self._pick("tau_slm", None))
 
-    def verifies_adaptively(self) -> bool:
+    def verifies_adaptively(self, gate_calibrates: bool | None = None) -> bool:
+        """ssd.adaptive_verify resolved: as set, else whether the gate calibrates itself
+        (``gate_calibrates`` where the caller builds the gate itself, else this config's
+        max_draft_error)."""
         if self.adaptive_verify is not None:
             return bool(self.adaptive_verify)
-        return self.draft_error_target() is not None
+        return self.draft_error_target() is not None if gate_calibrates is None else gate_calibrates
 
 
 @dataclass
