@@ -17,8 +17,10 @@ way by sentence.
 
 Per decoder kind and level (word, utterance), for the calibrated confidence and the
 baseline: AUC-ROC and AUC-PR of detecting wrong items (scikit-learn), NCE and ECE (10
-bins); the WER of the 80% of recordings with the highest confidence against the WER of all;
-and, where a word has a second view (the SSD draft, the CTC beam's greedy path), the
+bins); the WER of the 80% of recordings ranked best against the WER of all, ranked by the
+utterance confidence, by its baseline, by `pseudo-label --keep-fraction`'s rule (excess
+expected word errors) and by the same rule on the true errors (the oracle: about the best
+any confidence could do on the set); and, where a word has a second view (the SSD draft, the CTC beam's greedy path), the
 precision of agreement as a trust signal: P(word correct | the two agree). A PNG holds the
 word-level reliability diagrams and kept fraction against WER of the kept rows.
 """
@@ -94,6 +96,7 @@ def evaluate(cfg, cal, test) -> tuple[dict, dict]:
     from pipeline.confidence.apply import ConfidenceScorer
     from pipeline.confidence.evaluation import scores, utterance_correct
     from pipeline.metrics import corpus_wer
+    from pipeline.pseudo_label import excess_errors, row_errors
 
     kind = cfg.decoder.kind
     scorer = ConfidenceScorer(cal, kind)
@@ -112,7 +115,7 @@ def evaluate(cfg, cal, test) -> tuple[dict, dict]:
                             "p_correct_disagree": float(yy[~a].mean()) if (~a).any() else math.nan,
                             "base_accuracy": float(yy.mean()),
                             "recall_of_correct": float(a[yy].mean()) if yy.any() else math.nan}
-    refs, hyps, u_cal, u_base, u_y = [], [], [], [], []
+    refs, hyps, u_cal, u_base, u_y, expected, true = [], [], [], [], [], [], []
     for rec in test:
         if not rec.reference.strip():
             continue
@@ -125,12 +128,21 @@ def evaluate(cfg, cal, test) -> tuple[dict, dict]:
         u_cal.append(0.0 if c is None else c)
         u_base.append(float(np.mean(probs)) if probs else 0.0)
         u_y.append(utterance_correct(rec.text, rec.reference))
+        expected.append((sum(1.0 - x for x in confs), len(confs)) if confs else None)
+        true.append(row_errors(rec.reference, rec.text) or (0, 0))
         refs.append(rec.reference)
         hyps.append(rec.text)
     out["utterance"] = {"calibrated": scores(u_cal, u_y), "baseline": scores(u_base, u_y)}
     wer_all = corpus_wer(refs, hyps)
     curves = {"reliability": (calibrated, base, y), "kept": {}}
-    for name, conf in (("calibrated", u_cal), ("baseline", u_base)):
+    # The rankings of the kept rows: the utterance confidence (P(no error)) and its
+    # baseline, `pseudo-label --keep-fraction`'s default (excess expected word errors,
+    # pipeline.pseudo_label), and the same rule on the true error counts: the ceiling of
+    # any confidence on this set.
+    rankings = (("calibrated", u_cal), ("baseline", u_base),
+                ("excess_errors", [-math.inf if x is None else -x for x in excess_errors(expected)]),
+                ("oracle", [-x for x in excess_errors(true)]))
+    for name, conf in rankings:
         order = np.argsort(-np.asarray(conf), kind="stable")
         fracs, wers = [], []
         for frac in np.linspace(0.1, 1.0, 19):
@@ -170,11 +182,13 @@ def plot(path: str, curves: dict) -> None:
             xs = [np.mean(conf[which == b]) for b in range(10) if (which == b).any()]
             ys = [np.mean(y[which == b]) for b in range(10) if (which == b).any()]
             ax1.plot(xs, ys, style, color=color, label=label, ms=3)
-        for name, style in (("calibrated", "-"), ("baseline", ":")):
+        labels = {"calibrated": "P(no error)", "baseline": "max-prob", "excess_errors": "excess errors (rule)",
+                  "oracle": "oracle"}
+        for name, style in (("calibrated", "-"), ("baseline", ":"), ("excess_errors", "--"), ("oracle", "-.")):
             fr, w = cv["kept"][name]
-            ax2.plot(fr, w, style, color=color, label=f"{kind} ({'calibrated' if name == 'calibrated' else 'max-prob'})")
+            ax2.plot(fr, w, style, color=color, label=f"{kind}: {labels[name]}", lw=0.8 if name == "oracle" else 1.5)
     ax1.set(xlabel="word confidence", ylabel="share of words correct", title="Reliability (test split)")
-    ax2.set(xlabel="fraction of recordings kept (most confident first)", ylabel="WER of kept recordings",
+    ax2.set(xlabel="fraction of recordings kept (best ranked first)", ylabel="WER of kept recordings",
             title="Kept fraction vs WER")
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
@@ -252,7 +266,9 @@ def run(args) -> dict:
                 "recordings": len(part), "word_auc_roc": sub["word"]["calibrated"]["auc_roc"],
                 "word_auc_roc_baseline": sub["word"]["baseline"]["auc_roc"],
                 "word_ece": sub["word"]["calibrated"]["ece"], "word_ece_baseline": sub["word"]["baseline"]["ece"],
-                "kept_80_ratio": sub["kept"]["calibrated"]["ratio"], "wer_all": sub["kept"]["calibrated"]["wer_all"]}
+                "kept_80_ratio": sub["kept"]["calibrated"]["ratio"],
+                "kept_80_ratio_excess_errors": sub["kept"]["excess_errors"]["ratio"],
+                "kept_80_ratio_oracle": sub["kept"]["oracle"]["ratio"], "wer_all": sub["kept"]["calibrated"]["wer_all"]}
         if merged is None:
             merged = Calibration(dict(cal.model, ctc_head="embedded"), {}, {}, {"fitted_on": {}})
         merged.word.update(cal.word)
@@ -269,10 +285,12 @@ def run(args) -> dict:
             "wer_all": res["kept"]["calibrated"]["wer_all"], "wer_kept_80": res["kept"]["calibrated"]["wer_kept_80"],
             "kept_80_ratio": res["kept"]["calibrated"]["ratio"],
             "kept_80_ratio_baseline": res["kept"]["baseline"]["ratio"],
+            "kept_80_ratio_excess_errors": res["kept"]["excess_errors"]["ratio"],
+            "kept_80_ratio_oracle": res["kept"]["oracle"]["ratio"],
             "agreement": res.get("agreement"), "stages": res["stages"], "subsets": res.get("subsets"),
             "targets": {"word_auc_roc>=0.85": res["word"]["calibrated"]["auc_roc"] >= 0.85,
                         "word_ece<=0.05": res["word"]["calibrated"]["ece"] <= 0.05,
-                        "kept_80_ratio<=0.5": res["kept"]["calibrated"]["ratio"] <= 0.5}}
+                        "kept_80_ratio<=0.5": res["kept"]["excess_errors"]["ratio"] <= 0.5}}
     if args.cost_clips:
         summary["cost"] = cost([x[0] for x in fit[:args.cost_clips]])
     if args.calibration_out and merged is not None:

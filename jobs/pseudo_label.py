@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rule.add_argument("--min-confidence", type=_fraction(False), default=None, metavar="C",
                       help="keep rows whose calibrated confidence is at least C")
     rule.add_argument("--keep-fraction", type=_fraction(True), default=None, metavar="F",
-                      help="keep the most confident fraction F of the rows that pass the filters")
+                      help="keep the best fraction F of the rows that pass the filters, ranked by "
+                           "pseudo_label.rank_by (default: fewest excess expected word errors)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,7 +68,8 @@ def export(args: argparse.Namespace) -> int:
     out = read_output(args.output, [c for c in wanted if c in OUTPUT_SCHEMA.names], cfg.storage.options)
     rows = out.to_pylist() if out is not None else []
     offsets, no_file = _source_spans(args)
-    kept = keep_flags(rows, args.min_confidence, args.keep_fraction)
+    rank_by = cfg.pseudo_label.rank_by
+    kept = keep_flags(rows, args.min_confidence, args.keep_fraction, rank_by)
     utts, unsplit, no_path = [], 0, 0
     for row, keep in zip(rows, kept):
         if not keep:
@@ -78,9 +80,9 @@ def export(args: argparse.Namespace) -> int:
         pieces, lost = utterances(row, cfg.pseudo_label.max_utterance_s, offsets.get(row["id"]))
         utts += pieces
         unsplit += lost
-    rule = {"min_confidence": args.min_confidence, "keep_fraction": args.keep_fraction,
+    rule = {"min_confidence": args.min_confidence, "keep_fraction": args.keep_fraction, "rank_by": rank_by,
             "max_utterance_s": cfg.pseudo_label.max_utterance_s}
-    data = report_data(rows, kept, utts, unsplit, no_path, rule, cfg.pseudo_label.reliability_bins)
+    data = report_data(rows, kept, utts, unsplit, no_path, rule, cfg.pseudo_label.reliability_bins, rank_by)
     written = write_exports(args.output, utts, data, cfg.storage.options)
     print(f"Pseudo-labels: kept {data['kept']} of {data['rows']} rows ({data['errors']} errors, "
           f"{data['filtered']} filtered), {data['utterances']} utterances, {data['utterance_seconds']:.1f} s")

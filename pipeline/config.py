@@ -464,16 +464,23 @@ class FiltersConfig:
         _choice(f"{key}.phrase_match", self.phrase_match, ("whole", "contains"))
 
 
+PSEUDO_LABEL_RANKINGS = ("excess_errors", "confidence")
+
+
 @dataclass
 class PseudoLabelConfig:
     """The exports of `shardscribe pseudo-label` (they do not change the rows)."""
     max_utterance_s: float = 30.0     # training utterances are at most this long (cut at word times)
     reliability_bins: int = 10        # confidence bins of the reliability diagram
+    # --keep-fraction's order: excess expected word errors or the row's P(no error)
+    # (pipeline.pseudo_label; docs/pseudo_label.md has the measurement behind the default)
+    rank_by: str = "excess_errors"
 
     def validate(self, key: str) -> None:
         if self.max_utterance_s <= 0:
             raise ConfigError(f"{key}.max_utterance_s: must be > 0, got {self.max_utterance_s}")
         _at_least(f"{key}.reliability_bins", self.reliability_bins, 2)
+        _choice(f"{key}.rank_by", self.rank_by, PSEUDO_LABEL_RANKINGS)
 
 
 @dataclass

@@ -3,16 +3,24 @@
 
 - The keep rule: a row is kept iff it has no ``error``, no ``filter_reasons``
   (pipeline.filters) and its ``confidence`` is at least C, or is among the top fraction F
-  of the rows that pass the first two by confidence. A row without a confidence passes
-  no threshold. Rows are never dropped from the Parquet: the rule only picks what the
-  exports hold.
+  of the rows that pass the first two. A row without a confidence passes no threshold.
+  Rows are never dropped from the Parquet: the rule only picks what the exports hold.
+- The ranking of ``--keep-fraction`` (``pseudo_label.rank_by``): by ``confidence`` (the
+  calibrated P(no error) of the row), or, the default, by *excess expected errors*: a
+  row's expected word errors E_i = sum over its words of (1 - word confidence), less
+  w * n_i, its n_i words at the candidate rows' expected error rate w = sum E / sum n.
+  Dropping row i changes the kept rows' pooled WER (E - e_i) / (N - n_i) by, to first
+  order, -(e_i - WER * n_i) / N: the rows to drop first are the ones whose errors exceed
+  what their length carries at the current rate. (Ranking by P(no error) drops long
+  rows first, which hold the most words, often mostly right.) Rows without word
+  confidences cannot rank.
 - Utterances: each kept segment is one training utterance when it is at most
   ``max_utterance_s`` long; a longer one is cut between words (its words' start/end),
   in the pause between two words; one without word times is left out and counted.
-- The report: kept fraction against the WER of the kept rows (rows ranked by
-  confidence, where references exist) and the reliability diagram (confidence bins
-  against the rows' word accuracy, with the expected calibration error, ECE, of "On
-  Calibration of Modern Neural Networks", eq. 3).
+- The report: kept fraction against the WER of the kept rows (rows ranked as the keep
+  rule ranks them, where references exist) and the reliability diagram (confidence bins
+  against the share of their rows with no word error, with the expected calibration
+  error, ECE, of "On Calibration of Modern Neural Networks", eq. 3).
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.confidence.evaluation import ece as expected_calibration_error
+from pipeline.config import PSEUDO_LABEL_RANKINGS
 from pipeline.metrics import normalize
 from pipeline.output import SIDECAR_DIR
 from pipeline.storage import url_to_fs
@@ -49,8 +58,37 @@ def eligible(row: dict) -> bool:
     return not row.get("error") and not row.get("filter_reasons")
 
 
+def expected_errors(row: dict) -> tuple[float, int] | None:
+    """(sum over the row's words of 1 - confidence, how many words carry one); None when
+    none does."""
+    confs = [w["confidence"] for seg in row.get("segments") or [] if not seg.get("error")
+             for w in seg.get("words") or [] if w.get("confidence") is not None]
+    return (sum(1.0 - c for c in confs), len(confs)) if confs else None
+
+
+def excess_errors(counts: list[tuple[float, int] | None]) -> list[float | None]:
+    """e_i - w * n_i per (expected errors, words) pair, w = sum e / sum n over the pairs
+    given (the module's docstring); None stays None. Lower is better."""
+    known = [c for c in counts if c is not None]
+    words = sum(n for _, n in known)
+    rate = sum(e for e, _ in known) / words if words else 0.0
+    return [None if c is None else c[0] - rate * c[1] for c in counts]
+
+
+def rank_scores(rows: list[dict], rank_by: str = "excess_errors") -> list[float | None]:
+    """Per row, a score where higher ranks first (None: cannot rank), over ``rows`` as the
+    candidates."""
+    if rank_by == "confidence":
+        return [r.get("confidence") for r in rows]
+    if rank_by != "excess_errors":
+        raise ValueError(f"rank_by: expected one of {PSEUDO_LABEL_RANKINGS}, got {rank_by!r}")
+    # A row without a confidence passes no rule, whatever its words say.
+    counts = [expected_errors(r) if r.get("confidence") is not None else None for r in rows]
+    return [None if x is None else -x for x in excess_errors(counts)]
+
+
 def keep_flags(rows: list[dict], min_confidence: float | None = None,
-               keep_fraction: float | None = None) -> list[bool]:
+               keep_fraction: float | None = None, rank_by: str = "excess_errors") -> list[bool]:
     """Per row, whether the keep rule keeps it (one of the two thresholds, or neither:
     every eligible row)."""
     ok = [eligible(r) for r in rows]
@@ -59,11 +97,12 @@ def keep_flags(rows: list[dict], min_confidence: float | None = None,
                 for o, r in zip(ok, rows)]
     if keep_fraction is None:
         return ok
-    # At most the fraction F of the eligible rows, the most confident first; ties broken by
-    # id so that a rerun keeps the same rows.
+    # At most the fraction F of the eligible rows, the best ranked first; ties broken by id
+    # so that a rerun keeps the same rows.
     n_keep = math.floor(keep_fraction * sum(ok) + 1e-9)
-    ranked = sorted((i for i, r in enumerate(rows) if ok[i] and r.get("confidence") is not None),
-                    key=lambda i: (-rows[i]["confidence"], rows[i]["id"]))
+    candidates = [i for i in range(len(rows)) if ok[i]]
+    scores = dict(zip(candidates, rank_scores([rows[i] for i in candidates], rank_by)))
+    ranked = sorted((i for i in candidates if scores[i] is not None), key=lambda i: (-scores[i], rows[i]["id"]))
     chosen = set(ranked[:n_keep])
     return [i in chosen for i in range(len(rows))]
 
@@ -148,22 +187,26 @@ def _scored_rows(rows: list[dict]) -> list[tuple[dict, int, int]]:
     return out
 
 
-def kept_fraction_curve(rows: list[dict]) -> list[dict]:
-    """WER of the most confident rows against the fraction kept, over the rows without an
-    error that have a reference and a confidence (the ranking the confidence gives)."""
-    scored = sorted(((r["confidence"], r["id"], e, n) for r, e, n in _scored_rows(rows)),
+def kept_fraction_curve(rows: list[dict], rank_by: str = "excess_errors") -> list[dict]:
+    """WER of the best ranked rows against the fraction kept, over the rows without an
+    error that have a reference and a confidence (ranked as ``--keep-fraction`` ranks);
+    each point also carries the ranking's score of the last row kept."""
+    scored = _scored_rows(rows)
+    scores = rank_scores([r for r, _, _ in scored], rank_by)
+    ranked = sorted(((s, r["id"], e, n) for (r, e, n), s in zip(scored, scores) if s is not None),
                     key=lambda x: (-x[0], x[1]))
     curve, errors, words = [], 0, 0
-    for k, (conf, _, e, n) in enumerate(scored, 1):
+    for k, (score, _, e, n) in enumerate(ranked, 1):
         errors, words = errors + e, words + n
-        curve.append({"kept_fraction": k / len(scored), "wer": errors / words, "confidence": conf})
+        curve.append({"kept_fraction": k / len(ranked), "wer": errors / words, "score": score})
     return curve
 
 
 def reliability(rows: list[dict], bins: int) -> dict:
-    """Confidence bins [i/bins, (i+1)/bins) against the rows' word accuracy (1 - WER, at
-    least 0), with the expected calibration error: sum_b n_b/N |acc_b - conf_b|."""
-    pairs = [(min(max(r["confidence"], 0.0), 1.0), max(0.0, 1.0 - e / n)) for r, e, n in _scored_rows(rows)]
+    """Confidence bins [i/bins, (i+1)/bins) against the share of the bin's rows with no word
+    error (what a row's ``confidence``, P(no error), estimates), with the expected
+    calibration error: sum_b n_b/N |acc_b - conf_b|."""
+    pairs = [(min(max(r["confidence"], 0.0), 1.0), 1.0 if e == 0 else 0.0) for r, e, _ in _scored_rows(rows)]
     table = []
     for b in range(bins):
         lo, hi = b / bins, (b + 1) / bins
@@ -184,7 +227,7 @@ def _wer(rows: list[dict]) -> float | None:
 
 
 def report_data(rows: list[dict], kept: list[bool], utterance_rows: list[dict], unsplit: int,
-                no_path: int, rule: dict, bins: int) -> dict:
+                no_path: int, rule: dict, bins: int, rank_by: str = "excess_errors") -> dict:
     reasons: dict[str, int] = {}
     for r in rows:
         for reason in r.get("filter_reasons") or []:
@@ -214,7 +257,8 @@ def report_data(rows: list[dict], kept: list[bool], utterance_rows: list[dict], 
         "left_out_no_audio_path": no_path,
         "wer_all": _wer(rows),
         "wer_kept": _wer(kept_rows),
-        "curve": kept_fraction_curve(rows),
+        "curve": kept_fraction_curve(rows, rank_by),
+        "rank_by": rank_by,
         "kept_point": point,
         "reliability": reliability(rows, bins),
     }
@@ -240,7 +284,8 @@ def plot(data: dict):
         left.legend()
     else:
         left.text(0.5, 0.5, "no rows with both a reference\nand a confidence", ha="center", va="center")
-    left.set(xlabel="fraction of rows kept (most confident first)", ylabel="WER of the kept rows",
+    left.set(xlabel=f"fraction of rows kept (best first by {data.get('rank_by', 'excess_errors')})",
+             ylabel="WER of the kept rows",
              title="Kept fraction vs WER")
     bins = data["reliability"]["bins"]
     right.plot([0, 1], [0, 1], color="grey", linestyle="--")
@@ -248,7 +293,7 @@ def plot(data: dict):
         right.bar([(b["low"] + b["high"]) / 2 for b in bins], [b["accuracy"] for b in bins],
                   width=0.9 * data["reliability"]["bin_width"], alpha=0.7, edgecolor="black")
     ece = data["reliability"]["ece"]
-    right.set(xlabel="confidence", ylabel="word accuracy of the rows", xlim=(0, 1), ylim=(0, 1),
+    right.set(xlabel="confidence: P(no error)", ylabel="share of rows with no error", xlim=(0, 1), ylim=(0, 1),
               title="Reliability" + (f" (ECE {ece:.3f})" if ece is not None else " (no confidence or references)"))
     fig.tight_layout()
     return fig

@@ -17,9 +17,14 @@ from pipeline import output
 from pipeline import pseudo_label as pl
 
 
-def _row(i, conf, error=None, reasons=(), ref="a b c d", text="a b c d"):
+def _row(i, conf, error=None, reasons=(), ref="a b c d", text="a b c d", words=None):
+    """A row; ``words``: its word confidences (default: every word at the row's confidence)."""
+    if words is None and conf is not None and text:
+        words = [conf] * len(text.split())
+    segs = [{"error": None, "words": [{"word": w, "confidence": c} for w, c in zip(text.split(), words)]}] \
+        if words is not None else []
     return {"id": f"r{i}", "confidence": conf, "error": error, "filter_reasons": list(reasons),
-            "reference": ref, "text": text}
+            "reference": ref, "text": text, "segments": segs}
 
 
 def test_keep_rule_never_keeps_bad_rows():
@@ -27,9 +32,34 @@ def test_keep_rule_never_keeps_bad_rows():
             _row(2, 0.9), _row(3, 0.7), _row(4, 0.5), _row(5, None), _row(6, 0.6)]
     assert pl.keep_flags(rows) == [False, False, True, True, True, True, True]
     assert pl.keep_flags(rows, min_confidence=0.6) == [False, False, True, True, False, False, True]
-    # 5 eligible rows; F = 0.6 keeps the 3 most confident (the row without one cannot rank).
-    assert pl.keep_flags(rows, keep_fraction=0.6) == [False, False, True, True, False, False, True]
-    assert pl.keep_flags(rows, keep_fraction=1.0) == [False, False, True, True, True, False, True]
+    # 5 eligible rows; F = 0.6 keeps the 3 most confident (the row without one cannot rank),
+    # by either ranking (every row has 4 words here, so fewer expected errors = more confident).
+    for rank_by in ("confidence", "excess_errors"):
+        assert pl.keep_flags(rows, keep_fraction=0.6, rank_by=rank_by) == [False, False, True, True, False, False, True]
+        assert pl.keep_flags(rows, keep_fraction=1.0, rank_by=rank_by) == [False, False, True, True, True, False, True]
+
+
+def test_excess_errors_ranking_by_hand():
+    """Where P(no error) and expected excess errors disagree: a long row with one weak word
+    against a short row with two middling ones. Hand values: long row (10 words, nine at
+    0.99, one at 0.4): E = 0.09 + 0.6 = 0.69; short row (2 words at 0.7): E = 0.6; third row
+    (4 words at 0.95): E = 0.2. w = 1.49 / 16; excess = E - w n: long 0.69 - 0.93125 =
+    -0.24125, short 0.6 - 0.18625 = 0.41375, third 0.2 - 0.3725 = -0.1725."""
+    long_ = _row(0, 0.35, ref=" ".join("abcdefghij"), text=" ".join("abcdefghij"), words=[0.99] * 9 + [0.4])
+    short = _row(1, 0.49, ref="x y", text="x q", words=[0.7, 0.7])
+    third = _row(2, 0.8, ref="p q r s", text="p q r s", words=[0.95] * 4)
+    rows = [long_, short, third]
+    assert pl.expected_errors(long_) == (pytest.approx(0.69), 10)
+    assert pl.rank_scores(rows) == pytest.approx([0.24125, -0.41375, 0.1725])
+    # Keep 2 of 3: P(no error) drops the long row (most words, one error-prone word), the
+    # excess ranking drops the short one.
+    assert pl.keep_flags(rows, keep_fraction=0.67, rank_by="confidence") == [False, True, True]
+    assert pl.keep_flags(rows, keep_fraction=0.67) == [True, False, True]
+    curve = pl.kept_fraction_curve(rows)
+    assert [p["wer"] for p in curve] == pytest.approx([0.0, 0.0, 1 / 16])
+    assert [p["wer"] for p in pl.kept_fraction_curve(rows, "confidence")] == pytest.approx([0.0, 1 / 6, 1 / 16])
+    with pytest.raises(ValueError, match="rank_by"):
+        pl.rank_scores(rows, "nonsense")
 
 
 def test_long_segment_is_cut_between_words():
@@ -64,9 +94,10 @@ def test_curve_and_reliability_by_hand(tmp_path):
     assert [p["kept_fraction"] for p in curve] == pytest.approx([1 / 3, 2 / 3, 1.0])
     assert [p["wer"] for p in curve] == pytest.approx([0.0, 1 / 8, 3 / 10])
     rel = pl.reliability(rows, 10)
-    # Bins: 0.9-1.0 holds accuracy 1.0 at 0.95, 0.8-0.9 holds 0.75 at 0.85, 0.1-0.2 holds 0 at 0.15.
-    assert [(b["low"], b["rows"]) for b in rel["bins"]] == [(0.1, 1), (0.8, 1), (0.9, 1)]
-    assert rel["ece"] == pytest.approx((0.15 + 0.10 + 0.05) / 3)
+    # Bins against rows with no error: 0.9-1.0 holds 1 (right) at 0.95, 0.8-0.9 holds 0 (one
+    # error) at 0.85, 0.1-0.2 holds 0 at 0.15.
+    assert [(b["low"], b["rows"], b["accuracy"]) for b in rel["bins"]] == [(0.1, 1, 0.0), (0.8, 1, 0.0), (0.9, 1, 1.0)]
+    assert rel["ece"] == pytest.approx((0.15 + 0.85 + 0.05) / 3)
     # --keep-fraction 0.5 of the three good rows keeps floor(1.5) = 1 row: the most confident.
     kept = pl.keep_flags(rows, keep_fraction=0.5)
     assert kept == [True, False, False, False]
