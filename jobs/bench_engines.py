@@ -38,6 +38,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="threads for every engine (0: the physical cores this process may use, "
                         "as the job's model stage takes them)")
     parser.add_argument("--limit", type=int, default=0, help="first N recordings (0: all; --quick: 8)")
+    parser.add_argument("--long-form", type=float, default=0.0, metavar="SECONDS",
+                        help="join the manifest's recordings into files of up to SECONDS (silences of 0.4 s "
+                             "between them, references joined) and run every engine on those")
     parser.add_argument("--plot", default=None, help="PNG path (default: beside --out)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key in every one of our configs (e.g. model.cache_dir=DIR)")
@@ -161,12 +164,8 @@ def run(args) -> dict:
 
     import torch
 
-    from jobs.benchmark_data import DEFAULT_MANIFEST, load_recordings
-    from pipeline.audio import SAMPLE_RATE, decode_stream
-    from pipeline.device import cpu_bf16_native, worker_threads
-    from pipeline.metrics import corpus_wer
-    from pipeline.sources import open_audio, read_source
-    from pipeline.timing import timed
+    from jobs.benchmark_data import DEFAULT_MANIFEST, write_long_form
+    from pipeline.device import worker_threads
 
     # Every engine gets the same threads: faster-whisper's cpu_threads, and our model
     # stages' model.num_threads (pipeline.device.worker_threads, which they default to).
@@ -175,6 +174,24 @@ def run(args) -> dict:
     limit = args.limit or (8 if args.quick else 0)
     rounds = args.rounds or (1 if args.quick else 3)
     manifest = args.manifest or str(DEFAULT_MANIFEST)
+    with tempfile.TemporaryDirectory(prefix="bench-engines-long-") as long_dir:
+        if args.long_form:
+            manifest, limit = write_long_form(manifest, args.long_form, long_dir, limit), 0
+        return _run(args, manifest, limit, rounds, threads)
+
+
+def _run(args, manifest: str, limit: int, rounds: int, threads: int) -> dict:
+    import tempfile
+
+    import torch
+
+    from jobs.benchmark_data import load_recordings
+    from pipeline.audio import SAMPLE_RATE, decode_stream
+    from pipeline.device import cpu_bf16_native
+    from pipeline.metrics import corpus_wer
+    from pipeline.sources import open_audio, read_source
+    from pipeline.timing import timed
+
     rows = read_source(manifest)[:limit or None]
     recordings, _ = load_recordings(manifest, limit)
     audio_s = sum(len(a) for rec in recordings for a in rec) / SAMPLE_RATE  # speech the job decodes
@@ -217,7 +234,7 @@ def run(args) -> dict:
         if "verify_policy" in res:
             row["verify_policy"] = res["verify_policy"]
         out_rows.append(row)
-    summary = {"manifest": manifest, "rounds": rounds, "threads": threads, "speech_s": audio_s,
+    summary = {"manifest": args.manifest or manifest, "long_form_s": args.long_form or None, "rounds": rounds, "threads": threads, "speech_s": audio_s,
                "cpu_bf16_native": cpu_bf16_native(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                "baseline": engines[0].name,
                "speed_vs_baseline": {r["engine"]: r["vs_first"] for r in out_rows},

@@ -84,6 +84,31 @@ def concat_long_form(recordings: list[list], refs: list[str], target_s: float, g
     return out_audio, out_refs
 
 
+def write_long_form(manifest: str, target_s: float, folder: str, limit: int = 0) -> str:
+    """:func:`concat_long_form` over a manifest's recordings, written as 16-bit WAVs and a
+    JSONL manifest (with the joined references) under ``folder``; returns its path. The
+    job then reads them as it reads any file, so every engine sees the same long inputs."""
+    import json
+    from pathlib import Path
+
+    import soundfile as sf
+
+    from pipeline.audio import SAMPLE_RATE
+
+    recordings, refs = load_recordings(manifest, limit)
+    audio, joined = concat_long_form(recordings, refs, target_s)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, (segs, ref) in enumerate(zip(audio, joined)):
+        path = out / f"long_{i:04d}.wav"
+        sf.write(str(path), segs[0], SAMPLE_RATE, subtype="PCM_16")
+        lines.append(json.dumps({"id": path.stem, "audio": str(path), "text": ref}) + "\n")
+    target = out / "long_form.jsonl"
+    target.write_text("".join(lines))
+    return str(target)
+
+
 # ------------------------------------------------------------- held-out text, posteriors
 def read_lm_text(path: str) -> list[str]:
     """LM training sentences: a text file's lines, or the ``text`` of a JSONL manifest's rows."""

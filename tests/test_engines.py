@@ -205,3 +205,26 @@ def test_the_decoder_reads_cross_attention_projected_in_cross_kv_dtype(model_cac
     full = bf16.encode(audios).states
     assert ([bf16.text(t) for t in greedy_decode(bf16, full)] ==
             [whisper_adapter.text(t) for t in greedy_decode(whisper_adapter, full)])
+
+
+def test_long_form_inputs_are_files_joining_the_clips_in_order(tmp_path, samples_dir, sample_manifest):
+    """`bench engines --long-form S` hands every engine files of up to S seconds: the
+    clips' speech in manifest order with 0.4-s silences between, their texts joined."""
+    import soundfile as sf
+
+    from jobs.benchmark_data import load_recordings, write_long_form
+    from pipeline.sources import read_source
+
+    manifest = tmp_path / "clips.jsonl"
+    manifest.write_text("".join(json.dumps({**m, "audio": str(samples_dir / m["audio"])}) + "\n"
+                                for m in sample_manifest[:4]))
+    recordings, refs = load_recordings(str(manifest))
+    out = write_long_form(str(manifest), 9.0, str(tmp_path / "long"))
+    rows = read_source(out)
+    lengths = [len(sf.read(r["audio"], dtype="float32")[0]) for r in rows]
+    assert 1 < len(rows) < len(recordings) and max(lengths) <= 9.0 * 16000
+    gap = int(0.4 * 16000)
+    speech = sum(len(s) for segs in recordings for s in segs)
+    n_segs = sum(len(segs) for segs in recordings)
+    assert sum(lengths) == speech + gap * (n_segs - len(rows))
+    assert " ".join(r["reference"] for r in rows) == " ".join(refs)
