@@ -21,8 +21,10 @@ plain greedy AR.
 
 Both sides are measured as the job runs: g and the first pass's seconds on batches that
 draft; the fallback's seconds per decoded token wherever the fallback reports them (it
-does when it shares the first pass's process: the local runner, ``bench``; a fallback pool
-in another Ray process cannot, and there the prior cost stands). Each is a ratio of sums
+does when it shares the first pass's process: the local runner, ``bench``). A fallback
+pool in another Ray process cannot; there the first pass decodes a sample of the skipped
+batches itself (:meth:`wants_cost_sample`) and measures them: all of them would serialise
+on the first pool the decoding the fallback pool does beside it. Each is a ratio of sums
 forgotten with a half-life in segments, and each starts from a prior worth a few
 segments, so that one small batch (a first batch of one clip costs several times what a
 full batch does per segment) does not decide alone. g's prior is optimistic, so the
@@ -80,6 +82,17 @@ class VerifyPolicy:
             self.skipped_batches += 1
             self.skip_run += 1
         return draft
+
+    def wants_cost_sample(self) -> bool:
+        """Whether a skipped batch should be decoded where the first pass runs, though the
+        fallback runs elsewhere, to measure what a fallback token costs: while none has
+        been measured, then one skipped batch in ``probe_every`` (call after
+        :meth:`should_draft` said skip)."""
+        if self.break_even is not None:
+            return False
+        if self.ar_tokens <= 0:
+            return True
+        return self.probe_every > 0 and self.skipped_batches % self.probe_every == 1
 
     def observe_first_pass(self, segments: int, decided: int, seconds: float) -> None:
         """A drafted batch of ``segments``: the first pass decided ``decided`` tokens (final

@@ -134,6 +134,45 @@ def test_a_skipped_batch_is_plain_greedy_ar_without_a_draft(ssd_adapter, audios,
     assert dec.verify_policy.ar_seconds > 0 and dec.verify_policy.rows == 0
 
 
+def test_a_first_pool_samples_skipped_batches_to_learn_the_fallback_cost(ssd_adapter, audios):
+    """The kind's first stage as a Ray first pool builds it (no second stage in its
+    process): the first skipped batch is decoded right there, final, equal to an uncached
+    greedy reference, and tells the policy what a fallback token costs (before, a two-pool
+    job kept the prior). Later skipped batches go to the fallback pool (decoding them all
+    here would serialise what that pool does beside this one) but for one in
+    ``probe_every``. No verification cache is kept for a fallback that is not here. The
+    in-process runner's second stage decodes every skipped batch in place."""
+    from pipeline.decoders import decoder_kind
+
+    cfg = load_config("ssd", ["ssd.preset=high_rtfx", "ssd.max_draft_error=0.05"])
+    kind = decoder_kind("ssd")
+    first = kind.build_first_stage(ssd_adapter, cfg)
+    policy = first.verify_policy
+    assert policy is not None and first.cost_sampler is not None and first.local_fallback is None
+    policy.prior_gain, policy.probe_every = 0.0, 3
+    prior_cost = policy.cost()
+    res = first.decode(audios)
+    assert all(r.pending is None and r.stage == "ar" for r in res)
+    assert first.seeds is None
+    assert policy.ar_tokens == sum(r.generated for r in res) > 0 and policy.ar_seconds > 0
+    states = ssd_adapter.encode(audios).states
+    for i, r in enumerate(res):
+        assert r.text == ssd_adapter.text(uncached_greedy(ssd_adapter, states[i:i + 1], []))
+    # Calls 2-7 (probe_every 3): skipped 2 goes pending undrafted, a probe drafts (3 in a
+    # row), skipped 3 pending, skipped 4 sampled here (4 % 3 == 1), a probe, skipped 5.
+    stages = []
+    for _ in range(6):
+        out = first.decode(audios[:1])
+        stages.append("ar" if out[0].stage == "ar" else "undrafted" if out[0].pending and out[0].pending.undrafted
+                      else "drafted")
+    assert stages == ["undrafted", "drafted", "undrafted", "ar", "drafted", "undrafted"]
+    assert policy.drafted_batches == 2 and policy.cost() != prior_cost
+    second = kind.build_second_stage(cfg, first)
+    assert first.local_fallback is second and second.seeds is first.seeds is not None
+    # Without the policy (the default, high_accuracy) nothing is decoded in the first pass.
+    assert kind.build_first_stage(ssd_adapter, load_config("ssd")).cost_sampler is None
+
+
 def test_a_drafted_batch_reports_the_tokens_it_decided(ssd_adapter, audios):
     """With tau_slm 0 verification accepts every non-empty draft whole: the first pass
     decides every draft token, and the policy is told exactly that many."""

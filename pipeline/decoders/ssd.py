@@ -130,6 +130,10 @@ class SSDFirstPassDecoder:
         # The fallback of this same process (set by build_fallback): it finishes a batch
         # the verify policy skipped right here, without the pending states' round trip.
         self.local_fallback: SSDFallback | None = None
+        # Where the fallback runs elsewhere (a Ray first pool): an unseeded fallback on this
+        # stage's model that decodes the skipped batches the policy samples to measure
+        # what a fallback token costs (set by build_first_pass while the policy is on).
+        self.cost_sampler: SSDFallback | None = None
 
     def share_seeds(self) -> SeedStore:
         """Keep each pending row's verification cache for a fallback in this process."""
@@ -287,7 +291,12 @@ class SSDFirstPassDecoder:
         pending = [k for k, i in enumerate(needs) if rows[i].stage is None]
         # One device-to-host copy for all pending rows (the CPU offload), not one per row.
         # A skipped batch with the fallback in this process never leaves the device.
-        local_ar = not drafted and self.local_fallback is not None
+        local = None
+        if not drafted:
+            local = self.local_fallback
+            if local is None and self.cost_sampler is not None and policy.wants_cost_sample():
+                local = self.cost_sampler
+        local_ar = local is not None
         host_rows = dict(zip((needs[k] for k in pending), states[pending].float().cpu().numpy())) \
             if pending and not local_ar else {}
         shipped_kv = self._ship_kv([rows[needs[k]] for k in pending])
@@ -312,7 +321,7 @@ class SSDFirstPassDecoder:
         if local_ar:
             # Plain AR for the whole batch: nothing to re-batch across recordings, so it
             # is decoded here, as one batch, and leaves this stage final.
-            share = self.local_fallback.finish(out, states) / len(out)
+            share = local.finish(out, states) / len(out)
             for res in out:
                 res.t_decode_s += share
         if self.confidence and drafted:
@@ -425,11 +434,16 @@ def _options(cfg) -> dict:
 
 
 def build_first_pass(adapter, cfg) -> SSDFirstPassDecoder:
-    return SSDFirstPassDecoder(adapter, pack_gate=cfg.ssd.packs_gate(), adaptive_pack_gate=cfg.ssd.adaptive_pack_gate,
-                               map_drafting=map_drafting(adapter, cfg), max_draft_error=cfg.ssd.draft_error_target(),
-                               adaptive_verify=cfg.ssd.verifies_adaptively(),
-                               verify_break_even=cfg.ssd.verify_break_even, confidence=cfg.confidence.enabled,
-                               **_options(cfg))
+    first = SSDFirstPassDecoder(adapter, pack_gate=cfg.ssd.packs_gate(), adaptive_pack_gate=cfg.ssd.adaptive_pack_gate,
+                                map_drafting=map_drafting(adapter, cfg), max_draft_error=cfg.ssd.draft_error_target(),
+                                adaptive_verify=cfg.ssd.verifies_adaptively(),
+                                verify_break_even=cfg.ssd.verify_break_even, confidence=cfg.confidence.enabled,
+                                **_options(cfg))
+    if first.verify_policy is not None:
+        # No seeds: drafted rows still ship their K/V to the fallback pool.
+        first.cost_sampler = SSDFallback(first.ssd, confidence=cfg.confidence.enabled,
+                                         verify_policy=first.verify_policy)
+    return first
 
 
 def build_fallback(cfg, first_stage: SSDFirstPassDecoder | None = None) -> SSDFallback:
