@@ -189,8 +189,9 @@ def _scored_rows(rows: list[dict]) -> list[tuple[dict, int, int]]:
 
 def kept_fraction_curve(rows: list[dict], rank_by: str = "excess_errors") -> list[dict]:
     """WER of the best ranked rows against the fraction kept, over the rows without an
-    error that have a reference and a confidence (ranked as ``--keep-fraction`` ranks);
-    each point also carries the ranking's score of the last row kept."""
+    error that have a reference and a confidence (ranked as ``--keep-fraction`` ranks,
+    though the excess ranking's rate w is then taken over these rows, not over every
+    eligible row); each point also carries the ranking's score of the last row kept."""
     scored = _scored_rows(rows)
     scores = rank_scores([r for r, _, _ in scored], rank_by)
     ranked = sorted(((s, r["id"], e, n) for (r, e, n), s in zip(scored, scores) if s is not None),
