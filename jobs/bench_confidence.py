@@ -96,7 +96,7 @@ def evaluate(cfg, cal, test) -> tuple[dict, dict]:
     from pipeline.confidence.apply import ConfidenceScorer
     from pipeline.confidence.evaluation import scores, utterance_correct
     from pipeline.metrics import corpus_wer
-    from pipeline.pseudo_label import excess_errors, row_errors
+    from pipeline.pseudo_label import excess_errors, expected_errors, row_errors
 
     kind = cfg.decoder.kind
     scorer = ConfidenceScorer(cal, kind)
@@ -128,7 +128,7 @@ def evaluate(cfg, cal, test) -> tuple[dict, dict]:
         u_cal.append(0.0 if c is None else c)
         u_base.append(float(np.mean(probs)) if probs else 0.0)
         u_y.append(utterance_correct(rec.text, rec.reference))
-        expected.append((sum(1.0 - x for x in confs), len(confs)) if confs else None)
+        expected.append(expected_errors(confs))
         true.append(row_errors(rec.reference, rec.text) or (0, 0))
         refs.append(rec.reference)
         hyps.append(rec.text)

@@ -173,14 +173,17 @@ def run(args) -> dict:
     torch.set_num_threads(threads)
     limit = args.limit or (8 if args.quick else 0)
     rounds = args.rounds or (1 if args.quick else 3)
-    manifest = args.manifest or str(DEFAULT_MANIFEST)
+    source = args.manifest or str(DEFAULT_MANIFEST)
     with tempfile.TemporaryDirectory(prefix="bench-engines-long-") as long_dir:
+        manifest = source
         if args.long_form:
-            manifest, limit = write_long_form(manifest, args.long_form, long_dir, limit), 0
-        return _run(args, manifest, limit, rounds, threads)
+            manifest, limit = write_long_form(source, args.long_form, long_dir, limit), 0
+        return _run(args, source, manifest, limit, rounds, threads)
 
 
-def _run(args, manifest: str, limit: int, rounds: int, threads: int) -> dict:
+def _run(args, source: str, manifest: str, limit: int, rounds: int, threads: int) -> dict:
+    """:func:`run` over ``manifest`` (``source`` itself, or its clips joined by
+    ``--long-form``)."""
     import tempfile
 
     import torch
@@ -234,7 +237,7 @@ def _run(args, manifest: str, limit: int, rounds: int, threads: int) -> dict:
         if "verify_policy" in res:
             row["verify_policy"] = res["verify_policy"]
         out_rows.append(row)
-    summary = {"manifest": args.manifest or manifest, "long_form_s": args.long_form or None, "rounds": rounds, "threads": threads, "speech_s": audio_s,
+    summary = {"manifest": source, "long_form_s": args.long_form or None, "rounds": rounds, "threads": threads, "speech_s": audio_s,
                "cpu_bf16_native": cpu_bf16_native(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                "baseline": engines[0].name,
                "speed_vs_baseline": {r["engine"]: r["vs_first"] for r in out_rows},

@@ -58,12 +58,15 @@ def eligible(row: dict) -> bool:
     return not row.get("error") and not row.get("filter_reasons")
 
 
-def expected_errors(row: dict) -> tuple[float, int] | None:
-    """(sum over the row's words of 1 - confidence, how many words carry one); None when
-    none does."""
-    confs = [w["confidence"] for seg in row.get("segments") or [] if not seg.get("error")
-             for w in seg.get("words") or [] if w.get("confidence") is not None]
-    return (sum(1.0 - c for c in confs), len(confs)) if confs else None
+def word_confidences(row: dict) -> list[float]:
+    """The confidences the row's words carry (segments without an error)."""
+    return [w["confidence"] for seg in row.get("segments") or [] if not seg.get("error")
+            for w in seg.get("words") or [] if w.get("confidence") is not None]
+
+
+def expected_errors(confidences: list[float]) -> tuple[float, int] | None:
+    """(sum of 1 - confidence over words, how many words); None without any word."""
+    return (sum(1.0 - c for c in confidences), len(confidences)) if confidences else None
 
 
 def excess_errors(counts: list[tuple[float, int] | None]) -> list[float | None]:
@@ -83,7 +86,7 @@ def rank_scores(rows: list[dict], rank_by: str = "excess_errors") -> list[float 
     if rank_by != "excess_errors":
         raise ValueError(f"rank_by: expected one of {PSEUDO_LABEL_RANKINGS}, got {rank_by!r}")
     # A row without a confidence passes no rule, whatever its words say.
-    counts = [expected_errors(r) if r.get("confidence") is not None else None for r in rows]
+    counts = [expected_errors(word_confidences(r)) if r.get("confidence") is not None else None for r in rows]
     return [None if x is None else -x for x in excess_errors(counts)]
 
 

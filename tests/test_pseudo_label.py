@@ -49,7 +49,7 @@ def test_excess_errors_ranking_by_hand():
     short = _row(1, 0.49, ref="x y", text="x q", words=[0.7, 0.7])
     third = _row(2, 0.8, ref="p q r s", text="p q r s", words=[0.95] * 4)
     rows = [long_, short, third]
-    assert pl.expected_errors(long_) == (pytest.approx(0.69), 10)
+    assert pl.expected_errors(pl.word_confidences(long_)) == (pytest.approx(0.69), 10)
     assert pl.rank_scores(rows) == pytest.approx([0.24125, -0.41375, 0.1725])
     # Keep 2 of 3: P(no error) drops the long row (most words, one error-prone word), the
     # excess ranking drops the short one.
