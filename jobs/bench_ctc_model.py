@@ -150,7 +150,6 @@ def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float
     labels = ["" if i == vocab.blank else p for i, p in
               enumerate(vocab.tokenizer.convert_ids_to_tokens(list(range(vocab.size))))]
     py = PyCTCDecode(labels, kenlm_path=lms["word_arpa"], alpha=alpha)
-    n_py = min(n, 8)
     outputs = {}
 
     def ours(name):
@@ -163,8 +162,10 @@ def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float
     contenders = {name: (n, ours(name)) for name in searches}
     contenders["greedy"] = (n, lambda: outputs.__setitem__("greedy", ctc_greedy(lp, lengths, blank=vocab.blank).tokens))
     contenders["flashlight"] = (n, lambda: outputs.__setitem__("flashlight", [fl.decode(x)[0] for x in np_lp]))
-    contenders["pyctcdecode"] = (n_py, lambda: outputs.__setitem__("pyctcdecode", [
-        py.decode(x, BEAM, beam_prune_logp=-beam_cfg.prune_threshold, token_min_logp=-5.0) for x in np_lp[:n_py]]))
+    # every decoder on the same utterances: a ms/utterance ratio over different ones
+    # would compare their lengths too
+    contenders["pyctcdecode"] = (n, lambda: outputs.__setitem__("pyctcdecode", [
+        py.decode(x, BEAM, beam_prune_logp=-beam_cfg.prune_threshold, token_min_logp=-5.0) for x in np_lp]))
     ms = interleaved_ms_per_utt(contenders, rounds=rounds)
     out = {"ms_per_utt": ms, "utterances": n, "mean_frames": float(lengths.float().mean()),
            "loops": {name: s.last_loop for name, s in searches.items()},

@@ -198,6 +198,21 @@ static inline void count_live(float *alive, int64_t b, const float *sc, int64_t 
     alive[b] = alive[b] + (float)live * weight;
 }
 
+/* slot r of the next beams from candidate cd (its fusion states advanced) */
+static inline void keep(const pair_t *p, cand_t cd, int64_t r, int64_t fb, int64_t W, const int64_t *states,
+                        float *new_scores, int64_t *new_key, int64_t *new_last,
+                        int64_t (*new_states)[MAX_SLOTS], int64_t *choices) {
+    const int64_t parent = cd.parent;
+    new_scores[r] = cd.score;
+    new_key[r] = cd.pkey;
+    new_last[r] = cd.label;
+    for (int64_t l = 0; l < p->n_lookups; l++)
+        new_states[l][r] = cd.score == -INFINITY ? 0
+                           : cd.lmcol == p->V ? states[(l * p->B + p->b) * p->K + parent]
+                                              : entry(p, l, parent, cd.lmcol).next;
+    choices[fb * p->K + r] = parent * W + cd.col;
+}
+
 int ctc_beam_loop(
     int64_t S, int64_t B, int64_t K, int64_t W, int64_t V, int64_t M,
     const float *values,      /* [S, B, W] */
@@ -330,29 +345,33 @@ int ctc_beam_loop(
             }
 
             /* theta pruning against the best, recombination into the first (best) member
-             * of each key group; both only mask (max merge) */
-            for (int64_t i = 0; i < n; i++) {
-                if (top[i].score == -INFINITY) continue;
-                int dup = top[i].score < top[0].score - th;
-                for (int64_t p = 0; p < i && !dup; p++)
-                    dup = top[p].pkey == top[i].pkey && top[p].label == top[i].label;
-                if (dup) top[i].score = -INFINITY;
-            }
-            /* the best K survivors, in order (M == K: positions kept, as the torch step) */
+             * of each key group (max merge), then the best K survivors in order */
             int64_t kept = 0;
-            for (int64_t i = 0; i < n && kept < K; i++) {
-                if (M > K && top[i].score == -INFINITY) continue;
-                const cand_t cd = top[i];
-                const int64_t parent = cd.parent;
-                new_scores[kept] = cd.score;
-                new_key[kept] = cd.pkey;
-                new_last[kept] = cd.label;
-                for (int64_t l = 0; l < n_lookups; l++)
-                    new_states[l][kept] = cd.score == -INFINITY ? 0
-                                          : cd.lmcol == V ? states[(l * B + b) * K + parent]
-                                                          : entry(&pr, l, parent, cd.lmcol).next;
-                choices[fb * K + kept] = parent * W + cd.col;
-                kept++;
+            if (M > K) {
+                /* top is sorted, so theta cuts a tail, and a key group's first member
+                 * survives: a candidate is compared with the survivors before it only,
+                 * and the scan stops at K of them (same survivors as the masking below) */
+                const float cut = n ? top[0].score - th : 0.0f;
+                for (int64_t i = 0; i < n && kept < K; i++) {
+                    const cand_t cd = top[i];
+                    if (cd.score == -INFINITY || cd.score < cut) break;
+                    int dup = 0;
+                    for (int64_t p = 0; p < kept && !dup; p++) dup = new_key[p] == cd.pkey && new_last[p] == cd.label;
+                    if (dup) continue;
+                    keep(&pr, cd, kept, fb, W, states, new_scores, new_key, new_last, new_states, choices);
+                    kept++;
+                }
+            } else {
+                /* M == K: positions kept, as the torch step (masked slots stay) */
+                for (int64_t i = 0; i < n; i++) {
+                    if (top[i].score == -INFINITY) continue;
+                    int dup = top[i].score < top[0].score - th;
+                    for (int64_t p = 0; p < i && !dup; p++)
+                        dup = top[p].pkey == top[i].pkey && top[p].label == top[i].label;
+                    if (dup) top[i].score = -INFINITY;
+                }
+                for (; kept < n && kept < K; kept++)
+                    keep(&pr, top[kept], kept, fb, W, states, new_scores, new_key, new_last, new_states, choices);
             }
             for (int64_t r = 0; r < K; r++) {
                 if (r >= kept) {
@@ -382,15 +401,20 @@ void ctc_backtrack(int64_t S, int64_t B, int64_t K, int64_t W, int64_t n,
                    const int64_t *choices, const int64_t *tokens, const int64_t *slots,
                    int64_t *out)
 {
+    int64_t cur[MAX_SLOTS];
+    if (n > MAX_SLOTS) return;
     for (int64_t b = 0; b < B; b++) {
-        for (int64_t i = 0; i < n; i++) {
-            int64_t cur = slots[b * n + i];
-            int64_t *o = out + (b * n + i) * S;
-            for (int64_t s = S - 1; s >= 0; s--) {
-                const int64_t ch = choices[(s * B + b) * K + cur];
+        for (int64_t i = 0; i < n; i++) cur[i] = slots[b * n + i];
+        /* the n hypotheses step back together: each chain of loads depends on the one
+         * before it, and n independent chains overlap their latencies */
+        for (int64_t s = S - 1; s >= 0; s--) {
+            const int64_t *ch_s = choices + (s * B + b) * K;
+            const int64_t *tk_s = tokens ? tokens + (s * B + b) * W : NULL;
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t ch = ch_s[cur[i]];
                 const int64_t col = ch % W;
-                o[s] = tokens ? tokens[(s * B + b) * W + col] : col;
-                cur = ch / W;
+                out[(b * n + i) * S + s] = tk_s ? tk_s[col] : col;
+                cur[i] = ch / W;
             }
         }
     }
@@ -467,6 +491,9 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
 {
     const int64_t nb = (V1 + FLOP_BLOCK - 1) / FLOP_BLOCK;
     float bm[nb];  /* each block's maximum */
+    /* the runs of blocks of the bound below (an integer division each, so once a call) */
+    int64_t run[nb >= N ? N + 1 : 1];
+    for (int64_t g = 0; nb >= N && g <= N; g++) run[g] = g * nb / N;
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < T; t++) {
             float *ov = out_values + (t * B + b) * N;
@@ -495,14 +522,21 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
                 float bound = INFINITY;
                 for (int64_t g = 0; g < N; g++) {
                     float gm = -INFINITY;
-                    for (int64_t k = g * nb / N; k < (g + 1) * nb / N; k++) gm = bm[k] > gm ? bm[k] : gm;
+                    for (int64_t k = run[g]; k < run[g + 1]; k++) gm = bm[k] > gm ? bm[k] : gm;
                     bound = gm < bound ? gm : bound;
                 }
                 if (bound > lim) lim = bound;
             }
             int64_t n = 0;
-            for (int64_t k = 0; k < nb; k++) {
-                if (!(bm[k] >= lim)) continue;
+            /* the blocks that reach the limit, 64 at a time, as a bit mask: one branch per
+             * block that passes instead of a poorly predicted one for every block */
+            for (int64_t k0 = 0; k0 < nb; k0 += 64) {
+            const int64_t k1 = k0 + 64 < nb ? k0 + 64 : nb;
+            uint64_t pass = 0;
+            for (int64_t k = k0; k < k1; k++) pass |= (uint64_t)(bm[k] >= lim) << (k - k0);
+            while (pass) {
+                const int64_t k = k0 + __builtin_ctzll(pass);
+                pass &= pass - 1;
                 /* N kept already: only a column above the N-th can enter (ties go to the
                  * earlier column, which is in) */
                 if (n == N) {
@@ -530,6 +564,7 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
                     ov[pos] = v;
                     ot[pos] = id;
                 }
+            }
             }
         }
     }
