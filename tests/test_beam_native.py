@@ -196,9 +196,10 @@ def token_arpa(tmp_path_factory):
 @pytest.mark.parametrize("boost", [False, True])
 def test_native_loop_reads_back_off_graphs_like_the_torch_step(token_arpa, blank, flop, boost):
     """An LM (and a boosting tree) kept as back-off graphs, as a token n-gram too large for
-    a dense table is (``dense_fusion_max_bytes=0`` here): the native loop's binary-search
-    lookup gives the torch step's scores bit for bit, on inputs where the LM changes the
-    best path."""
+    a dense table is (``dense_fusion_max_bytes=0`` here): the native loop's lookups (a
+    binary search per level, or the shortcut to the root for a label no arc of the
+    state's back-off chain has) give the torch step's scores bit for bit, on inputs where
+    the LM changes the best path."""
     from pipeline.lm.boosting import BoostingTree
     from pipeline.lm.ngpu_lm import NGramLM
 

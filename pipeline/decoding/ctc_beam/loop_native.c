@@ -20,8 +20,10 @@
  * arrays of pipeline/lm/backoff_graph.py): the state's explicit arc for the label, found
  * by binary search, else its back-off, down to the root's dense row; the same sums in
  * the same order as BackoffGraph.advance_labels, then alpha * score + beta as
- * fusion.py's GenericLookup computes them; a small memo keeps the lookups already made
- * in the call (the same entries, found again without the search).
+ * fusion.py's GenericLookup computes them; a label that no arc along the state's
+ * back-off chain has goes straight to the root row with the chain's back-off sum (a
+ * per-state signature, see chain_t); a small memo keeps the lookups already made in the
+ * call (the same entries, found again without the search).
  * Viable columns are enumerated best first for the few best (a sorted head) and in any
  * order after it, which can only reorder candidates of exactly equal score.
  * Dead slots are filled the way the torch step leaves them: score -inf, never a parent.
@@ -54,6 +56,22 @@ typedef struct {
     int32_t next;
 } entry_t;
 
+/* A state's whole back-off chain at a glance (ctc_graph_chains): a signature of the
+ * labels of every explicit arc along the chain (one bit per label hash) and the sum of
+ * the chain's back-off weights. Most lookups of a CTC search are of labels the context
+ * never saw, which end at the root; a clear signature bit says so in one load, with the
+ * very sum the walk would have made. */
+#define CHAIN_SIG_BITS 192
+typedef struct {
+    uint64_t sig[CHAIN_SIG_BITS / 64];
+    float acc;
+    int32_t pad;
+} chain_t;
+
+static inline uint32_t chain_bit(int64_t label) {
+    return (uint32_t)((((uint64_t)label * 0x9E3779B97F4A7C15ull) >> 32) % CHAIN_SIG_BITS);
+}
+
 /* a back-off graph lookup (fusion.py's GenericLookup over a BackoffGraph) */
 typedef struct {
     const int64_t *arc_start;   /* [S + 1] CSR offsets; arcs sorted by label per state */
@@ -61,9 +79,33 @@ typedef struct {
     const float *arc_w;
     const int32_t *backoff_to, *root_row, *root_to;
     const float *backoff_w, *root_w;
+    const chain_t *chains;      /* [S] */
     int64_t depth;
     float alpha, beta;
 } graph_t;
+
+/* chains[s] of every state (see chain_t): the same walk as graph_entry's, recording
+ * every arc label instead of searching for one */
+void ctc_graph_chains(int64_t S, int64_t depth, const int64_t *arc_start, const int32_t *arc_label,
+                      const int32_t *backoff_to, const float *backoff_w, chain_t *chains)
+{
+    for (int64_t s = 0; s < S; s++) {
+        chain_t c;
+        memset(&c, 0, sizeof c);
+        float acc = 0.0f;
+        int64_t cur = s;
+        for (int64_t d = 0; d < depth; d++) {
+            for (int64_t a = arc_start[cur]; a < arc_start[cur + 1]; a++) {
+                const uint32_t bit = chain_bit(arc_label[a]);
+                c.sig[bit >> 6] |= (uint64_t)1 << (bit & 63);
+            }
+            acc = acc + backoff_w[cur];
+            cur = backoff_to[cur];
+        }
+        c.acc = acc;
+        chains[s] = c;
+    }
+}
 
 typedef struct {
     float score;
@@ -130,7 +172,14 @@ static inline int64_t fusion_column(const pair_t *p, int64_t c, int64_t last) {
 static entry_t graph_entry(const graph_t *g, int64_t V, int64_t state, int64_t label) {
     float acc = 0.0f;
     int64_t cur = state;
-    for (int64_t d = 0; d < g->depth; d++) {
+    const chain_t *chain = g->chains + state;
+    const uint32_t bit = chain_bit(label);
+    if (!(chain->sig[bit >> 6] & ((uint64_t)1 << (bit & 63)))) {
+        /* no arc of the chain has this label: the walk below would end at the root */
+        acc = chain->acc;
+        cur = -1;
+    }
+    for (int64_t d = 0; cur >= 0 && d < g->depth; d++) {
         int64_t lo = g->arc_start[cur], hi = g->arc_start[cur + 1];
         const int64_t end = hi;
         while (lo < hi) {

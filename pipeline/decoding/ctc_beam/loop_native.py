@@ -72,6 +72,8 @@ def _library():
     lib.ctc_flop_compress.argtypes = [_I, _I, _I, _I, _P, _P, _P, ctypes.c_float, _P, _P, _P, _P, _P, _P]
     lib.ctc_alignments.restype = None
     lib.ctc_alignments.argtypes = [_I, _I, _I, _I, _P, _P, _I, _P, _P, _P, _P, _P]
+    lib.ctc_graph_chains.restype = None
+    lib.ctc_graph_chains.argtypes = [_I, _I, _P, _P, _P, _P, _P]
     lib.ctc_backtrack.restype = None
     lib.ctc_backtrack.argtypes = [_I, _I, _I, _I, _I, _P, _P, _P, _P]
     return lib
@@ -109,7 +111,7 @@ class _Graph(ctypes.Structure):
     """The C ``graph_t``: a back-off graph's arrays and the lookup's alpha and beta."""
 
     _fields_ = [("arc_start", _P), ("arc_label", _P), ("arc_to", _P), ("arc_w", _P), ("backoff_to", _P),
-                ("root_row", _P), ("root_to", _P), ("backoff_w", _P), ("root_w", _P), ("depth", _I),
+                ("root_row", _P), ("root_to", _P), ("backoff_w", _P), ("root_w", _P), ("chains", _P), ("depth", _I),
                 ("alpha", ctypes.c_float), ("beta", ctypes.c_float)]
 
 
@@ -122,13 +124,20 @@ def packed_graph(lookup: GenericLookup, vocab: int):
     """``(struct, bonus bound, arrays)`` of a lookup over a back-off graph of ``vocab``
     labels, or None for any other model (or a negative weight: the bound below assumes
     alpha >= 0). The bound is alpha x (largest arc or root weight + depth x largest
-    positive back-off) + beta: no lookup can score more."""
+    positive back-off) + beta: no lookup can score more. Each state's back-off chain is
+    summarised once here (``ctc_graph_chains``) for the loop's shortcut to the root."""
     graph = getattr(lookup.model, "graph", None)
-    if graph is None or not hasattr(graph, "arc_start") or graph.vocab_size != vocab or lookup.alpha < 0:
+    lib = _library()
+    if lib is None or graph is None or not hasattr(graph, "arc_start") or graph.vocab_size != vocab \
+            or lookup.alpha < 0:
         return None
     packed = _PACKED.get(lookup)
     if packed is None:
         arrays = {name: getattr(graph, name).to("cpu", dtype).contiguous() for name, dtype in _GRAPH_DTYPES.items()}
+        states = int(arrays["backoff_to"].numel())
+        arrays["chains"] = torch.empty((states, 4), dtype=torch.int64)   # the C chain_t, 32 bytes
+        lib.ctc_graph_chains(states, graph.depth, _ptr(arrays["arc_start"]), _ptr(arrays["arc_label"]),
+                             _ptr(arrays["backoff_to"]), _ptr(arrays["backoff_w"]), _ptr(arrays["chains"]))
         struct = _Graph(**{name: t.data_ptr() for name, t in arrays.items()}, depth=graph.depth,
                         alpha=lookup.alpha, beta=lookup.beta)
         top = max(float(arrays["arc_w"].max()) if arrays["arc_w"].numel() else -math.inf,
