@@ -266,6 +266,8 @@ def run(args) -> dict:
                 "recordings": len(part), "word_auc_roc": sub["word"]["calibrated"]["auc_roc"],
                 "word_auc_roc_baseline": sub["word"]["baseline"]["auc_roc"],
                 "word_ece": sub["word"]["calibrated"]["ece"], "word_ece_baseline": sub["word"]["baseline"]["ece"],
+                "word_ece_if_calibrated": sub["word"]["calibrated"]["ece_if_calibrated"],
+                "word_ece_if_calibrated_p95": sub["word"]["calibrated"]["ece_if_calibrated_p95"],
                 "kept_80_ratio": sub["kept"]["calibrated"]["ratio"],
                 "kept_80_ratio_excess_errors": sub["kept"]["excess_errors"]["ratio"],
                 "kept_80_ratio_oracle": sub["kept"]["oracle"]["ratio"], "wer_all": sub["kept"]["calibrated"]["wer_all"]}
@@ -282,6 +284,10 @@ def run(args) -> dict:
             "word_auc_roc_baseline": res["word"]["baseline"]["auc_roc"],
             "word_ece": res["word"]["calibrated"]["ece"], "word_ece_baseline": res["word"]["baseline"]["ece"],
             "utt_auc_roc": res["utterance"]["calibrated"]["auc_roc"], "utt_ece": res["utterance"]["calibrated"]["ece"],
+            # what a confidence equal to P(correct) would measure on the same items
+            "word_ece_if_calibrated": res["word"]["calibrated"]["ece_if_calibrated"],
+            "utt_ece_if_calibrated": res["utterance"]["calibrated"]["ece_if_calibrated"],
+            "utt_ece_if_calibrated_p95": res["utterance"]["calibrated"]["ece_if_calibrated_p95"],
             "wer_all": res["kept"]["calibrated"]["wer_all"], "wer_kept_80": res["kept"]["calibrated"]["wer_kept_80"],
             "kept_80_ratio": res["kept"]["calibrated"]["ratio"],
             "kept_80_ratio_baseline": res["kept"]["baseline"]["ratio"],

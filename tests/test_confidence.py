@@ -43,6 +43,19 @@ def test_ece_and_nce_against_hand_computed_values():
     assert scores(conf, correct)["auc_roc"] == pytest.approx(4 / 6)
 
 
+def test_ece_of_a_calibrated_confidence_against_its_exact_expectation():
+    """Consistency resampling against the expectation summed over every label outcome:
+    {0.95, 0.9} share the last bin (both right 0.855: |1 - 0.925|; one right 0.14: 0.425;
+    none 0.005: 0.925), {0.15} is alone in its bin (E|y - 0.15| = 2 x 0.15 x 0.85)."""
+    from pipeline.confidence.evaluation import ece_if_calibrated
+
+    last_bin = 0.855 * 0.075 + 0.14 * 0.425 + 0.005 * 0.925
+    want = (2 / 3) * last_bin + (1 / 3) * (2 * 0.15 * 0.85)
+    mean, p95 = ece_if_calibrated([0.95, 0.9, 0.15], draws=40000, seed=1)
+    assert mean == pytest.approx(want, abs=0.004)
+    assert p95 > mean
+
+
 def test_entropy_measures_at_their_end_points_and_against_shannon():
     from scipy.stats import entropy as shannon
 

@@ -1,7 +1,11 @@
 """Scoring confidence against references: labels and the metrics of "Fast Entropy-Based
 Methods of Word-Level Confidence Estimation for End-to-End Automatic Speech Recognition"
 (AUC-ROC and AUC-PR for detecting wrong words, normalised cross-entropy, expected
-calibration error).
+calibration error), and the ECE a perfectly calibrated confidence would show on the same
+items: consistency resampling ("Increasing the Reliability of Reliability Diagrams",
+Bröcker and Smith 2007), labels drawn as Bernoulli(confidence) many times. A binned ECE is
+biased upwards on a few hundred items (each bin's accuracy is a noisy estimate), so a
+measured ECE is read against that reference.
 
 A hypothesis word is correct when every token of its normalised form (the normaliser the
 project's WER uses, pipeline.metrics.normalize) is aligned as a match to the normalised
@@ -58,6 +62,24 @@ def ece(confidence, correct, bins: int = 10) -> float:
     return float(total)
 
 
+def ece_if_calibrated(confidence, bins: int = 10, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Mean and 95th percentile of :func:`ece` over ``draws`` label sets drawn as
+    Bernoulli(confidence): the ECE of a confidence that is exactly P(correct), on these
+    items (consistency resampling)."""
+    c = np.asarray(confidence, dtype=np.float64)
+    if not len(c):
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    y = rng.random((draws, len(c))) < c                    # [draws, n]
+    which = np.minimum((c * bins).astype(np.int64), bins - 1)
+    total = np.zeros(draws)
+    for b in range(bins):
+        m = which == b
+        if m.any():
+            total += m.mean() * np.abs(y[:, m].mean(axis=1) - c[m].mean())
+    return float(total.mean()), float(np.quantile(total, 0.95))
+
+
 def nce(confidence, correct, eps: float = 1e-7) -> float:
     """Normalised cross-entropy: (H(C) - H(C | confidence)) / H(C), H(C) the entropy of the
     labels at their base rate; 1 is perfect, 0 no better than the base rate, negative worse.
@@ -73,7 +95,8 @@ def nce(confidence, correct, eps: float = 1e-7) -> float:
 
 
 def scores(confidence, correct) -> dict:
-    """AUC-ROC and AUC-PR of detecting wrong items (scikit-learn), NCE and ECE."""
+    """AUC-ROC and AUC-PR of detecting wrong items (scikit-learn), NCE, ECE, and the mean
+    and 95th percentile of the ECE a calibrated confidence would show on these items."""
     from sklearn.metrics import average_precision_score, roc_auc_score
 
     c = np.asarray(confidence, dtype=np.float64)
@@ -82,4 +105,5 @@ def scores(confidence, correct) -> dict:
     return {"n": int(len(c)), "error_rate": float(wrong.mean()) if len(c) else math.nan,
             "auc_roc": float(roc_auc_score(wrong, -c)) if both else math.nan,
             "auc_pr": float(average_precision_score(wrong, -c)) if both else math.nan,
-            "nce": nce(c, ~wrong), "ece": ece(c, ~wrong)}
+            "nce": nce(c, ~wrong), "ece": ece(c, ~wrong),
+            **dict(zip(("ece_if_calibrated", "ece_if_calibrated_p95"), ece_if_calibrated(c)))}
