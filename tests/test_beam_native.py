@@ -194,12 +194,17 @@ def token_arpa(tmp_path_factory):
 @pytest.mark.parametrize("blank", [0, 12])
 @pytest.mark.parametrize("flop", [False, True])
 @pytest.mark.parametrize("boost", [False, True])
-def test_native_loop_reads_back_off_graphs_like_the_torch_step(token_arpa, blank, flop, boost):
+@pytest.mark.parametrize("chains", [True, False])
+def test_native_loop_reads_back_off_graphs_like_the_torch_step(token_arpa, blank, flop, boost, chains,
+                                                               monkeypatch):
     """An LM (and a boosting tree) kept as back-off graphs, as a token n-gram too large for
     a dense table is (``dense_fusion_max_bytes=0`` here): the native loop's lookups (a
     binary search per level, or the shortcut to the root for a label no arc of the
     state's back-off chain has) give the torch step's scores bit for bit, on inputs where
-    the LM changes the best path."""
+    the LM changes the best path; also without the chain signatures (a graph over
+    ``CHAIN_MAX_BYTES``)."""
+    if not chains:
+        monkeypatch.setattr(loop_native, "CHAIN_MAX_BYTES", 0)
     from pipeline.lm.boosting import BoostingTree
     from pipeline.lm.ngpu_lm import NGramLM
 

@@ -79,7 +79,7 @@ typedef struct {
     const float *arc_w;
     const int32_t *backoff_to, *root_row, *root_to;
     const float *backoff_w, *root_w;
-    const chain_t *chains;      /* [S] */
+    const chain_t *chains;      /* [S], or NULL: no shortcut (a graph too large for them) */
     int64_t depth;
     float alpha, beta;
 } graph_t;
@@ -172,11 +172,10 @@ static inline int64_t fusion_column(const pair_t *p, int64_t c, int64_t last) {
 static entry_t graph_entry(const graph_t *g, int64_t V, int64_t state, int64_t label) {
     float acc = 0.0f;
     int64_t cur = state;
-    const chain_t *chain = g->chains + state;
     const uint32_t bit = chain_bit(label);
-    if (!(chain->sig[bit >> 6] & ((uint64_t)1 << (bit & 63)))) {
+    if (g->chains && !(g->chains[state].sig[bit >> 6] & ((uint64_t)1 << (bit & 63)))) {
         /* no arc of the chain has this label: the walk below would end at the root */
-        acc = chain->acc;
+        acc = g->chains[state].acc;
         cur = -1;
     }
     for (int64_t d = 0; cur >= 0 && d < g->depth; d++) {

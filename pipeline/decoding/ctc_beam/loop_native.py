@@ -48,6 +48,9 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int64
 # lookup -> its tables packed for the C loop, built once per lookup
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# the back-off chain signatures take 32 bytes a state; a graph that would need more than
+# this goes without them (every lookup walks its chain: same scores, slower)
+CHAIN_MAX_BYTES = 256 * 2 ** 20
 
 
 def build(out_dir: Path | None = None) -> Path:
@@ -125,7 +128,8 @@ def packed_graph(lookup: GenericLookup, vocab: int):
     labels, or None for any other model (or a negative weight: the bound below assumes
     alpha >= 0). The bound is alpha x (largest arc or root weight + depth x largest
     positive back-off) + beta: no lookup can score more. Each state's back-off chain is
-    summarised once here (``ctc_graph_chains``) for the loop's shortcut to the root."""
+    summarised once here (``ctc_graph_chains``) for the loop's shortcut to the root, up to
+    ``CHAIN_MAX_BYTES``."""
     graph = getattr(lookup.model, "graph", None)
     lib = _library()
     if lib is None or graph is None or not hasattr(graph, "arc_start") or graph.vocab_size != vocab \
@@ -135,11 +139,12 @@ def packed_graph(lookup: GenericLookup, vocab: int):
     if packed is None:
         arrays = {name: getattr(graph, name).to("cpu", dtype).contiguous() for name, dtype in _GRAPH_DTYPES.items()}
         states = int(arrays["backoff_to"].numel())
-        arrays["chains"] = torch.empty((states, 4), dtype=torch.int64)   # the C chain_t, 32 bytes
-        lib.ctc_graph_chains(states, graph.depth, _ptr(arrays["arc_start"]), _ptr(arrays["arc_label"]),
-                             _ptr(arrays["backoff_to"]), _ptr(arrays["backoff_w"]), _ptr(arrays["chains"]))
-        struct = _Graph(**{name: t.data_ptr() for name, t in arrays.items()}, depth=graph.depth,
-                        alpha=lookup.alpha, beta=lookup.beta)
+        if 32 * states <= CHAIN_MAX_BYTES:
+            arrays["chains"] = torch.empty((states, 4), dtype=torch.int64)   # the C chain_t, 32 bytes
+            lib.ctc_graph_chains(states, graph.depth, _ptr(arrays["arc_start"]), _ptr(arrays["arc_label"]),
+                                 _ptr(arrays["backoff_to"]), _ptr(arrays["backoff_w"]), _ptr(arrays["chains"]))
+        pointers = {name: t.data_ptr() for name, t in arrays.items()}
+        struct = _Graph(**pointers, depth=graph.depth, alpha=lookup.alpha, beta=lookup.beta)
         top = max(float(arrays["arc_w"].max()) if arrays["arc_w"].numel() else -math.inf,
                   float(arrays["root_w"].max()))
         bound = lookup.alpha * (top + graph.depth * max(0.0, float(arrays["backoff_w"].max()))) + lookup.beta
