@@ -48,18 +48,23 @@ def utterance_correct(text: str, reference: str) -> bool:
     return normalize(text).split() == normalize(reference).split()
 
 
+def _binned_ece(c: np.ndarray, y: np.ndarray, bins: int) -> np.ndarray:
+    """ECE of each row of labels ``y`` [R, N] against confidences ``c`` [N]."""
+    which = np.minimum((c * bins).astype(np.int64), bins - 1)
+    total = np.zeros(y.shape[0])
+    for b in range(bins):
+        m = which == b
+        if m.any():
+            total += m.mean() * np.abs(y[:, m].mean(axis=1) - c[m].mean())
+    return total
+
+
 def ece(confidence, correct, bins: int = 10) -> float:
     """Expected calibration error: sum over equal-width confidence bins of the bin's share
     times |accuracy - mean confidence| in it (a confidence of 1.0 falls in the last bin)."""
     c = np.asarray(confidence, dtype=np.float64)
     y = np.asarray(correct, dtype=np.float64)
-    which = np.minimum((c * bins).astype(np.int64), bins - 1)
-    total = 0.0
-    for b in range(bins):
-        m = which == b
-        if m.any():
-            total += m.mean() * abs(y[m].mean() - c[m].mean())
-    return float(total)
+    return float(_binned_ece(c, y[None, :], bins)[0])
 
 
 def ece_if_calibrated(confidence, bins: int = 10, draws: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -69,14 +74,8 @@ def ece_if_calibrated(confidence, bins: int = 10, draws: int = 2000, seed: int =
     c = np.asarray(confidence, dtype=np.float64)
     if not len(c):
         return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    y = rng.random((draws, len(c))) < c                    # [draws, n]
-    which = np.minimum((c * bins).astype(np.int64), bins - 1)
-    total = np.zeros(draws)
-    for b in range(bins):
-        m = which == b
-        if m.any():
-            total += m.mean() * np.abs(y[:, m].mean(axis=1) - c[m].mean())
+    y = np.random.default_rng(seed).random((draws, len(c))) < c     # [draws, n]
+    total = _binned_ece(c, y, bins)
     return float(total.mean()), float(np.quantile(total, 0.95))
 
 

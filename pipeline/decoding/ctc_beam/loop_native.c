@@ -444,13 +444,14 @@ int ctc_beam_loop(
 /* Back-pointers of the stored trie ("Pushing the Limits of Beam Search Decoding for
  * Transducer-based ASR models", §2.1) from the final slots.
  * labels[s, b, k] = tokens[s, b, choices % W] (or the column), parents = choices / W.
- * out: [B, n, S] frame labels of each selected hypothesis. */
-void ctc_backtrack(int64_t S, int64_t B, int64_t K, int64_t W, int64_t n,
-                   const int64_t *choices, const int64_t *tokens, const int64_t *slots,
-                   int64_t *out)
+ * out: [B, n, S] frame labels of each selected hypothesis. Returns -1 (out untouched)
+ * when n exceeds MAX_SLOTS. */
+int ctc_backtrack(int64_t S, int64_t B, int64_t K, int64_t W, int64_t n,
+                  const int64_t *choices, const int64_t *tokens, const int64_t *slots,
+                  int64_t *out)
 {
     int64_t cur[MAX_SLOTS];
-    if (n > MAX_SLOTS) return;
+    if (n > MAX_SLOTS) return -1;
     for (int64_t b = 0; b < B; b++) {
         for (int64_t i = 0; i < n; i++) cur[i] = slots[b * n + i];
         /* the n hypotheses step back together: each chain of loads depends on the one
@@ -465,7 +466,7 @@ void ctc_backtrack(int64_t S, int64_t B, int64_t K, int64_t W, int64_t n,
                 cur[i] = ch / W;
             }
         }
-    }
+    }    return 0;
 }
 
 /* FLToP ("FLToP CTC: Frame-Level Token Pruning via Relative Threshold", Algorithm 1) for every frame of a batch, straight from the model's
@@ -539,9 +540,6 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
 {
     const int64_t nb = (V1 + FLOP_BLOCK - 1) / FLOP_BLOCK;
     float bm[nb];  /* each block's maximum */
-    /* the runs of blocks of the bound below (an integer division each, so once a call) */
-    int64_t run[nb >= N ? N + 1 : 1];
-    for (int64_t g = 0; nb >= N && g <= N; g++) run[g] = g * nb / N;
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < T; t++) {
             float *ov = out_values + (t * B + b) * N;
@@ -570,7 +568,7 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
                 float bound = INFINITY;
                 for (int64_t g = 0; g < N; g++) {
                     float gm = -INFINITY;
-                    for (int64_t k = run[g]; k < run[g + 1]; k++) gm = bm[k] > gm ? bm[k] : gm;
+                    for (int64_t k = g * nb / N; k < (g + 1) * nb / N; k++) gm = bm[k] > gm ? bm[k] : gm;
                     bound = gm < bound ? gm : bound;
                 }
                 if (bound > lim) lim = bound;
@@ -579,40 +577,40 @@ void ctc_flop_prune(int64_t B, int64_t T, int64_t V1, int64_t N, int64_t blank,
             /* the blocks that reach the limit, 64 at a time, as a bit mask: one branch per
              * block that passes instead of a poorly predicted one for every block */
             for (int64_t k0 = 0; k0 < nb; k0 += 64) {
-            const int64_t k1 = k0 + 64 < nb ? k0 + 64 : nb;
-            uint64_t pass = 0;
-            for (int64_t k = k0; k < k1; k++) pass |= (uint64_t)(bm[k] >= lim) << (k - k0);
-            while (pass) {
-                const int64_t k = k0 + __builtin_ctzll(pass);
-                pass &= pass - 1;
-                /* N kept already: only a column above the N-th can enter (ties go to the
-                 * earlier column, which is in) */
-                if (n == N) {
-                    if (!(bm[k] > ov[N - 1])) continue;
-                    if (ov[N - 1] > lim) lim = ov[N - 1];
+                const int64_t k1 = k0 + 64 < nb ? k0 + 64 : nb;
+                uint64_t pass = 0;
+                for (int64_t k = k0; k < k1; k++) pass |= (uint64_t)(bm[k] >= lim) << (k - k0);
+                while (pass) {
+                    const int64_t k = k0 + __builtin_ctzll(pass);
+                    pass &= pass - 1;
+                    /* N kept already: only a column above the N-th can enter (ties go to the
+                     * earlier column, which is in) */
+                    if (n == N) {
+                        if (!(bm[k] > ov[N - 1])) continue;
+                        if (ov[N - 1] > lim) lim = ov[N - 1];
+                    }
+                    const int64_t e0 = k * FLOP_BLOCK;
+                    const int64_t e1 = e0 + FLOP_BLOCK < V1 ? e0 + FLOP_BLOCK : V1;
+                    /* the columns that reach the limit, as a bit mask (vector compares), so
+                     * the column-by-column work is one iteration per kept candidate */
+                    uint32_t mask = 0;
+                    if (e1 - e0 == FLOP_BLOCK) {
+                        mask = block_mask(x + e0, lim);
+                    } else {
+                        for (int64_t e = e0; e < e1; e++) mask |= (uint32_t)(x[e] >= lim && x[e] > -INFINITY) << (e - e0);
+                    }
+                    while (mask) {
+                        const int64_t e = e0 + __builtin_ctz(mask);
+                        mask &= mask - 1;
+                        const float v = x[e];
+                        if (n == N && !(v > ov[N - 1])) continue;
+                        const int64_t id = e == blank ? 0 : (e < blank ? e + 1 : e);
+                        int64_t pos = n < N ? n++ : N - 1;
+                        while (pos > 0 && v > ov[pos - 1]) { ov[pos] = ov[pos - 1]; ot[pos] = ot[pos - 1]; pos--; }
+                        ov[pos] = v;
+                        ot[pos] = id;
+                    }
                 }
-                const int64_t e0 = k * FLOP_BLOCK;
-                const int64_t e1 = e0 + FLOP_BLOCK < V1 ? e0 + FLOP_BLOCK : V1;
-                /* the columns that reach the limit, as a bit mask (vector compares), so
-                 * the column-by-column work is one iteration per kept candidate */
-                uint32_t mask = 0;
-                if (e1 - e0 == FLOP_BLOCK) {
-                    mask = block_mask(x + e0, lim);
-                } else {
-                    for (int64_t e = e0; e < e1; e++) mask |= (uint32_t)(x[e] >= lim && x[e] > -INFINITY) << (e - e0);
-                }
-                while (mask) {
-                    const int64_t e = e0 + __builtin_ctz(mask);
-                    mask &= mask - 1;
-                    const float v = x[e];
-                    if (n == N && !(v > ov[N - 1])) continue;
-                    const int64_t id = e == blank ? 0 : (e < blank ? e + 1 : e);
-                    int64_t pos = n < N ? n++ : N - 1;
-                    while (pos > 0 && v > ov[pos - 1]) { ov[pos] = ov[pos - 1]; ot[pos] = ot[pos - 1]; pos--; }
-                    ov[pos] = v;
-                    ot[pos] = id;
-                }
-            }
             }
         }
     }

@@ -48,8 +48,10 @@ _P = ctypes.c_void_p
 _I = ctypes.c_int64
 # lookup -> its tables packed for the C loop, built once per lookup
 _PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# the back-off chain signatures take 32 bytes a state; a graph that would need more than
-# this goes without them (every lookup walks its chain: same scores, slower)
+# the back-off chain signatures (the C chain_t) take CHAIN_BYTES a state; a graph that
+# would need more than CHAIN_MAX_BYTES goes without them (every lookup walks its chain:
+# same scores, slower)
+CHAIN_BYTES = 32
 CHAIN_MAX_BYTES = 256 * 2 ** 20
 
 
@@ -77,7 +79,7 @@ def _library():
     lib.ctc_alignments.argtypes = [_I, _I, _I, _I, _P, _P, _I, _P, _P, _P, _P, _P]
     lib.ctc_graph_chains.restype = None
     lib.ctc_graph_chains.argtypes = [_I, _I, _P, _P, _P, _P, _P]
-    lib.ctc_backtrack.restype = None
+    lib.ctc_backtrack.restype = ctypes.c_int
     lib.ctc_backtrack.argtypes = [_I, _I, _I, _I, _I, _P, _P, _P, _P]
     return lib
 
@@ -139,8 +141,8 @@ def packed_graph(lookup: GenericLookup, vocab: int):
     if packed is None:
         arrays = {name: getattr(graph, name).to("cpu", dtype).contiguous() for name, dtype in _GRAPH_DTYPES.items()}
         states = int(arrays["backoff_to"].numel())
-        if 32 * states <= CHAIN_MAX_BYTES:
-            arrays["chains"] = torch.empty((states, 4), dtype=torch.int64)   # the C chain_t, 32 bytes
+        if CHAIN_BYTES * states <= CHAIN_MAX_BYTES:
+            arrays["chains"] = torch.empty((states, CHAIN_BYTES), dtype=torch.uint8)
             lib.ctc_graph_chains(states, graph.depth, _ptr(arrays["arc_start"]), _ptr(arrays["arc_label"]),
                                  _ptr(arrays["backoff_to"]), _ptr(arrays["backoff_w"]), _ptr(arrays["chains"]))
         pointers = {name: t.data_ptr() for name, t in arrays.items()}
@@ -215,7 +217,7 @@ def alignments(choices, tokens, slots, width: int, frame_map, num_frames: int, b
     """Back-track the trie from ``slots`` [B, n] and read the emitted tokens: ``(align
     [B, n, T] in model ids, counts, tokens, frames)`` with the last three as flat lists in
     (utterance, n-best) order, as :func:`pipeline.decoding.ctc_beam.state.trie_alignments`
-    returns them; None where the native library is unavailable."""
+    returns them; None where the native library is unavailable (or n exceeds its slots)."""
     lib = _library()
     if lib is None or choices.device.type != "cpu":
         return None
@@ -226,7 +228,8 @@ def alignments(choices, tokens, slots, width: int, frame_map, num_frames: int, b
     if tokens is not None:
         tokens = _ready(tokens[:s].contiguous(), torch.int64)
     steps = torch.empty((b, n, s), dtype=torch.int64)
-    lib.ctc_backtrack(s, b, k, width, n, _ptr(choices), _ptr(tokens), _ptr(slots), _ptr(steps))
+    if lib.ctc_backtrack(s, b, k, width, n, _ptr(choices), _ptr(tokens), _ptr(slots), _ptr(steps)) != 0:
+        return None
     fmap = None if frame_map is None else _ready(frame_map.contiguous(), torch.int64)
     t = num_frames if frame_map is not None else s
     align = torch.empty((b, n, t), dtype=torch.int64)
