@@ -119,7 +119,7 @@ def test_calibration_round_trip_equals_scikit_learn(tmp_path):
     x = rng.normal(size=(n, 2))
     y = rng.random(n) < 1 / (1 + np.exp(-(2 * x[:, 0] - x[:, 1])))
     rows = [{"a": float(a), "b": float(b)} for a, b in x]
-    cal = Calibration({"family": "f"}, {"k:s": fit_map(rows, y.tolist())}, {}, {})
+    cal = Calibration({"family": "f"}, {"k:s": fit_map(rows, y.tolist(), isotonic=True)}, {}, {})
     cal.save(tmp_path / "cal.json")
     assert json.loads((tmp_path / "cal.json").read_text())["format"] == FORMAT
     back = Calibration.load(tmp_path / "cal.json").word["k:s"]
@@ -132,6 +132,36 @@ def test_calibration_round_trip_equals_scikit_learn(tmp_path):
     want = iso.predict(lr.predict_proba((probe - x.mean(0)) / x.std(0))[:, 1])
     got = back([{"a": float(a), "b": float(b)} for a, b in probe])
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_calibration_keeps_the_isotonic_step_only_where_it_pays():
+    from sklearn.isotonic import IsotonicRegression
+    from sklearn.linear_model import LogisticRegression
+
+    from jobs.calibrate import fit_map
+
+    rng = np.random.default_rng(3)
+    # plateaus a logistic curve cannot follow: P(correct) 0.02, 0.5, 0.98 over three ranges
+    x = rng.normal(size=2000) * 1.5
+    y = rng.random(2000) < np.where(x < -1, 0.02, np.where(x > 1, 0.98, 0.5))
+    steps = fit_map([{"a": float(v)} for v in x], y.tolist())
+    z = ((x - x.mean()) / x.std())[:, None]
+    lr = LogisticRegression(C=1.0, max_iter=2000).fit(z, y)
+    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(lr.predict_proba(z)[:, 1], y)
+    probe = np.linspace(-3, 3, 25)
+    pz = ((probe - x.mean()) / x.std())[:, None]
+    np.testing.assert_allclose(steps([{"a": float(v)} for v in probe]), iso.predict(lr.predict_proba(pz)[:, 1]),
+                               atol=1e-9)
+    assert steps([{"a": 0.0}])[0] == pytest.approx(0.5, abs=0.08)     # the middle plateau
+    # a truly logistic relation on 120 items: the isotonic steps would only fit the noise
+    x2 = rng.normal(size=(120, 2))
+    y2 = rng.random(120) < 1 / (1 + np.exp(-(2 * x2[:, 0] - x2[:, 1])))
+    smooth = fit_map([{"a": float(a), "b": float(b)} for a, b in x2], y2.tolist())
+    z2 = (x2 - x2.mean(0)) / x2.std(0)
+    lr2 = LogisticRegression(C=1.0, max_iter=2000).fit(z2, y2)
+    probe2 = rng.normal(size=(30, 2)) * 2
+    np.testing.assert_allclose(smooth([{"a": float(a), "b": float(b)} for a, b in probe2]),
+                               lr2.predict_proba((probe2 - x2.mean(0)) / x2.std(0))[:, 1], rtol=1e-9, atol=1e-12)
 
 
 # ------------------------------------------------------------------- a real decoder

@@ -9,7 +9,7 @@
 - words: words of a segment (one place; timings where the decoder has them), tokens mapped
   to words, aggregation (mean / min / product), edit-distance agreement of two texts and the
   N-best posterior of a beam decoder;
-- calibration: the fitted map (logistic regression, then isotonic) stored as JSON and
+- calibration: the fitted map (logistic regression, then isotonic where it pays) stored as JSON and
   applied with numpy (fitting, with scikit-learn, is `shardscribe calibrate`);
 - apply: fills ``confidence`` of words, segments and rows;
 - evaluation: labels against references and the metrics (AUC, NCE, ECE).

@@ -8,7 +8,8 @@ Two levels, each a map from features to P(correct):
   (``utterance_features``): the probability that a segment (or a row) has no error.
 
 A map is a logistic regression over standardised features (a missing feature is the
-training mean, i.e. 0 after standardising) followed by isotonic regression of its output,
+training mean, i.e. 0 after standardising) followed by isotonic regression of its output
+(the identity on [0, 1] where fitting found that the step does not pay),
 stored as the isotonic fit's thresholds and read with linear interpolation, clipped at the
 ends, which is how scikit-learn's ``IsotonicRegression.predict`` reads them
 (``out_of_bounds="clip"``).
