@@ -146,6 +146,13 @@ def decode_ours(search, log_probs, lengths, batch: int, boost=None):
 
 # ------------------------------------------------------------------------- run
 def run(args) -> dict:
+    # the LMs (and with --model a full-size random checkpoint, ~2.3 GB) live only as long
+    # as the run
+    with tempfile.TemporaryDirectory(prefix="bench-ctc-beam-") as work:
+        return _run(args, Path(work))
+
+
+def _run(args, work: Path) -> dict:
     import torch
 
     from pipeline.decoding.ctc_beam import CTCBeamSearch
@@ -182,7 +189,6 @@ def run(args) -> dict:
         held = list(refs)
     n = len(lengths)
     text_of = charset.decode
-    work = Path(tempfile.mkdtemp(prefix="bench-ctc-beam-"))
     arpa, tensors, word_arpa = build_lms(train, work)
     device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
     lm = NGramLM.load(tensors, device=device)
@@ -331,7 +337,7 @@ def run(args) -> dict:
     if getattr(args, "model", None):
         from jobs.bench_ctc_model import run_model
 
-        summary.update(run_model(args, train, phrases[100], held))
+        summary.update(run_model(args, train, phrases[100], held, work))
     _plot(rows, args)
     return {"rows": rows, "summary": summary}
 

@@ -29,7 +29,6 @@ model's WER comes from the rest of ``bench ctc-beam`` in the same run.
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -312,13 +311,13 @@ def word_timing(sentences: list[str], seed: int) -> dict:
     return out
 
 
-def run_model(args, lm_text: list[str], phrases: list[str], heldout: list[str]) -> dict:
-    """The checkpoint's speed rows and the embedded model's word timing."""
+def run_model(args, lm_text: list[str], phrases: list[str], heldout: list[str], work: Path) -> dict:
+    """The checkpoint's speed rows and the embedded model's word timing (files under
+    ``work``, the caller's run directory)."""
     from jobs.benchmark_data import flat_segments, load_recordings
     from pipeline.config import load_config
 
     quick = bool(getattr(args, "quick", False))
-    work = Path(tempfile.mkdtemp(prefix="bench-ctc-model-"))
     model = resolve_model(args.model, lm_text, work)
     recordings, _ = load_recordings(getattr(args, "manifest", None), limit=16 if quick else 48)
     flat, _ = flat_segments(recordings)

@@ -58,17 +58,23 @@ def test_phrase_fscore_counts_multi_word_phrases():
     assert f == pytest.approx(100 * 2 * (2 / 2) * (2 / 3) / (1 + 2 / 3))
 
 
-def test_quick_bench_runs_end_to_end_with_the_contract_keys(tmp_path, capsys):
+def test_quick_bench_runs_end_to_end_with_the_contract_keys(tmp_path, capsys, monkeypatch):
     """`shardscribe bench ctc-beam --quick` on simulated posteriors: every contract key is a
     number, the speed ratios come from the interleaved headline timing, the LM and the
-    boosting list act (WERs and F-scores relate as the search guarantees), and the PNG is
-    written. No timing is asserted."""
+    boosting list act (WERs and F-scores relate as the search guarantees), the PNG is
+    written, and the run's scratch files (LMs; with --model a full-size checkpoint) are gone
+    afterwards. No timing is asserted."""
     import json
+    import tempfile
 
     from jobs.cli import main
 
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / "r.json"
     assert main(["bench", "ctc-beam", "--quick", "--utterances", "12", "--reps", "1", "--out", str(out)]) == 0
+    assert list(scratch.iterdir()) == []
     assert "summary:" in capsys.readouterr().out
     result = json.loads(out.read_text())
     s = result["summary"]
