@@ -12,6 +12,7 @@ else, and a short closing table.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -68,6 +69,8 @@ class JobLog:
         self._file.close()
         if not self.local:
             self._fs.put_file(self.path, self._remote)
+            # uploaded: the local copy goes (a failed upload raises first and leaves it)
+            shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
 
     def write(self, line: str) -> None:
         """A line for the log file only (the job's own record of what it did)."""

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -113,6 +114,9 @@ def test_the_log_of_a_remote_output_is_uploaded(monkeypatch):
         with JobLog("s3://bucket/out", "job.log", verbose=True) as log:
             assert not log.local
             log.write("a line of the job")
+            local = Path(log.path)
+            assert local.exists()
         assert fs.cat("bucket/out/__shardscribe__/job.log").decode() == "a line of the job\n"
+        assert not local.parent.exists()     # the local copy of an uploaded log is gone
     finally:
         server.stop()
