@@ -120,7 +120,7 @@ def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float
                      refs: list[str] | None = None) -> dict:
     """ms/utterance (and WER against ``refs``) of ours, flashlight-text and pyctcdecode at
     beam 8 with the token LM (pyctcdecode: the word LM), timed in turn."""
-    from jobs.bench_ctc_beam import decode_ours
+    from jobs.bench_ctc_beam import decode_ours, utterance_rows
     from jobs.benchmark_data import interleaved_ms_per_utt
     from pipeline.decoding.ctc_beam import CTCBeamSearch
     from pipeline.decoding.ctc_greedy import ctc_greedy
@@ -129,6 +129,7 @@ def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float
 
     n = len(lengths)
     np_lp = [lp[i, :int(lengths[i])].numpy() for i in range(n)]
+    views = utterance_rows(lp, lengths)
     common = dict(blank=vocab.blank, lm=lms["ngpu"], alpha_lm=alpha, prune_threshold=beam_cfg.prune_threshold)
     flop = dict(flop_top_n=beam_cfg.flop_top_n, flop_ratio=beam_cfg.flop_ratio)
     searches = {
@@ -153,7 +154,7 @@ def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float
 
     def ours(name):
         def run():
-            outputs[name] = decode_ours(searches[name], lp, lengths, BATCH, boost=boosts.get(name))[0]
+            outputs[name] = decode_ours(searches[name], lp, lengths, BATCH, boost=boosts.get(name), rows=views)[0]
         return run
 
     for name, search in searches.items():     # warm-up: dense tables, the native build
