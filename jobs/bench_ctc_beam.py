@@ -147,10 +147,10 @@ def decode_ours(search, log_probs, lengths, batch: int, boost=None, rows=None):
     return tokens, (sum(beams) / len(beams) if beams else None)
 
 
-
 def utterance_rows(log_probs, lengths) -> list:
     """Each utterance's [T_b, V+1] frames, a view of ``log_probs`` [B, T, V+1]."""
     return [log_probs[i, :int(lengths[i])] for i in range(len(lengths))]
+
 
 # ------------------------------------------------------------------------- run
 def run(args) -> dict:

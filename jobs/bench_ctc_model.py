@@ -128,8 +128,8 @@ def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float
     from pipeline.metrics import corpus_wer_lowercase
 
     n = len(lengths)
-    np_lp = [lp[i, :int(lengths[i])].numpy() for i in range(n)]
     views = utterance_rows(lp, lengths)
+    np_lp = [v.numpy() for v in views]
     common = dict(blank=vocab.blank, lm=lms["ngpu"], alpha_lm=alpha, prune_threshold=beam_cfg.prune_threshold)
     flop = dict(flop_top_n=beam_cfg.flop_top_n, flop_ratio=beam_cfg.flop_ratio)
     searches = {

@@ -100,9 +100,8 @@ def fit_map(rows: list[dict], labels: list[bool], features: list[str] | None = N
     ``isotonic`` None: keep the isotonic step only where it lowers the Brier score of
     ``folds``-fold cross-validation on these rows (contiguous folds, so a recording's words
     stay together). Isotonic regression is a step function fitted to the labels; on a few
-    hundred items with few positives (utterance maps: ~20 recordings without an error out
-    of 200 for the CTC kinds) its end steps are 0 or 1, a claim of certainty that held-out
-    rows break, where the logistic output alone is smoother and scores better."""
+    hundred items with few of one class its end steps are 0 or 1, a claim of certainty
+    that held-out rows break, where the logistic output alone is smoother."""
     import numpy as np
 
     from pipeline.confidence.calibration import CalibrationMap
@@ -122,28 +121,31 @@ def fit_map(rows: list[dict], labels: list[bool], features: list[str] | None = N
         return cmap
     z = cmap.matrix(rows)
     if isotonic is None:
-        isotonic = _isotonic_pays(z, y, folds)
-    coef, intercept, iso_x, iso_y = _fit_logistic_isotonic(z, y, isotonic)
-    cmap.coef, cmap.intercept, cmap.iso_x, cmap.iso_y = coef, intercept, iso_x, iso_y
+        isotonic = _isotonic_pays(cmap, z, y, folds)
+    _fit_logistic_isotonic(cmap, z, y, isotonic)
     return cmap
 
 
-def _fit_logistic_isotonic(z, y, isotonic: bool):
-    """(coef, intercept, iso_x, iso_y); without ``isotonic`` the identity on [0, 1]."""
+def _fit_logistic_isotonic(cmap, z, y, isotonic: bool) -> None:
+    """Fit ``cmap``'s logistic regression and, with ``isotonic``, the isotonic step on its
+    output (else the identity on [0, 1]) to standardised features ``z`` and labels ``y``."""
     import numpy as np
     from sklearn.isotonic import IsotonicRegression
     from sklearn.linear_model import LogisticRegression
 
     lr = LogisticRegression(C=1.0, max_iter=2000).fit(z, y)
-    coef, intercept = lr.coef_[0].astype(np.float64), float(lr.intercept_[0])
-    if not isotonic:
-        return coef, intercept, np.array([0.0, 1.0]), np.array([0.0, 1.0])
-    iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(lr.predict_proba(z)[:, 1], y)
-    return coef, intercept, np.asarray(iso.X_thresholds_, float), np.asarray(iso.y_thresholds_, float)
+    cmap.coef, cmap.intercept = lr.coef_[0].astype(np.float64), float(lr.intercept_[0])
+    cmap.iso_x, cmap.iso_y = np.array([0.0, 1.0]), np.array([0.0, 1.0])
+    if isotonic:
+        iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(cmap.logistic(z), y)
+        cmap.iso_x, cmap.iso_y = np.asarray(iso.X_thresholds_, float), np.asarray(iso.y_thresholds_, float)
 
 
-def _isotonic_pays(z, y, folds: int) -> bool:
-    """Whether logistic + isotonic beats the logistic alone in cross-validated Brier score."""
+def _isotonic_pays(cmap, z, y, folds: int) -> bool:
+    """Whether logistic + isotonic beats the logistic alone in cross-validated Brier score,
+    each fold's map read as a job reads it."""
+    import dataclasses
+
     import numpy as np
 
     n = len(y)
@@ -154,8 +156,9 @@ def _isotonic_pays(z, y, folds: int) -> bool:
         if len(set(y[train].tolist())) < 2 or not held.any():
             continue
         for iso in err:
-            coef, intercept, ix, iy = _fit_logistic_isotonic(z[train], y[train], iso)
-            p = np.interp(1.0 / (1.0 + np.exp(-(z[held] @ coef + intercept))), ix, iy)
+            m = dataclasses.replace(cmap)
+            _fit_logistic_isotonic(m, z[train], y[train], iso)
+            p = np.interp(m.logistic(z[held]), m.iso_x, m.iso_y)
             err[iso] += float(((p - y[held]) ** 2).sum())
     return err[True] < err[False]
 
