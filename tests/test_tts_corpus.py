@@ -99,3 +99,43 @@ def test_render_writes_a_manifest_row(tmp_path):
     assert "error" not in row, row
     assert (tmp_path / row["audio"]).exists() and row["text"] == "Check pump 4."
     assert set(row) >= {"id", "audio", "text", "voice", "split", "domain", "duration"}
+
+
+def test_the_docstring_walk_visits_what_ast_walk_visits_in_its_order():
+    """The statement-only walk behind the text pool against ast.walk over every node, on
+    modules with nested, decorated, conditional and exception-handler definitions."""
+    import ast
+    import inspect
+    import json as json_module
+    import textwrap
+
+    import email.message
+
+    src = textwrap.dedent('''
+        """Module."""
+        try:
+            import x
+        except ImportError:
+            def f():
+                """In a handler."""
+        if True:
+            class A:
+                """A."""
+                @staticmethod
+                def g(y=lambda: 1):
+                    """G."""
+                    async def h():
+                        """H."""
+                match y:
+                    case 1:
+                        def k():
+                            """K."""
+        def top():
+            """Top."""
+        ''')
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    for source in (src, inspect.getsource(json_module), inspect.getsource(email.message)):
+        tree = ast.parse(source)
+        expected = [n for n in ast.walk(tree) if isinstance(n, documented)]
+        assert list(text_sources._documented_nodes(tree)) == expected
+    assert len(expected) > 20

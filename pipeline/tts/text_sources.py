@@ -11,8 +11,10 @@ them the same way: plain words and punctuation, no code, digits, or abbreviation
 from __future__ import annotations
 
 import ast
+import os
 import re
 import sysconfig
+from collections import deque
 from pathlib import Path
 
 _SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
@@ -78,22 +80,43 @@ def _parse(source: str, attempts: int = 3):
                 raise
 
 
+_NOT_PROSE_DIRS = {"site-packages", "test", "tests", "idle_test"}
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+# Only these can have a statement as a child: the walk below never enters an expression,
+# which is most of a module's nodes.
+_HOLDS_STATEMENTS = (ast.mod, ast.stmt, ast.excepthandler, ast.match_case)
+
+
+def _documented_nodes(tree: ast.AST):
+    """The module, class and function nodes of ``tree`` in ``ast.walk``'s breadth-first
+    order (the corpus's sentence order depends on it), visiting statements only."""
+    queue = deque([tree])
+    while queue:
+        node = queue.popleft()
+        if isinstance(node, _DOCUMENTED):
+            yield node
+        queue.extend(c for c in ast.iter_child_nodes(node) if isinstance(c, _HOLDS_STATEMENTS))
+
+
+def _stdlib_sources(root: Path) -> list[Path]:
+    files = []
+    for top, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in _NOT_PROSE_DIRS]
+        files += [Path(top, n) for n in names if n.endswith(".py")]
+    return sorted(files)
+
+
 def stdlib_docstring_sentences(max_files: int | None = None) -> list[str]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py")
-                   if "site-packages" not in p.parts and "test" not in p.parts
-                   and "tests" not in p.parts and "idle_test" not in p.parts)
     out = []
-    for path in files[:max_files]:
+    for path in _stdlib_sources(Path(sysconfig.get_paths()["stdlib"]))[:max_files]:
         try:
             tree = _parse(path.read_text(encoding="utf-8", errors="replace"))
         except (SyntaxError, ValueError):
             continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node, clean=True)
-                if doc:
-                    out.extend(sentences_from_prose(doc))
+        for node in _documented_nodes(tree):
+            doc = ast.get_docstring(node, clean=True)
+            if doc:
+                out.extend(sentences_from_prose(doc))
     return out
 
 
