@@ -15,13 +15,15 @@ SAMPLES = ROOT / "pipeline" / "assets" / "samples"
 
 def _share_the_cores_between_workers() -> None:
     """Under pytest-xdist every worker is one process per core. torch's default of one
-    OpenMP thread per core in each of them oversubscribes the machine, and OpenMP's waiting
-    threads spin: on 2 cores the same tests took 9.3 CPU-minutes instead of 5.7
-    (docs/testing.md). So each worker gets its share of the cores, before torch is imported;
-    a user's own OMP_NUM_THREADS wins, and tests of the thread settings set theirs."""
+    OpenMP thread per physical core in each of them oversubscribes the machine, and
+    OpenMP's waiting threads spin (measured in docs/testing.md). So each worker gets its
+    share of those cores, before torch is imported; a user's own OMP_NUM_THREADS wins, and
+    tests of the thread settings set theirs."""
+    from pipeline.device import physical_cores   # imports no torch
+
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, physical_cores() // workers))
 
 
 _share_the_cores_between_workers()

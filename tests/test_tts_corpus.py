@@ -103,7 +103,7 @@ def test_render_writes_a_manifest_row(tmp_path):
 
 def test_the_docstring_walk_visits_what_ast_walk_visits_in_its_order():
     """The statement-only walk behind the text pool against ast.walk over every node, on
-    modules with nested, decorated, conditional and exception-handler definitions."""
+    modules with nested, decorated, conditional, exception-handler and match-case definitions."""
     import ast
     import inspect
     import json as json_module
