@@ -5,10 +5,19 @@ tests/golden/transcripts.json. The file was written by this module's ``--write``
 architecture change (model families and decoder kinds as registries), so any behaviour
 change in the restructured code shows here.
 
+The six configs put the same clips through the same float32 encoder in the same
+micro-batches, and the encoder's fixed 30-s window was three quarters of this module's time.
+So each distinct micro-batch is encoded once (`shared_encoder_windows`, keyed by its exact
+bytes) and a config that hands the encoder the same bytes again gets the states computed
+for them. A config that batched differently would miss and run the encoder itself;
+the test of the memo below checks that it returns what the encoder returns.
+
     .venv/bin/python tests/test_golden_transcripts.py --write   # regenerate (on purpose only)
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import subprocess
 import sys
@@ -17,6 +26,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
@@ -63,19 +73,70 @@ def transcribe(config: str, overrides: list[str], rows: list[dict], dst: Path, c
     return out
 
 
+@contextlib.contextmanager
+def shared_encoder_windows():
+    """Within the block, WhisperAdapter.run_encoder encodes each distinct micro-batch of
+    log-mel windows once: the key is the slice's bytes, dtype and shape, and the encoder's
+    own code runs on every miss, one micro-batch at a time as run_encoder does. Yields the
+    counts of hits and misses."""
+    from pipeline.models.whisper.adapter import WhisperAdapter
+
+    original = WhisperAdapter.run_encoder
+    memo: dict[tuple, object] = {}
+    counts = {"hits": 0, "misses": 0}
+
+    def run_encoder(self, features):
+        step = self.encoder_micro_batch or features.shape[0]
+        out = []
+        for i in range(0, features.shape[0], step):
+            part = features[i:i + step].contiguous()
+            key = (str(part.dtype), tuple(part.shape), str(self.dtype),
+                   hashlib.sha1(part.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest())
+            if key in memo:
+                counts["hits"] += 1
+            else:
+                counts["misses"] += 1
+                memo[key] = original(self, part)
+            out.append(memo[key])
+        return out[0] if len(out) == 1 else torch.cat(out)
+
+    WhisperAdapter.run_encoder = run_encoder
+    try:
+        yield counts
+    finally:
+        WhisperAdapter.run_encoder = original
+
+
 def golden_run(tmp: Path) -> dict[str, dict[str, str]]:
     rows = manifest_rows()
     lm = build_lm(tmp / "lm")
     results = {}
-    for name, config, overrides in CONFIGS:
-        sets = [o.replace("{lm}", str(lm)) for o in overrides]
-        results[name] = transcribe(config, sets, rows, tmp / name, tmp / "cache")
+    with shared_encoder_windows():
+        for name, config, overrides in CONFIGS:
+            sets = [o.replace("{lm}", str(lm)) for o in overrides]
+            results[name] = transcribe(config, sets, rows, tmp / name, tmp / "cache")
     return results
 
 
 @pytest.fixture(scope="module")
 def golden_results(tmp_path_factory):
     return golden_run(tmp_path_factory.mktemp("golden"))
+
+
+def test_shared_windows_return_what_the_encoder_returns(ssd_adapter, samples_dir, sample_manifest):
+    from pipeline.audio import decode_audio
+
+    audios = [decode_audio((samples_dir / m["audio"]).read_bytes())[0] for m in sample_manifest[:3]]
+    features = ssd_adapter.features(audios)
+    ssd_adapter.encoder_micro_batch = 2     # slices [0:2] [2:3]; the shifted batch: [1:3]
+    with torch.inference_mode():
+        plain, plain_shifted = ssd_adapter.run_encoder(features), ssd_adapter.run_encoder(features[1:])
+        with shared_encoder_windows() as counts:
+            first = ssd_adapter.run_encoder(features)
+            again = ssd_adapter.run_encoder(features)
+            shifted = ssd_adapter.run_encoder(features[1:])
+    assert torch.equal(first, plain) and torch.equal(again, plain) and torch.equal(shifted, plain_shifted)
+    assert counts == {"misses": 3, "hits": 2}
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CONFIGS])
