@@ -31,8 +31,12 @@ class Finisher:
         self.confidence = ConfidenceScorer.from_config(self.cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        return self.finish_rows(batch.to_pylist())
+
+    def finish_rows(self, rows: list[dict]) -> pa.Table:
+        """The first stage's rows, as dicts (``Transcriber.rows`` in this process, or a
+        batch of its table), finished into an output table."""
         with torch_threads(self.threads):
-            rows = complete_pending(batch.to_pylist(), self.stage, self.cfg.batching.max_tokens,
-                                    confidence=self.confidence)
+            rows = complete_pending(rows, self.stage, self.cfg.batching.max_tokens, confidence=self.confidence)
         rows = mark_rows(rows, self.cfg.filters)
         return table(stamp(rows, self.config_hash), OUTPUT_SCHEMA)

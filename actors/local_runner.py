@@ -63,9 +63,12 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
 
     total = f"/{len(rows)}" if isinstance(rows, list) else ""
     for batch in input_batches(rows, step, items):
-        out = model(prep(batch))
-        if second is not None:
-            out = second(out)
+        if second is None:
+            out = model(prep(batch))
+        else:
+            # The pending segments' states go to the second stage as objects: no table,
+            # no packed bytes, between two stages of one process.
+            out = second.finish_rows(model.rows(prep(batch), pending_as_bytes=False))
         assert out.schema == OUTPUT_SCHEMA
         pending.append(out)
         written += out.num_rows

@@ -34,8 +34,14 @@ class Transcriber:
         self.confidence = ConfidenceScorer.from_config(self.cfg)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        return table(self.rows(batch), self.schema)
+
+    def rows(self, batch: pa.Table, pending_as_bytes: bool = True) -> list[dict]:
+        """The output rows of ``batch`` before they become a table; with
+        ``pending_as_bytes=False`` their pending states stay objects, for a second stage in
+        this process (``Finisher.finish_rows``)."""
         with torch_threads(self.threads):
             rows = transcribe_prepared(prepared_rows(batch), self.decoder, self.cfg.batching.max_tokens,
-                                       confidence=self.confidence)
+                                       confidence=self.confidence, pending_as_bytes=pending_as_bytes)
         mark_rows(rows, self.cfg.filters)
-        return table(stamp(rows, self.config_hash), self.schema)
+        return stamp(rows, self.config_hash)

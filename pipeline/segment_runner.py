@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.batching import pack_by_budget
-from pipeline.decoders.base import PENDING, SegmentResult
+from pipeline.decoders.base import PENDING, PendingState, SegmentResult
 from pipeline.records import clear_pending, finalize_row, segment_dict, shift_words
 
 
@@ -60,10 +60,13 @@ def _finish_row(row: dict, confidence) -> dict:
     return row
 
 
-def transcribe_prepared(rows: list[dict], decoder, max_tokens: int, confidence=None) -> list[dict]:
+def transcribe_prepared(rows: list[dict], decoder, max_tokens: int, confidence=None,
+                        pending_as_bytes: bool = True) -> list[dict]:
     """Output rows, one per input row; pending segments keep their state in the
     ``pending_*`` fields (records.INTERMEDIATE_SCHEMA). ``confidence``: a
-    pipeline.confidence.apply.ConfidenceScorer, or None for none."""
+    pipeline.confidence.apply.ConfidenceScorer, or None for none. ``pending_as_bytes=False``
+    leaves each pending state as its object, for a second stage in this same process: the
+    rows then never become a table between the stages."""
     flat: list[tuple[int, int]] = []
     audios: list[np.ndarray] = []
     for r, row in enumerate(rows):
@@ -90,7 +93,7 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int, confidence=N
             "t_encode_s": sum(res.t_encode_s for _, res in segs),
             "t_decode_s": sum(res.t_decode_s for _, res in segs), "t_fallback_s": 0.0,
             "pending_index": [s for s, _ in pending],
-            "pending_state": [res.pending.to_bytes() for _, res in pending],
+            "pending_state": [res.pending.to_bytes() if pending_as_bytes else res.pending for _, res in pending],
         }
         out.append(_finish_row(out_row, confidence))
     return out
@@ -113,13 +116,15 @@ def _finish_isolating(finisher, items: list[SegmentResult], batch: list[int]):
 def complete_pending(rows: list[dict], finisher, max_tokens: int, confidence=None) -> list[dict]:
     """Finish every pending segment of ``rows`` with ``finisher`` (a second stage),
     re-batched across rows under the token budget; other segments and rows pass through
-    untouched."""
+    untouched. A pending state is its packed bytes, or the object itself in-process."""
     work: list[tuple[int, int, SegmentResult]] = []
     for r, row in enumerate(rows):
         for s, state in zip(row.get("pending_index") or [], row.get("pending_state") or []):
             seg = row["segments"][s]
+            if not isinstance(state, PendingState):
+                state = finisher.pending_type.from_bytes(state)
             res = SegmentResult("", PENDING, max_entropy=seg["max_entropy"], min_prob=seg["min_prob"],
-                                drafted=seg["drafted"], pending=finisher.pending_type.from_bytes(state),
+                                drafted=seg["drafted"], pending=state,
                                 key_phrases=row.get("key_phrases"))
             work.append((r, s, res))
     for batch in pack_by_budget([finisher.cost(w[2]) for w in work], max_tokens):

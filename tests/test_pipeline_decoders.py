@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
+import torch
 
 from conftest import ROOT
 from pipeline.output import SUMMARY_NAME
@@ -110,7 +111,10 @@ def test_ctc_greedy_and_beam_configs_run_in_process(ssd_adapter, samples_dir, tm
 
 def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes(varied_manifest, model_cache):
     """In-process (local runner, GPU machine) the fallback takes the first stage's whole
-    verification KV cache by handle; a fallback pool with its own model (the Ray plan)
+    verification KV cache by handle, and, where the rows never become a table between the
+    stages (the local runner), each pending row's encoder states as a view of the first
+    pass's tensor; packed into a table after all, those states travel as float32 arrays.
+    A fallback pool with its own model (the Ray plan)
     receives the cropped self-attention K/V and next token in the rows. Both give exactly
     the rows of reuse off, and so does that pool with greedy speculative rounds
     (ssd.lookahead) over the drafts that travel in the rows, and behind a packed gate that
@@ -126,25 +130,31 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     manifest, lines = varied_manifest
     rows = read_source(str(manifest))[:9]
     out = {}
-    for mode in ("in_process", "shipped", "shipped_lookahead", "shipped_pack_gate", "off"):
+    for mode in ("in_process", "in_process_objects", "shipped", "shipped_lookahead", "shipped_pack_gate", "off"):
         cfg = load_config("ssd", [f"model.cache_dir={model_cache}", "ssd.tau_ctc=0.0", "ssd.tau_slm=0.5",
                                   f"ssd.reuse_kv={str(mode != 'off').lower()}", "batching.max_tokens=9000",
                                   f"ssd.lookahead={4 if mode == 'shipped_lookahead' else 0}",
                                   f"ssd.pack_gate={str(mode == 'shipped_pack_gate').lower()}"])
         prep, first = AudioPrep(cfg.to_dict()), Transcriber(cfg.to_dict())
-        second = Finisher(cfg.to_dict(), first_stage=first.decoder if mode == "in_process" else None)
-        mid = first(prep(table(rows, INPUT_SCHEMA)))
-        pending = [SSDPending.from_bytes(b) for bs in mid.column("pending_state").to_pylist() for b in bs]
+        second = Finisher(cfg.to_dict(), first_stage=first.decoder if mode.startswith("in_process") else None)
+        if mode == "in_process_objects":
+            mid = first.rows(prep(table(rows, INPUT_SCHEMA)), pending_as_bytes=False)
+            pending = [p for r in mid for p in r["pending_state"]]
+            assert all(isinstance(p.states, torch.Tensor) for p in pending)
+        else:
+            mid = first(prep(table(rows, INPUT_SCHEMA)))
+            pending = [SSDPending.from_bytes(b) for bs in mid.column("pending_state").to_pylist() for b in bs]
+            assert all(isinstance(p.states, np.ndarray) and p.states.dtype == np.float32 for p in pending)
         handles = [p.handle for p in pending]
         shapes = [list(p.kv.shape) if p.kv is not None else [] for p in pending]
         nexts = [p.next_token for p in pending if p.next_token is not None]
         # The drafts travel with the pending rows (the fallback pool's speculative rounds read them).
         assert all(p.draft for p in pending)
-        result = second(mid).to_pylist()
+        result = (second.finish_rows(mid) if mode == "in_process_objects" else second(mid)).to_pylist()
         out[mode] = [[(s["stage"], s["text"], s["prefix_len"], s["generated"]) for s in r["segments"]]
                      for r in result]
         assert len(handles) == len(shapes) > 0
-        if mode == "in_process":
+        if mode.startswith("in_process"):
             assert all(handles) and not any(shapes) and len(set(handles)) == len(handles)
             assert not first.decoder.seeds.take(handles[0])  # every kept seed was consumed
             assert second.stage.seeded == len(handles)
@@ -156,7 +166,7 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
             assert not any(handles) and not any(shapes) and second.stage.seeded == 0
     stages = {seg[0] for r in out["off"] for seg in r}
     assert "ar_fallback" in stages, stages
-    assert out["in_process"] == out["off"] and out["shipped"] == out["off"]
+    assert out["in_process"] == out["in_process_objects"] == out["off"] and out["shipped"] == out["off"]
     # Greedy-rule speculative rounds over the shipped drafts give the plain fallback's rows.
     assert out["shipped_lookahead"] == out["off"]
     # The packed gate with tau_ctc 0 gates nothing: every clip is encoded again alone and

@@ -20,16 +20,23 @@ PENDING = "pending"
 
 class PendingState:
     """Base of a decoder's pending state: a dataclass whose fields are numpy arrays (or
-    None) and JSON values (ints, floats, strings, lists of ints). ``to_bytes`` packs it as
+    None; a first stage may keep a torch tensor for a second stage in its own process,
+    packed as a numpy array should it travel) and JSON values (ints, floats, strings, lists
+    of ints). ``to_bytes`` packs it as
     safetensors (the arrays as raw buffers, never as Python floats, and no pickle) for the
     Arrow column of the intermediate schema; ``from_bytes`` rebuilds it."""
 
     def to_bytes(self) -> bytes:
+        import torch
         from safetensors.numpy import save
 
         arrays, values = {}, {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                # A tensor a first stage kept for a second stage in its own process.
+                value = value.detach().cpu()
+                value = (value.float() if value.is_floating_point() else value).numpy()
             if isinstance(value, np.ndarray):
                 arrays[f.name] = np.ascontiguousarray(value)
             else:

@@ -34,7 +34,9 @@ from pipeline.verify_policy import VerifyPolicy
 @dataclass
 class SSDPending(PendingState):
     """A segment waiting for the AR fallback."""
-    states: np.ndarray                # [T, D] float32 encoder states (decoder input)
+    # [T, D] encoder states (decoder input): float32 numpy, or in-process a view of the
+    # first pass's own tensor (packed as float32 if it must travel after all)
+    states: np.ndarray | torch.Tensor
     prefix: list[int]                 # verified prefix (tokens < j)
     draft: list[int]                  # the whole re-tokenised draft (speculative rounds)
     # State the first pass kept in its own process (the verification KV cache); a fallback
@@ -297,8 +299,14 @@ class SSDFirstPassDecoder:
             if local is None and self.cost_sampler is not None and policy.wants_cost_sample():
                 local = self.cost_sampler
         local_ar = local is not None
-        host_rows = dict(zip((needs[k] for k in pending), states[pending].float().cpu().numpy())) \
-            if pending and not local_ar else {}
+        if not pending or local_ar:
+            host_rows = {}
+        elif self.seeds is not None:
+            # The fallback runs in this process (build_fallback) and its rows never become
+            # bytes (the local runner): each keeps a view of this batch's states.
+            host_rows = {needs[k]: states[k] for k in pending}
+        else:
+            host_rows = dict(zip((needs[k] for k in pending), states[pending].float().cpu().numpy()))
         shipped_kv = self._ship_kv([rows[needs[k]] for k in pending])
         # A fixed model.language (auto needs the ar kind) is every segment's language.
         language = getattr(getattr(self.adapter, "options", None), "language", None)
@@ -389,8 +397,9 @@ class SSDFallback:
             # with per-row lengths (granite) read zero rows as padding.
             # Arrays rebuilt from the row's bytes may be read-only, and torch warns on those:
             # np.require copies only read-only arrays (2.3 MB per Whisper tiny segment).
-            states = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(np.require(p.states, requirements="W"))
-                                                      for p in pend], batch_first=True)
+            states = torch.nn.utils.rnn.pad_sequence(
+                [p.states if isinstance(p.states, torch.Tensor) else
+                 torch.from_numpy(np.require(p.states, requirements="W")) for p in pend], batch_first=True)
         states = states.to(device, dtype)
         rows = []
         for r, p in zip(results, pend):
