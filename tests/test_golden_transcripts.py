@@ -6,8 +6,8 @@ architecture change (model families and decoder kinds as registries), so any beh
 change in the restructured code shows here.
 
 The six configs put the same clips through the same float32 encoder in the same
-micro-batches, and the encoder's fixed 30-s window was three quarters of this module's time.
-So each distinct micro-batch is encoded once (`shared_encoder_windows`, keyed by its exact
+micro-batches, and the encoder's fixed 30-s window dominated this module's time
+(docs/testing.md). So each distinct micro-batch is encoded once (`shared_encoder_windows`, keyed by its exact
 bytes) and a config that hands the encoder the same bytes again gets the states computed
 for them. A config that batched differently would miss and run the encoder itself;
 the test of the memo below checks that it returns what the encoder returns.
@@ -76,22 +76,32 @@ def transcribe(config: str, overrides: list[str], rows: list[dict], dst: Path, c
 @contextlib.contextmanager
 def shared_encoder_windows():
     """Within the block, WhisperAdapter.run_encoder encodes each distinct micro-batch of
-    log-mel windows once: the key is the slice's bytes, dtype and shape, and the encoder's
-    own code runs on every miss, one micro-batch at a time as run_encoder does. Yields the
-    counts of hits and misses."""
+    log-mel windows once: the key is the slice's bytes, dtype, shape and device, the
+    encoder's weights and module types, and the thread count; the encoder's own code runs
+    on every miss, one micro-batch at a time as run_encoder does. Yields the counts of hits
+    and misses."""
     from pipeline.models.whisper.adapter import WhisperAdapter
 
     original = WhisperAdapter.run_encoder
     memo: dict[tuple, object] = {}
     counts = {"hits": 0, "misses": 0}
+    encoders: dict[int, tuple] = {}
 
     def run_encoder(self, features):
+        encoder = self.model.model.encoder
+        if id(encoder) not in encoders:    # the model itself: its weights and module types
+            digest = hashlib.sha1()
+            for name, module in encoder.named_modules():
+                digest.update(f"{name}:{type(module).__name__};".encode())
+            for t in encoder.parameters():
+                digest.update(_raw_bytes(t))
+            encoders[id(encoder)] = (digest.hexdigest(), encoder)   # held: ids stay unique
         step = self.encoder_micro_batch or features.shape[0]
         out = []
         for i in range(0, features.shape[0], step):
             part = features[i:i + step].contiguous()
-            key = (str(part.dtype), tuple(part.shape), str(self.dtype),
-                   hashlib.sha1(part.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest())
+            key = (encoders[id(encoder)][0], str(part.device), torch.get_num_threads(), str(part.dtype),
+                   tuple(part.shape), str(self.dtype), hashlib.sha1(_raw_bytes(part)).hexdigest())
             if key in memo:
                 counts["hits"] += 1
             else:
@@ -105,6 +115,10 @@ def shared_encoder_windows():
         yield counts
     finally:
         WhisperAdapter.run_encoder = original
+
+
+def _raw_bytes(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
 
 
 def golden_run(tmp: Path) -> dict[str, dict[str, str]]:

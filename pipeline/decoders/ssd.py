@@ -34,8 +34,8 @@ from pipeline.verify_policy import VerifyPolicy
 @dataclass
 class SSDPending(PendingState):
     """A segment waiting for the AR fallback."""
-    # [T, D] encoder states (decoder input): float32 numpy, or in-process a view of the
-    # first pass's own tensor (packed as float32 if it must travel after all)
+    # [T, D] encoder states (decoder input): float32 numpy, or in-process a host tensor
+    # (packed as float32 if it must travel after all)
     states: np.ndarray | torch.Tensor
     prefix: list[int]                 # verified prefix (tokens < j)
     draft: list[int]                  # the whole re-tokenised draft (speculative rounds)
@@ -302,9 +302,11 @@ class SSDFirstPassDecoder:
         if not pending or local_ar:
             host_rows = {}
         elif self.seeds is not None:
-            # The fallback runs in this process (build_fallback) and its rows never become
-            # bytes (the local runner): each keeps a view of this batch's states.
-            host_rows = {needs[k]: states[k] for k in pending}
+            # The fallback runs in this process (build_fallback) and its rows may never become
+            # bytes (the local runner): the pending rows' states stay tensors, offloaded as
+            # usual but not converted; a batch pending whole is not even gathered.
+            kept = states if len(pending) == states.shape[0] else states[pending]
+            host_rows = dict(zip((needs[k] for k in pending), kept.cpu()))
         else:
             host_rows = dict(zip((needs[k] for k in pending), states[pending].float().cpu().numpy()))
         shipped_kv = self._ship_kv([rows[needs[k]] for k in pending])
