@@ -7,16 +7,18 @@ change in the restructured code shows here.
 
 The six configs put the same clips through the same float32 encoder in the same
 micro-batches, and the encoder's fixed 30-s window dominated this module's time
-(docs/testing.md). So each distinct micro-batch is encoded once (`shared_encoder_windows`, keyed by its exact
-bytes) and a config that hands the encoder the same bytes again gets the states computed
-for them. A config that batched differently would miss and run the encoder itself;
-the test of the memo below checks that it returns what the encoder returns.
+(docs/testing.md). So each distinct micro-batch is encoded once (`shared_encoder_windows`,
+keyed by its exact bytes and the encoder's weights), and a config that hands the same
+encoder the same bytes again gets the states computed for them. A config that batched
+differently, or another model, misses and runs the encoder itself; the test of the memo
+below checks that it returns what the encoder returns.
 
     .venv/bin/python tests/test_golden_transcripts.py --write   # regenerate (on purpose only)
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import subprocess
@@ -143,14 +145,19 @@ def test_shared_windows_return_what_the_encoder_returns(ssd_adapter, samples_dir
     audios = [decode_audio((samples_dir / m["audio"]).read_bytes())[0] for m in sample_manifest[:3]]
     features = ssd_adapter.features(audios)
     ssd_adapter.encoder_micro_batch = 2     # slices [0:2] [2:3]; the shifted batch: [1:3]
+    other = copy.deepcopy(ssd_adapter)      # another model: one weight moved
     with torch.inference_mode():
+        other.model.model.encoder.conv1.weight.mul_(1.01)
         plain, plain_shifted = ssd_adapter.run_encoder(features), ssd_adapter.run_encoder(features[1:])
+        plain_other = other.run_encoder(features)
         with shared_encoder_windows() as counts:
             first = ssd_adapter.run_encoder(features)
             again = ssd_adapter.run_encoder(features)
             shifted = ssd_adapter.run_encoder(features[1:])
+            from_other = other.run_encoder(features)
     assert torch.equal(first, plain) and torch.equal(again, plain) and torch.equal(shifted, plain_shifted)
-    assert counts == {"misses": 3, "hits": 2}
+    assert torch.equal(from_other, plain_other) and not torch.equal(plain_other, plain)
+    assert counts == {"misses": 5, "hits": 2}
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CONFIGS])
