@@ -299,16 +299,16 @@ class SSDFirstPassDecoder:
             if local is None and self.cost_sampler is not None and policy.wants_cost_sample():
                 local = self.cost_sampler
         local_ar = local is not None
-        if not pending or local_ar:
-            host_rows = {}
-        elif self.seeds is not None:
-            # The fallback runs in this process (build_fallback) and its rows may never become
-            # bytes (the local runner): the pending rows' states stay tensors, offloaded as
-            # usual but not converted; a batch pending whole is not even gathered.
-            kept = states if len(pending) == states.shape[0] else states[pending]
-            host_rows = dict(zip((needs[k] for k in pending), kept.cpu()))
-        else:
-            host_rows = dict(zip((needs[k] for k in pending), states[pending].float().cpu().numpy()))
+        host_rows = {}
+        if pending and not local_ar:
+            # A batch pending whole is not gathered.
+            kept = (states if len(pending) == states.shape[0] else states[pending]).cpu()
+            if self.seeds is None:
+                # For a fallback in another process: float32 arrays, the bytes that travel.
+                # In this process (build_fallback) the rows may never become bytes (the
+                # local runner), so the states stay tensors.
+                kept = kept.float().numpy()
+            host_rows = dict(zip((needs[k] for k in pending), kept))
         shipped_kv = self._ship_kv([rows[needs[k]] for k in pending])
         # A fixed model.language (auto needs the ar kind) is every segment's language.
         language = getattr(getattr(self.adapter, "options", None), "language", None)
