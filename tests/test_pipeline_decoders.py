@@ -112,8 +112,8 @@ def test_ctc_greedy_and_beam_configs_run_in_process(ssd_adapter, samples_dir, tm
 def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes(varied_manifest, model_cache):
     """In-process (local runner, GPU machine) the fallback takes the first stage's whole
     verification KV cache by handle, and, where the rows never become a table between the
-    stages (the local runner), each pending row's encoder states as a view of the first
-    pass's tensor; packed into a table after all, those states travel as float32 arrays.
+    stages (the local runner), each pending row's encoder states as a tensor, never packed;
+    packed into a table after all, those states travel as float32 arrays.
     A fallback pool with its own model (the Ray plan)
     receives the cropped self-attention K/V and next token in the rows. Both give exactly
     the rows of reuse off, and so does that pool with greedy speculative rounds
