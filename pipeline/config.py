@@ -71,10 +71,11 @@ class ModelConfig:
     # states alone (pipeline.models.whisper.cross_projection). auto: the encoder's dtype as
     # model.encoder_dtype resolves it; null: model.dtype.
     cross_kv_dtype: str | None = "auto"
-    # Whisper: greedy steps pick their token through a bfloat16 screen of the output
+    # Whisper: greedy steps pick their token through a low-precision screen of the output
     # projection, rescored in float32 (pipeline.decoding.screened_argmax): the float32
-    # argmax for half the weight traffic. Applies on a CPU with AMX or
-    # AVX512-BF16 to a float32 decoder; elsewhere, and when false, the full product.
+    # argmax for a half (bfloat16, on a CPU with AMX or AVX512-BF16) or a quarter (int8
+    # through fbgemm, other x86 CPUs) of the weight traffic. Applies to a float32 decoder
+    # on a CPU; elsewhere, and when false, the full product.
     screened_argmax: bool = True
 
     def validate(self, key: str) -> None:

@@ -1,27 +1,40 @@
-"""Greedy token choice over a large output projection: screened in bfloat16, decided in
-float32.
+"""Greedy token choice over a large output projection: screened at low precision,
+decided in float32.
 
 Greedy AR decoding (the baseline every seed system falls back to; "Self-Speculative
 Decoding ...", eq. 6: y_t = argmax_v p(v | y_<t, X)) needs only the argmax of the logits
 h . w_v over the vocabulary, not the logits. On a CPU the float32 product for Whisper's
-51,864 tokens reads 80 MB of weights per step, half of a tiny.en decoder step. Here a
-bfloat16 copy of the weights (half the bytes, and AVX512-BF16 dot products) gives
-approximate logits a_v with a proven error radius, and only the tokens the radius cannot
-rule out are scored again in float32:
+51,864 tokens reads 80 MB of weights per step, half of a tiny.en decoder step. A cheaper
+product gives approximate logits a_v with a proven error radius r_v, |a_v - h . w_v| <= r_v;
+a token v can be the best only if a_v + r_v >= max_u (a_u - r_u), and only the tokens
+that pass that test are scored again in float32. The result equals the argmax of the
+float32 logits, except where two tokens' float32 logits lie within float32 rounding of
+each other (the rescoring sums in another order than the full product). Suppressed
+tokens are left out of the product altogether. Two screens:
 
-    |a_v - h . w_v| <= r_v = REL * ||h||_2 * ||w_v||_2
+- ``ScreenedArgmax``: a bfloat16 copy of the weights (half the bytes, and AVX512-BF16 or
+  AMX dot products), r_v = REL * ||h||_2 * ||w_v||_2 (Cauchy-Schwarz on sum_i |h_i w_vi|
+  times the relative error of rounding h and w to bfloat16, 2 * 2^-8 (unit roundoff of
+  an 8-bit significand), the rounding of a_v itself to bfloat16, 2^-8, and the float32
+  accumulation over D terms, D * 2^-24: ~0.0117 at D = 384, 0.0120 at D = 4096; REL is 2.6
+  times that). With R = max_v r_v, every candidate lies at or above the line
+  max_u a_u - 2R, so the test runs on the few tokens above the line.
+- ``Int8ScreenedArgmax``, for CPUs without native bfloat16: int8 weights with one scale
+  per token, w'_v = s_v q_v (a quarter of the bytes, through fbgemm's int8 product), and
+  the hidden row in two 7-bit integer levels of its own scales, h' = s_1 x_1 + s_2 x_2
+  (x_2 quantises what x_1 leaves, so h' is ~2^-12 of ||h|| from h). Then
+  h . w_v - h' . w'_v = h . (w_v - w'_v) + (h - h') . w'_v, and by Cauchy-Schwarz
 
-(Cauchy-Schwarz on sum_i |h_i w_vi| times the relative error of rounding h and w to
-bfloat16, 2 * 2^-8 (unit roundoff of an 8-bit significand), the rounding of a_v itself to
-bfloat16, 2^-8, and the float32 accumulation over D terms, D * 2^-24: ~0.0117 at D = 384,
-0.0120 at D = 4096; REL is 2.6 times that). A token v can be the best only if a_v + r_v >=
-max_u (a_u - r_u); with R = max_v r_v, every such token (and the u of that maximum) lies
-at or above the line max_u a_u - 2R, so the test runs on the few tokens above the line,
-and only those that pass it are scored again. The result equals the argmax of the float32 logits, except where two tokens'
-float32 logits lie within float32 rounding of each other (the rescoring sums in another
-order than the full product). Suppressed tokens are left out of the product altogether.
+      r_v = ||h|| ||w_v - w'_v|| + ||h - h'|| ||w'_v||   (+ float32 rounding terms),
+
+  with ||w_v - w'_v|| and ||w'_v|| exact per token and ||h - h'|| exact per row. The
+  integer levels reach fbgemm unchanged: a pinning row spans [-63, 64], so its dynamic
+  activation quantisation (7 bits, [0, 127]) gets scale 1 and zero point 63 and rounds
+  nothing; construction checks that on a probe and refuses the screen otherwise.
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -54,7 +67,96 @@ class ScreenedArgmax:
         a, r = approx[rows, cols], norm[rows] * self.radius[cols]
         floor = torch.full_like(norm, float("-inf")).scatter_reduce_(0, rows, a - r, "amax")
         keep = a + r >= floor[rows]
-        rows, cols = rows[keep], cols[keep]
-        exact = (hidden[rows] * self.weight[self.tokens[cols]]).sum(-1)
-        approx.fill_(float("-inf"))[rows, cols] = exact   # reuse the buffer for the rescored
-        return self.tokens[approx.argmax(-1)]
+        return _rescored_argmax(hidden, approx, rows[keep], cols[keep], self.tokens, self.weight)
+
+
+def _rescored_argmax(hidden: torch.Tensor, approx: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                     tokens: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The float32 argmax among the candidates (``rows``, ``cols``) of ``approx`` [N, V']:
+    each candidate scored again in float32, every other column ruled out."""
+    exact = (hidden[rows] * weight[tokens[cols]]).sum(-1)
+    approx.fill_(float("-inf"))[rows, cols] = exact   # reuse the buffer for the rescored
+    return tokens[approx.argmax(-1)]
+
+
+# Integer levels of the hidden row: 7-bit signed, so that with the pinning row every value
+# lies in [-63, 64] and fbgemm's unsigned 7-bit activation grid (reduce_range) holds it
+# with scale 1 and zero point 63.
+_LEVELS = 63
+# Float32 rounding outside the two Cauchy-Schwarz terms, as multiples of ||h|| ||w'_v||:
+# the float32 product h . w_v itself (D * 2^-24 <= 2.5e-4 up to D = 4096), fbgemm's
+# and our rescaling of the integer sums (a few 2^-24), and computing h - h' in float32.
+_ROUNDING = 3e-4
+
+
+def _int8_product(levels: torch.Tensor, packed) -> torch.Tensor:
+    """fbgemm's int8 product of float rows of integer levels with the packed weights
+    (activations quantised dynamically on a 7-bit grid: reduce_range)."""
+    return torch.ops.quantized.linear_dynamic(levels, packed, True)
+
+
+class Int8ScreenedArgmax:
+    """``tokens = Int8ScreenedArgmax(weight, suppress)(hidden)``: as :class:`ScreenedArgmax`,
+    screened through fbgemm's int8 product (``torch.ops.quantized.linear_dynamic``);
+    raises RuntimeError where this torch build has no such product or it does not
+    multiply the integer levels exactly."""
+
+    def __init__(self, weight: torch.Tensor, suppress: torch.Tensor):
+        if weight.dtype != torch.float32:
+            raise ValueError(f"screening needs float32 weights, got {weight.dtype}")
+        if weight.device.type != "cpu" or torch.backends.quantized.engine not in ("x86", "fbgemm"):
+            raise RuntimeError("the int8 screen needs fbgemm's CPU int8 product (quantized engine x86/fbgemm)")
+        self.tokens = (~suppress.to(weight.device)).nonzero().squeeze(-1)
+        self.weight = weight.detach()
+        allowed = self.weight.index_select(0, self.tokens)
+        scales = (allowed.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny).double()
+        with warnings.catch_warnings():     # torch marks its quantised tensors deprecated
+            warnings.simplefilter("ignore")
+            q = torch.quantize_per_channel(allowed, scales, torch.zeros_like(scales, dtype=torch.long), 0,
+                                           torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(q, None)
+        low = q.dequantize()
+        self.low_norm = low.norm(dim=1)                        # ||w'_v||
+        self.error_norm = (allowed - low).norm(dim=1)           # ||w_v - w'_v||
+        self.pin = torch.zeros(1, weight.shape[1])
+        self.pin[0, 0], self.pin[0, -1] = -_LEVELS, _LEVELS + 1
+        self._check_exact(q)
+
+    def _check_exact(self, q) -> None:
+        """fbgemm must return the integer levels' products with the dequantised weights
+        (to float32 rounding): otherwise the radius would not hold."""
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(-_LEVELS, _LEVELS + 1, (3, self.pin.shape[1]), generator=g).float()
+        got = _int8_product(torch.cat([x, self.pin]), self.packed)[:3].double()
+        want = x.double() @ (q.int_repr().double() * q.q_per_channel_scales()[:, None]).t()
+        bound = 1e-5 * (x.double().abs() @ (q.int_repr().double().abs() * q.q_per_channel_scales()[:, None]).t())
+        if not bool(((got - want).abs() <= bound + 1e-30).all()):
+            raise RuntimeError("fbgemm's int8 product does not multiply integer levels exactly on this build")
+
+    def screen(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Approximate logits of the allowed tokens [N, V'] for float32 rows ``hidden``
+        [N, D] with finite entries, and the radius [N, V'] each lies within of the float32
+        product's."""
+        N = hidden.shape[0]
+        norm = hidden.norm(dim=1, keepdim=True)
+        tiny = torch.finfo(torch.float32).tiny
+        s1 = hidden.abs().amax(1, keepdim=True).clamp_min(tiny) / _LEVELS
+        x1 = torch.round(hidden / s1).clamp_(-_LEVELS, _LEVELS)
+        rest = hidden - x1 * s1
+        s2 = rest.abs().amax(1, keepdim=True).clamp_min(tiny) / _LEVELS
+        x2 = torch.round(rest / s2).clamp_(-_LEVELS, _LEVELS)
+        left = (rest - x2 * s2).norm(dim=1, keepdim=True)          # ||h - h'||, up to float32 rounding
+        out = _int8_product(torch.cat([x1, x2, self.pin]), self.packed)
+        approx = out[:N].mul_(s1).add_(out[N:2 * N] * s2)
+        return approx, torch.addcmul((left + _ROUNDING * norm) * self.low_norm, norm, self.error_norm)
+
+    @torch.inference_mode()
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.float()
+        if hidden.shape[0] == 0 or not bool(torch.isfinite(hidden).all()):
+            logits = torch.nn.functional.linear(hidden, self.weight.index_select(0, self.tokens))
+            return self.tokens[logits.argmax(-1)]
+        approx, radius = self.screen(hidden)
+        floor = (approx - radius).amax(-1, keepdim=True)
+        rows, cols = (approx + radius >= floor).nonzero(as_tuple=True)
+        return _rescored_argmax(hidden, approx, rows, cols, self.tokens, self.weight)

@@ -92,7 +92,7 @@ class WhisperAdapter:
                                       | ({CTC, BEAM_VOCABULARY} if self.ctc_head is not None else set()))
         self.window_samples = WINDOW_SAMPLES
         # Greedy steps' token choice without the logits (None: take the logits' argmax);
-        # built on first use (a 40-MB bfloat16 copy that CTC-only configs never need).
+        # built on first use (a 20-40 MB low-precision copy that CTC-only configs never need).
         self._next_tokens = _UNBUILT if screened_argmax else None
         # The decoder's cross-attention K/V projected in another dtype
         # (pipeline.models.whisper.cross_projection; model.cross_kv_dtype), else None: the
@@ -116,17 +116,23 @@ class WhisperAdapter:
         self._next_tokens = pick
 
     def _screen(self):
-        """The bfloat16-screened argmax over the output projection with the suppressed
-        tokens masked (pipeline.decoding.screened_argmax), where it pays: a float32 plain
-        Linear on a CPU that computes bfloat16 natively; else None."""
-        from pipeline.decoding.screened_argmax import ScreenedArgmax
+        """The screened argmax over the output projection with the suppressed tokens
+        masked (pipeline.decoding.screened_argmax), for a float32 plain Linear on a CPU:
+        screened in bfloat16 where the CPU computes it natively, else in int8 through
+        fbgemm where torch has it; else None (the full product)."""
+        from pipeline.decoding.screened_argmax import Int8ScreenedArgmax, ScreenedArgmax
         from pipeline.device import cpu_bf16_native
 
         proj = self.model.proj_out
         if (self.device.type != "cpu" or type(proj) is not torch.nn.Linear or proj.bias is not None
-                or proj.weight.dtype != torch.float32 or not cpu_bf16_native()):
+                or proj.weight.dtype != torch.float32):
             return None
-        return ScreenedArgmax(proj.weight, self.suppress_mask)
+        if cpu_bf16_native():
+            return ScreenedArgmax(proj.weight, self.suppress_mask)
+        try:
+            return Int8ScreenedArgmax(proj.weight, self.suppress_mask)
+        except RuntimeError:
+            return None
 
     def segment_cost(self, num_samples: int, packed: bool = False) -> int:
         """Padded encoder frames a segment takes in a batch: a whole 30-s window, or with
