@@ -49,6 +49,7 @@ import torch
 
 from pipeline.decoding.draft_sync import advance, proposal
 from pipeline.decoding.draft_tree import build_trees, kept_columns, tree_inputs, walk_trees
+from pipeline.decoding.screened_argmax import greedy_tokens
 from pipeline.timing import synchronize
 
 # Guess positions per chunk of a speculative round's output projection.
@@ -425,9 +426,8 @@ def _plain_step_tokens(adapter, hidden: torch.Tensor, rules=None, histories=None
     suppressed tokens masked: through the adapter's ``next_tokens`` where it has one (no
     logits; pipeline.decoding.screened_argmax), else the logits' argmax, edited first by
     ``rules(logits, histories())`` where given."""
-    pick = getattr(adapter, "next_tokens", None)
-    if pick is not None and rules is None:
-        return pick(hidden)
+    if rules is None:
+        return greedy_tokens(adapter, hidden)
     logits = adapter.logits(hidden)
     logits.masked_fill_(adapter.suppress_mask, float("-inf"))
     if rules is not None:
@@ -508,15 +508,17 @@ def _verify_guesses(adapter, hidden: torch.Tensor, guesses: torch.Tensor, sizes:
         if alive.numel() == 0:
             break
         c1 = min(c0 + chunk, width)
-        logits = adapter.logits(hidden[alive, c0:c1])
-        logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-        pred = logits.argmax(-1)                                                   # [a, c]
+        part = hidden[alive, c0:c1]
         cols = torch.arange(c0, c1, device=hidden.device)
         in_guess = cols.unsqueeze(0) < size[alive].unsqueeze(1)
         target = targets[alive, c0:c1]
         if accept_prob is None:
+            pred = greedy_tokens(adapter, part.reshape(-1, part.shape[-1])).view(part.shape[:2])   # [a, c]
             miss = (pred != target) | ~in_guess
         else:
+            logits = adapter.logits(part)
+            logits.masked_fill_(adapter.suppress_mask, float("-inf"))
+            pred = logits.argmax(-1)
             p = logits.log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1).exp()
             miss = (p <= accept_prob) | ~in_guess
         has_miss = miss.any(1)

@@ -12,13 +12,16 @@ first argmax with no such child (or end-of-text) is the row's next decided token
 output is exactly what plain greedy decoding gives, whatever the candidates. Logits are
 computed only along the walked paths, one level per call: the output projection
 (vocabulary x width) is the largest matmul of a small decoder, and most nodes are never
-on the path.
+on the path (where the adapter has a screened argmax, not even there:
+pipeline.decoding.screened_argmax).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from pipeline.decoding.screened_argmax import greedy_tokens
 
 
 @dataclass
@@ -99,9 +102,7 @@ def walk_trees(adapter, hidden: torch.Tensor, trees: DraftTrees, eot: int):
     while active:
         rows = torch.tensor(active, device=hidden.device)
         cols = torch.tensor([cur[n] for n in active], device=hidden.device)
-        logits = adapter.logits(hidden[rows, cols])
-        logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-        best = logits.argmax(-1).tolist()
+        best = greedy_tokens(adapter, hidden[rows, cols]).tolist()
         still = []
         for n, t in zip(active, best):
             child = trees.children[n][cur[n]].get(t) if t != eot else None

@@ -70,6 +70,18 @@ class ScreenedArgmax:
         return _rescored_argmax(hidden, approx, rows[keep], cols[keep], self.tokens, self.weight)
 
 
+def greedy_tokens(adapter, hidden: torch.Tensor) -> torch.Tensor:
+    """The greedy token after each of ``hidden``'s rows [N, D] with the adapter's
+    suppressed tokens masked: through its screened argmax (``adapter.next_tokens``) where it
+    has one, else the argmax of its logits."""
+    pick = getattr(adapter, "next_tokens", None)
+    if pick is not None:
+        return pick(hidden)
+    logits = adapter.logits(hidden)
+    logits.masked_fill_(adapter.suppress_mask, float("-inf"))
+    return logits.argmax(-1)
+
+
 def _rescored_argmax(hidden: torch.Tensor, approx: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
                      tokens: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The float32 argmax among the candidates (``rows``, ``cols``) of ``approx`` [N, V']:
