@@ -55,6 +55,20 @@ def whisper_adapter(model_cache):
     return load_whisper_adapter("embedded", device="cpu", cache_dir=model_cache)
 
 
+def full_product_greedy(adapter, *args, **kwargs):
+    """``greedy_decode`` with every token chosen from the full float32 logits, not through
+    the adapter's screened argmax (pipeline.decoding.screened_argmax): the reference that
+    drafted decoding, which takes the screen where the CPU has one, must equal."""
+    from pipeline.decoding.ar_greedy import greedy_decode
+
+    saved = adapter.next_tokens
+    adapter.next_tokens = None
+    try:
+        return greedy_decode(adapter, *args, **kwargs)
+    finally:
+        adapter.next_tokens = saved
+
+
 @pytest.fixture(scope="module")
 def ssd_adapter(model_cache):
     """Whisper tiny.en with the embedded CTC head (the ssd and ctc_greedy configs' model),

@@ -13,12 +13,14 @@ from pipeline.decoding.ar_greedy import greedy_decode
 from pipeline.decoding.draft_sync import advance, proposal
 from pipeline.decoding.ssd import SelfSpeculativeDecoder
 
+from conftest import full_product_greedy
+
 
 @pytest.fixture(scope="module")
 def encoded(whisper_adapter, sample_audio):
     audios = [sample_audio[k] for k in sorted(sample_audio)]
     enc = whisper_adapter.encode(audios)
-    return enc, greedy_decode(whisper_adapter, enc.states)
+    return enc, full_product_greedy(whisper_adapter, enc.states)   # the rounds pick through the screen
 
 
 def _corrupt(tokens: list[int], rng: random.Random, vocab: int) -> list[int]:

@@ -13,6 +13,11 @@ from pipeline.decoding import screened_argmax
 from pipeline.decoding.screened_argmax import Int8ScreenedArgmax, ScreenedArgmax
 
 
+needs_fbgemm = pytest.mark.skipif(torch.backends.quantized.engine not in ("x86", "fbgemm"),
+                                  reason="the int8 screen needs fbgemm's int8 product (x86)")
+INT8 = pytest.param(Int8ScreenedArgmax, marks=needs_fbgemm, id="int8")
+
+
 def _bf16_product(h, w):
     return torch.nn.functional.linear(h.bfloat16(), w.bfloat16()).float()
 
@@ -46,8 +51,9 @@ def _near_ties(V=2048, D=384, N=128, seed=0, rough_product=_bf16_product):
     return weight, hidden
 
 
-@pytest.mark.parametrize("screen, rough_product", [(ScreenedArgmax, _bf16_product), (Int8ScreenedArgmax, _int8_product)],
-                         ids=["bfloat16", "int8"])
+@pytest.mark.parametrize("screen, rough_product", [
+    pytest.param(ScreenedArgmax, _bf16_product, id="bfloat16"),
+    pytest.param(Int8ScreenedArgmax, _int8_product, marks=needs_fbgemm, id="int8")])
 def test_screened_argmax_equals_the_float32_argmax_where_low_precision_alone_does_not(screen, rough_product):
     weight, hidden = _near_ties(rough_product=rough_product)
     exact = torch.nn.functional.linear(hidden, weight).argmax(-1)
@@ -70,28 +76,48 @@ def _whisper_like(V=8192, D=384, N=64, seed=2):
     return weight, hidden
 
 
+def _second_level_residual(hidden):
+    """h - h' for the two 7-bit levels the int8 screen's docstring specifies (each level's
+    scale the largest magnitude it quantises over 63)."""
+    s1 = hidden.abs().amax(1, keepdim=True) / 63
+    rest = hidden - torch.round(hidden / s1) * s1
+    s2 = rest.abs().amax(1, keepdim=True) / 63
+    return rest - torch.round(rest / s2) * s2
+
+
+@needs_fbgemm
 def test_the_int8_radius_holds_on_heavy_tailed_rows_and_rules_out_nearly_every_token():
     weight, hidden = _whisper_like()
+    # One token per row along the sign of that row's leftover after the two levels: it
+    # takes the activation error at its largest, so the ||h - h'|| term must carry it.
+    aligned = 0.05 * torch.sign(_second_level_residual(hidden))
+    weight = torch.cat([weight, aligned])
     screen = Int8ScreenedArgmax(weight, torch.zeros(weight.shape[0], dtype=torch.bool))
     approx, radius = screen.screen(hidden)
     exact = torch.nn.functional.linear(hidden, weight)
     assert hidden.abs().max() > 100                # the tails that a one-level activation grid blurs
     assert bool(((approx - exact).abs() <= radius).all())
+    rows = torch.arange(hidden.shape[0])
+    own = weight.shape[0] - hidden.shape[0] + rows
+    left = _second_level_residual(hidden).norm(dim=1) * aligned.norm(dim=1)
+    assert bool(((approx - exact)[rows, own].abs() > 0.5 * left).all())    # the inputs reach that term
     # The radius is small enough to matter: a handful of candidates per row, not thousands.
     floor = (approx - radius).amax(-1, keepdim=True)
     assert (approx + radius >= floor).sum(-1).float().mean() < 20
     assert torch.equal(screen(hidden), exact.argmax(-1))
 
 
+@needs_fbgemm
 def test_an_int8_product_that_rounds_the_levels_is_refused(monkeypatch):
     weight, _ = _whisper_like(V=256, N=1)
-    real = screened_argmax._int8_product
-    monkeypatch.setattr(screened_argmax, "_int8_product", lambda x, packed: real(x * 1.01, packed))
+    # An 8-bit activation grid (no reduce_range) puts the levels between its steps.
+    monkeypatch.setattr(screened_argmax, "_int8_product",
+                        lambda x, packed: torch.ops.quantized.linear_dynamic(x, packed, False))
     with pytest.raises(RuntimeError, match="exactly"):
         Int8ScreenedArgmax(weight, torch.zeros(256, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("screen", [ScreenedArgmax, Int8ScreenedArgmax], ids=["bfloat16", "int8"])
+@pytest.mark.parametrize("screen", [pytest.param(ScreenedArgmax, id="bfloat16"), INT8])
 def test_suppressed_tokens_are_never_chosen(screen):
     weight, hidden = _near_ties(seed=1)
     logits = torch.nn.functional.linear(hidden, weight)
@@ -102,13 +128,13 @@ def test_suppressed_tokens_are_never_chosen(screen):
     assert torch.equal(got, expected) and not suppress[got].any()
 
 
-@pytest.mark.parametrize("screen", [ScreenedArgmax, Int8ScreenedArgmax], ids=["bfloat16", "int8"])
+@pytest.mark.parametrize("screen", [pytest.param(ScreenedArgmax, id="bfloat16"), INT8])
 def test_float32_weights_only(screen):
     with pytest.raises(ValueError, match="float32"):
         screen(torch.zeros(4, 4, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("kind", [ScreenedArgmax, Int8ScreenedArgmax], ids=["bfloat16", "int8"])
+@pytest.mark.parametrize("kind", [pytest.param(ScreenedArgmax, id="bfloat16"), INT8])
 def test_greedy_decoding_with_the_screen_equals_the_full_logits(whisper_adapter, sample_audio, kind):
     from pipeline.decoding.ar_greedy import greedy_decode
 
@@ -145,8 +171,10 @@ def test_the_screen_is_built_on_first_use_chosen_by_the_cpu_and_switched_off_by_
     assert load_whisper_adapter("embedded", cache_dir=model_cache, screened_argmax=False).next_tokens is None
     # Emulated bfloat16 would be slower than float32: the int8 screen there, on fbgemm's product.
     monkeypatch.setattr(device, "cpu_bf16_native", lambda: False)
-    assert isinstance(load_whisper_adapter("embedded", cache_dir=model_cache).next_tokens, Int8ScreenedArgmax)
+    fbgemm = torch.backends.quantized.engine in ("x86", "fbgemm")
+    pick = load_whisper_adapter("embedded", cache_dir=model_cache).next_tokens
+    assert isinstance(pick, Int8ScreenedArgmax) if fbgemm else pick is None
     # Where fbgemm's product does not hold the levels exactly, no screen: the full product.
-    real = screened_argmax._int8_product
-    monkeypatch.setattr(screened_argmax, "_int8_product", lambda x, packed: real(x * 1.01, packed))
+    monkeypatch.setattr(screened_argmax, "_int8_product",
+                        lambda x, packed: torch.ops.quantized.linear_dynamic(x, packed, False))
     assert load_whisper_adapter("embedded", cache_dir=model_cache).next_tokens is None

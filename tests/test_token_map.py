@@ -19,6 +19,7 @@ from pipeline.decoding.ar_greedy import MapDrafting, greedy_decode
 from pipeline.decoding.ssd import SelfSpeculativeDecoder
 from pipeline.decoding.token_map import END, TokenMap, build_token_map
 from pipeline.draft_policy import DraftPolicy
+from conftest import full_product_greedy
 from test_granite_adapter import MAX_NEW as GRANITE_MAX_NEW
 from test_granite_adapter import setup  # noqa: F401 - the tiny granite fixture
 
@@ -139,7 +140,7 @@ def whisper_set(whisper_adapter, sample_audio, sample_manifest):
     held = domain[:1] + [{"text": "Spawn an external command.", "spoken": "Spawn an external command."}]
     audios = [sample_audio[m["id"]] for m in sample_manifest] + [a for _, a in heldout_voice_speech(held, 3)]
     states = ad.encode(audios).states
-    plain = greedy_decode(ad, states)
+    plain = full_product_greedy(ad, states)     # drafting walks its trees through the screen
     texts = [m["text"] for m in sample_manifest] + [d["text"] for d in domain[1:]]
     return ad, states, plain, [ad.tokenize(t) for t in texts]
 

@@ -430,8 +430,7 @@ def _plain_step_tokens(adapter, hidden: torch.Tensor, rules=None, histories=None
         return greedy_tokens(adapter, hidden)
     logits = adapter.logits(hidden)
     logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-    if rules is not None:
-        rules(logits, histories())
+    rules(logits, histories())
     return logits.argmax(-1)
 
 

@@ -95,10 +95,14 @@ def _rescored_argmax(hidden: torch.Tensor, approx: torch.Tensor, rows: torch.Ten
 # lies in [-63, 64] and fbgemm's unsigned 7-bit activation grid (reduce_range) holds it
 # with scale 1 and zero point 63.
 _LEVELS = 63
-# Float32 rounding outside the two Cauchy-Schwarz terms, as multiples of ||h|| ||w'_v||:
-# the float32 product h . w_v itself (D * 2^-24 <= 2.5e-4 up to D = 4096), fbgemm's
-# and our rescaling of the integer sums (a few 2^-24), and computing h - h' in float32.
-_ROUNDING = 3e-4
+
+
+def _rounding(dim: int) -> float:
+    """Float32 rounding outside the two Cauchy-Schwarz terms, as a multiple of
+    ||h|| (||w'_v|| + ||w_v - w'_v||) >= ||h|| ||w_v||: the float32 product h . w_v itself
+    (at most D * 2^-24 of that), fbgemm's and our rescaling of the integer sums and
+    h - h' in float32 (a few 2^-24 each); twice that, with a floor."""
+    return 2 * dim * 2.0 ** -24 + 1e-5
 
 
 def _int8_product(levels: torch.Tensor, packed) -> torch.Tensor:
@@ -118,7 +122,8 @@ class Int8ScreenedArgmax:
             raise ValueError(f"screening needs float32 weights, got {weight.dtype}")
         if weight.device.type != "cpu" or torch.backends.quantized.engine not in ("x86", "fbgemm"):
             raise RuntimeError("the int8 screen needs fbgemm's CPU int8 product (quantized engine x86/fbgemm)")
-        self.tokens = (~suppress.to(weight.device)).nonzero().squeeze(-1)
+        self.suppressed = suppress.to(weight.device)
+        self.tokens = (~self.suppressed).nonzero().squeeze(-1)
         self.weight = weight.detach()
         allowed = self.weight.index_select(0, self.tokens)
         scales = (allowed.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny).double()
@@ -130,6 +135,7 @@ class Int8ScreenedArgmax:
         low = q.dequantize()
         self.low_norm = low.norm(dim=1)                        # ||w'_v||
         self.error_norm = (allowed - low).norm(dim=1)           # ||w_v - w'_v||
+        self.rounding = _rounding(weight.shape[1])
         self.pin = torch.zeros(1, weight.shape[1])
         self.pin[0, 0], self.pin[0, -1] = -_LEVELS, _LEVELS + 1
         self._check_exact(q)
@@ -145,30 +151,38 @@ class Int8ScreenedArgmax:
         if not bool(((got - want).abs() <= bound + 1e-30).all()):
             raise RuntimeError("fbgemm's int8 product does not multiply integer levels exactly on this build")
 
+    def _full(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = torch.nn.functional.linear(hidden, self.weight)
+        logits.masked_fill_(self.suppressed, float("-inf"))
+        return logits.argmax(-1)
+
     def screen(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Approximate logits of the allowed tokens [N, V'] for float32 rows ``hidden``
         [N, D] with finite entries, and the radius [N, V'] each lies within of the float32
         product's."""
         N = hidden.shape[0]
         norm = hidden.norm(dim=1, keepdim=True)
+        # Scales stay normal floats, so a process that flushes denormals to zero still divides.
         tiny = torch.finfo(torch.float32).tiny
-        s1 = hidden.abs().amax(1, keepdim=True).clamp_min(tiny) / _LEVELS
+        s1 = (hidden.abs().amax(1, keepdim=True) / _LEVELS).clamp_min(tiny)
         x1 = torch.round(hidden / s1).clamp_(-_LEVELS, _LEVELS)
         rest = hidden - x1 * s1
-        s2 = rest.abs().amax(1, keepdim=True).clamp_min(tiny) / _LEVELS
+        s2 = (rest.abs().amax(1, keepdim=True) / _LEVELS).clamp_min(tiny)
         x2 = torch.round(rest / s2).clamp_(-_LEVELS, _LEVELS)
         left = (rest - x2 * s2).norm(dim=1, keepdim=True)          # ||h - h'||, up to float32 rounding
         out = _int8_product(torch.cat([x1, x2, self.pin]), self.packed)
         approx = out[:N].mul_(s1).add_(out[N:2 * N] * s2)
-        return approx, torch.addcmul((left + _ROUNDING * norm) * self.low_norm, norm, self.error_norm)
+        radius = (left * self.low_norm).addcmul_(norm, self.error_norm)
+        return approx, radius.addcmul_(norm * self.rounding, self.low_norm + self.error_norm)
 
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden.float()
         if hidden.shape[0] == 0 or not bool(torch.isfinite(hidden).all()):
-            logits = torch.nn.functional.linear(hidden, self.weight.index_select(0, self.tokens))
-            return self.tokens[logits.argmax(-1)]
+            return self._full(hidden)
         approx, radius = self.screen(hidden)
+        if not bool(torch.isfinite(approx).all()):       # rows too close to float32's limits
+            return self._full(hidden)
         floor = (approx - radius).amax(-1, keepdim=True)
         rows, cols = (approx + radius >= floor).nonzero(as_tuple=True)
         return _rescored_argmax(hidden, approx, rows, cols, self.tokens, self.weight)

@@ -131,7 +131,7 @@ class WhisperAdapter:
             return ScreenedArgmax(proj.weight, self.suppress_mask)
         try:
             return Int8ScreenedArgmax(proj.weight, self.suppress_mask)
-        except RuntimeError:
+        except (RuntimeError, NotImplementedError):     # no fbgemm product, or not exact here
             return None
 
     def segment_cost(self, num_samples: int, packed: bool = False) -> int:
