@@ -95,6 +95,9 @@ def _rescored_argmax(hidden: torch.Tensor, approx: torch.Tensor, rows: torch.Ten
 # lies in [-63, 64] and fbgemm's unsigned 7-bit activation grid (reduce_range) holds it
 # with scale 1 and zero point 63.
 _LEVELS = 63
+# Rows with a larger norm (or a non-finite one) take the full product: the screen's
+# products then stay far inside float32's range for any weights of norm < 1e8.
+_LARGEST = 1e30
 
 
 def _rounding(dim: int) -> float:
@@ -156,12 +159,12 @@ class Int8ScreenedArgmax:
         logits.masked_fill_(self.suppressed, float("-inf"))
         return logits.argmax(-1)
 
-    def screen(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def screen(self, hidden: torch.Tensor, norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Approximate logits of the allowed tokens [N, V'] for float32 rows ``hidden``
-        [N, D] with finite entries, and the radius [N, V'] each lies within of the float32
-        product's."""
+        [N, D] of finite norms below _LARGEST (``norm``: those norms [N, 1], if at hand),
+        and the radius [N, V'] each lies within of the float32 product's."""
         N = hidden.shape[0]
-        norm = hidden.norm(dim=1, keepdim=True)
+        norm = hidden.norm(dim=1, keepdim=True) if norm is None else norm
         # Scales stay normal floats, so a process that flushes denormals to zero still divides.
         tiny = torch.finfo(torch.float32).tiny
         s1 = (hidden.abs().amax(1, keepdim=True) / _LEVELS).clamp_min(tiny)
@@ -178,11 +181,12 @@ class Int8ScreenedArgmax:
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = hidden.float()
-        if hidden.shape[0] == 0 or not bool(torch.isfinite(hidden).all()):
+        norm = hidden.norm(dim=1, keepdim=True)
+        # A NaN or infinite entry makes its row's norm fail this too (a NaN compares false);
+        # below it every product the screen forms is finite.
+        if hidden.shape[0] == 0 or not bool((norm < _LARGEST).all()):
             return self._full(hidden)
-        approx, radius = self.screen(hidden)
-        if not bool(torch.isfinite(approx).all()):       # rows too close to float32's limits
-            return self._full(hidden)
+        approx, radius = self.screen(hidden, norm)
         floor = (approx - radius).amax(-1, keepdim=True)
         rows, cols = (approx + radius >= floor).nonzero(as_tuple=True)
         return _rescored_argmax(hidden, approx, rows, cols, self.tokens, self.weight)
