@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from pipeline.decoding import screened_argmax
-from pipeline.decoding.screened_argmax import Int8ScreenedArgmax, ScreenedArgmax
+from pipeline.decoding.screened_argmax import INT8_ENGINES, Int8ScreenedArgmax, ScreenedArgmax
 
 
-needs_fbgemm = pytest.mark.skipif(torch.backends.quantized.engine not in ("x86", "fbgemm"),
+needs_fbgemm = pytest.mark.skipif(torch.backends.quantized.engine not in INT8_ENGINES,
                                   reason="the int8 screen needs fbgemm's int8 product (x86)")
 INT8 = pytest.param(Int8ScreenedArgmax, marks=needs_fbgemm, id="int8")
 
@@ -171,7 +171,7 @@ def test_the_screen_is_built_on_first_use_chosen_by_the_cpu_and_switched_off_by_
     assert load_whisper_adapter("embedded", cache_dir=model_cache, screened_argmax=False).next_tokens is None
     # Emulated bfloat16 would be slower than float32: the int8 screen there, on fbgemm's product.
     monkeypatch.setattr(device, "cpu_bf16_native", lambda: False)
-    fbgemm = torch.backends.quantized.engine in ("x86", "fbgemm")
+    fbgemm = torch.backends.quantized.engine in INT8_ENGINES
     pick = load_whisper_adapter("embedded", cache_dir=model_cache).next_tokens
     assert isinstance(pick, Int8ScreenedArgmax) if fbgemm else pick is None
     # Where fbgemm's product does not hold the levels exactly, no screen: the full product.

@@ -95,6 +95,8 @@ def _rescored_argmax(hidden: torch.Tensor, approx: torch.Tensor, rows: torch.Ten
 # lies in [-63, 64] and fbgemm's unsigned 7-bit activation grid (reduce_range) holds it
 # with scale 1 and zero point 63.
 _LEVELS = 63
+# torch's quantised engines whose dynamic int8 Linear is fbgemm's.
+INT8_ENGINES = ("x86", "fbgemm")
 # Rows with a larger norm (or a non-finite one) take the full product: the screen's
 # products then stay far inside float32's range for any weights of norm < 1e8.
 _LARGEST = 1e30
@@ -123,7 +125,7 @@ class Int8ScreenedArgmax:
     def __init__(self, weight: torch.Tensor, suppress: torch.Tensor):
         if weight.dtype != torch.float32:
             raise ValueError(f"screening needs float32 weights, got {weight.dtype}")
-        if weight.device.type != "cpu" or torch.backends.quantized.engine not in ("x86", "fbgemm"):
+        if weight.device.type != "cpu" or torch.backends.quantized.engine not in INT8_ENGINES:
             raise RuntimeError("the int8 screen needs fbgemm's CPU int8 product (quantized engine x86/fbgemm)")
         self.suppressed = suppress.to(weight.device)
         self.tokens = (~self.suppressed).nonzero().squeeze(-1)
@@ -138,6 +140,7 @@ class Int8ScreenedArgmax:
         low = q.dequantize()
         self.low_norm = low.norm(dim=1)                        # ||w'_v||
         self.error_norm = (allowed - low).norm(dim=1)           # ||w_v - w'_v||
+        self.weight_norm_bound = self.low_norm + self.error_norm   # >= ||w_v||
         self.rounding = _rounding(weight.shape[1])
         self.pin = torch.zeros(1, weight.shape[1])
         self.pin[0, 0], self.pin[0, -1] = -_LEVELS, _LEVELS + 1
@@ -149,8 +152,9 @@ class Int8ScreenedArgmax:
         g = torch.Generator().manual_seed(0)
         x = torch.randint(-_LEVELS, _LEVELS + 1, (3, self.pin.shape[1]), generator=g).float()
         got = _int8_product(torch.cat([x, self.pin]), self.packed)[:3].double()
-        want = x.double() @ (q.int_repr().double() * q.q_per_channel_scales()[:, None]).t()
-        bound = 1e-5 * (x.double().abs() @ (q.int_repr().double().abs() * q.q_per_channel_scales()[:, None]).t())
+        low = q.int_repr().double() * q.q_per_channel_scales()[:, None]
+        want = x.double() @ low.t()
+        bound = 1e-5 * (x.double().abs() @ low.abs().t())
         if not bool(((got - want).abs() <= bound + 1e-30).all()):
             raise RuntimeError("fbgemm's int8 product does not multiply integer levels exactly on this build")
 
@@ -176,7 +180,7 @@ class Int8ScreenedArgmax:
         out = _int8_product(torch.cat([x1, x2, self.pin]), self.packed)
         approx = out[:N].mul_(s1).add_(out[N:2 * N] * s2)
         radius = (left * self.low_norm).addcmul_(norm, self.error_norm)
-        return approx, radius.addcmul_(norm * self.rounding, self.low_norm + self.error_norm)
+        return approx, radius.addcmul_(norm * self.rounding, self.weight_norm_bound)
 
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
