@@ -131,7 +131,8 @@ class Int8ScreenedArgmax:
         self.tokens = (~self.suppressed).nonzero().squeeze(-1)
         self.weight = weight.detach()
         allowed = self.weight.index_select(0, self.tokens)
-        scales = (allowed.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny).double()
+        largest = torch.linalg.vector_norm(allowed, float("inf"), dim=1)     # max |w_vi|, no |w| copy
+        scales = (largest / 127).clamp_min(torch.finfo(torch.float32).tiny).double()
         with warnings.catch_warnings():     # torch marks its quantised tensors deprecated
             warnings.simplefilter("ignore")
             q = torch.quantize_per_channel(allowed, scales, torch.zeros_like(scales, dtype=torch.long), 0,
@@ -148,11 +149,15 @@ class Int8ScreenedArgmax:
 
     def _check_exact(self, q) -> None:
         """fbgemm must return the integer levels' products with the dequantised weights
-        (to float32 rounding): otherwise the radius would not hold."""
+        (to float32 rounding): otherwise the radius would not hold. Probed on ~4k tokens
+        spread over the vocabulary and the last one, not all of it: a kernel that rounds the
+        levels rounds them for every token, and the probe runs at every model load."""
         g = torch.Generator().manual_seed(0)
         x = torch.randint(-_LEVELS, _LEVELS + 1, (3, self.pin.shape[1]), generator=g).float()
-        got = _int8_product(torch.cat([x, self.pin]), self.packed)[:3].double()
-        low = q.int_repr().double() * q.q_per_channel_scales()[:, None]
+        V = q.shape[0]
+        probe = torch.cat([torch.arange(0, V, max(1, V // 4096)), torch.tensor([V - 1])])
+        got = _int8_product(torch.cat([x, self.pin]), self.packed)[:3, probe].double()
+        low = q.int_repr()[probe].double() * q.q_per_channel_scales()[probe, None]
         want = x.double() @ low.t()
         bound = 1e-5 * (x.double().abs() @ low.abs().t())
         if not bool(((got - want).abs() <= bound + 1e-30).all()):
