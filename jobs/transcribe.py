@@ -188,7 +188,7 @@ def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_has
         commit(args.output, cfg, summary)
         if progress is not None:
             progress.close(summary["run_rows_out"], summary["run_audio_seconds"], summary["run_errors"])
-        written = _write_formats(args.output, formats) if formats else []
+        written = _write_formats(args.output, formats, cfg.storage.options) if formats else []
     for line in summary_table(summary):
         print(line)
     for line in output_lines(args.output, log.url):
@@ -248,10 +248,10 @@ def _release_ray(runner: str, was_up: bool) -> None:
         shutdown_ray()
 
 
-def _write_formats(dst: str, formats: list[str]) -> list[str]:
+def _write_formats(dst: str, formats: list[str], options: dict) -> list[str]:
     from pipeline.formats import write_formats
 
-    return write_formats(dst, formats)
+    return write_formats(dst, formats, options)
 
 
 def _last_line(exc: BaseException) -> str:

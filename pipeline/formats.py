@@ -16,6 +16,8 @@ to a fraction of a second on steady speech, which the JSON output marks with
 """
 from __future__ import annotations
 
+import hashlib
+import html
 import json
 import posixpath
 import re
@@ -26,6 +28,10 @@ MAX_CHARS = 42
 MAX_LINES = 2
 MAX_CUE_S = 7.0
 MIN_SENTENCE_CUE = 16  # characters a cue needs before a sentence end closes it
+# A word can come with no length (an attention decoder often gives the last word end ==
+# start): its cue still needs some screen time, or players skip it and the words are lost.
+MIN_CUE_S = 0.5
+NAME_BYTES = 200  # of a per-recording file name's stem: file systems allow 255 bytes
 NEMO_MANIFEST = "manifest.nemo.jsonl"
 
 
@@ -127,9 +133,22 @@ def captions(segments: list[dict]) -> list[Cue]:
                     start = ps
                 end = pe
         flush()
+    for cue in cues:
+        cue.end = max(cue.end, cue.start + MIN_CUE_S)
     for cur, nxt in zip(cues, cues[1:]):
         cur.end = min(cur.end, nxt.start)
-    return [c for c in cues if c.end > c.start]
+    # A cue left with no time (the next one starts with it) shows with the next one: its
+    # words are kept, over the line limits if need be. The last cue always has time.
+    kept: list[Cue] = []
+    carry: list[str] = []
+    for cue in cues:
+        if cue.end <= cue.start:
+            carry += cue.lines
+            continue
+        if carry:
+            cue.lines, carry = carry + cue.lines, []
+        kept.append(cue)
+    return kept
 
 
 def _stamp(seconds: float, sep: str) -> str:
@@ -146,7 +165,9 @@ def to_srt(cues: list[Cue]) -> str:
 
 
 def to_vtt(cues: list[Cue]) -> str:
-    return "WEBVTT\n\n" + "".join(f"{_stamp(c.start, '.')} --> {_stamp(c.end, '.')}\n{c.text}\n\n" for c in cues)
+    # WebVTT cue text is markup: '&', '<' and '>' must be escaped or a player reads tags.
+    return "WEBVTT\n\n" + "".join(f"{_stamp(c.start, '.')} --> {_stamp(c.end, '.')}\n{html.escape(c.text, quote=False)}\n\n"
+                                  for c in cues)
 
 
 def to_tsv(row: dict) -> str:
@@ -179,9 +200,8 @@ def nemo_line(row: dict) -> str:
     transcript as ``pred_text`` (empty, with ``error``, where the row failed)."""
     line = {"audio_filepath": row.get("audio"), "duration": row.get("duration_s"),
             "text": row.get("reference") or "", "pred_text": row.get("text") or "", "id": row["id"]}
-    for key in ("offset",):
-        if row.get(key) is not None:
-            line[key] = row[key]
+    if row.get("offset_s") is not None:    # a span of the file: NeMo reads from there
+        line["offset"] = row["offset_s"]
     if row.get("error"):
         line["error"] = row["error"]
     return json.dumps(line, ensure_ascii=False)
@@ -191,7 +211,11 @@ def safe_name(row_id: str, taken: set[str]) -> str:
     """A file name for a recording id (ids may hold folders, '#offset' or any character),
     unique among ``taken``."""
     base = re.sub(r"[^\w.-]+", "_", row_id).strip("._") or "recording"
-    base = base[:120]
+    if len(base.encode()) > NAME_BYTES:
+        # Cut by bytes (a CJK character is 3), tagged with the whole id's hash so that two
+        # long ids sharing a beginning keep names that do not depend on their order.
+        tag = hashlib.sha1(row_id.encode()).hexdigest()[:10]
+        base = base.encode()[:NAME_BYTES - 11].decode(errors="ignore") + "-" + tag
     name, n = base, 1
     while name in taken:
         n += 1
@@ -200,34 +224,31 @@ def safe_name(row_id: str, taken: set[str]) -> str:
     return name
 
 
-def _rows(dst: str):
-    import fsspec
-    import pyarrow.dataset as ds
+def _rows(dst: str, options: dict | None):
+    from pipeline.output import iter_output
 
-    fs, path = fsspec.core.url_to_fs(dst)
-    columns = ["id", "audio", "duration_s", "text", "reference", "segments", "error"]
-    dataset = ds.dataset(path, filesystem=fs, format="parquet")
-    extra = [c for c in ("offset",) if c in dataset.schema.names]
-    for batch in dataset.to_batches(columns=columns + extra):
-        yield from batch.to_pylist()
+    columns = ["id", "audio", "offset_s", "duration_s", "text", "reference", "segments", "error"]
+    for rows in iter_output(dst, columns, options):
+        yield from rows
 
 
-def write_formats(dst: str, formats: list[str]) -> list[str]:
-    """Write ``formats`` for every row of the output folder ``dst`` into its sidecar folder;
-    returns the folders and files written (relative to ``dst``)."""
-    import fsspec
-
+def write_formats(dst: str, formats: list[str], options: dict | None = None) -> list[str]:
+    """Write ``formats`` for every row of the output folder ``dst`` (opened with the job's
+    storage ``options``) into its sidecar folder; returns the folders and files written
+    (relative to ``dst``)."""
     from pipeline.output import SIDECAR_DIR
+    from pipeline.storage import url_to_fs
 
-    fs, path = fsspec.core.url_to_fs(dst)
+    fs, path = url_to_fs(dst, options)
     root = posixpath.join(path, SIDECAR_DIR)
     per_file = [f for f in formats if f != "nemo"]
+    fs.makedirs(root, exist_ok=True)
     for fmt in per_file:
         fs.makedirs(posixpath.join(root, fmt), exist_ok=True)
     taken: set[str] = set()
-    nemo = fs.open(posixpath.join(root, NEMO_MANIFEST), "w") if "nemo" in formats else None
+    nemo = fs.open(posixpath.join(root, NEMO_MANIFEST), "w", encoding="utf-8") if "nemo" in formats else None
     try:
-        for row in _rows(dst):
+        for row in _rows(dst, options):
             if nemo is not None:
                 nemo.write(nemo_line(row) + "\n")
             if not per_file:
@@ -237,7 +258,7 @@ def write_formats(dst: str, formats: list[str]) -> list[str]:
             render = {"srt": lambda: to_srt(cues), "vtt": lambda: to_vtt(cues),
                       "json": lambda: to_json(row), "tsv": lambda: to_tsv(row)}
             for fmt in per_file:
-                with fs.open(posixpath.join(root, fmt, f"{name}.{fmt}"), "w") as fh:
+                with fs.open(posixpath.join(root, fmt, f"{name}.{fmt}"), "w", encoding="utf-8") as fh:
                     fh.write(render[fmt]())
     finally:
         if nemo is not None:

@@ -335,7 +335,10 @@ def iter_output(dst: str, columns: list[str], options: dict | None = None, batch
     fs, path = url_to_fs(dst, options)
     for p in _parts(fs, path):
         with fs.open(p, "rb") as fh:
-            for batch in pq.ParquetFile(fh).iter_batches(batch_size=batch_rows, columns=columns):
+            pf = pq.ParquetFile(fh)
+            # A part written before a column was added lacks it: its rows come without that key.
+            have = [c for c in columns if c in pf.schema_arrow.names]
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=have):
                 yield batch.to_pylist()
 
 

@@ -22,7 +22,7 @@ from pipeline.storage import redact_uri
 def prepare_row(row: dict, segmenter: VadSegmenter, quality: str = "HQ") -> dict:
     start = time.perf_counter()
     out = {"id": row["id"], "audio": row["audio"], "reference": row.get("reference"),
-           "key_phrases": row.get("key_phrases"), "duration_s": None,
+           "key_phrases": row.get("key_phrases"), "offset_s": row.get("offset_s"), "duration_s": None,
            "seg_start": [], "seg_end": [], "seg_audio": [], "error": None}
     try:
         try:
@@ -82,7 +82,8 @@ def prepare_row_within(row: dict, segmenter: VadSegmenter, quality: str, timeout
                 out["error"] = out["error"].replace(row["audio"], clean)
             return out
     return {"id": row["id"], "audio": redact_uri(row["audio"]), "reference": row.get("reference"),
-            "key_phrases": row.get("key_phrases"), "duration_s": None, "seg_start": [], "seg_end": [],
+            "key_phrases": row.get("key_phrases"), "offset_s": row.get("offset_s"), "duration_s": None,
+            "seg_start": [], "seg_end": [],
             "seg_audio": [], "error": error, "t_prepare_s": time.perf_counter() - start}
 
 

@@ -117,7 +117,7 @@ def _split_words(seg: dict, max_s: float) -> tuple[list[tuple[float, float, str]
     Words are taken greedily while their own span fits; a piece reaches from the middle of
     the pause before its first word to the middle of the pause after its last (the
     segment's ends outside), trimmed back towards its words where that is too long."""
-    words = [w for w in seg["words"] if w.get("word", "").strip()]
+    words = [w for w in seg["words"] if (w.get("word") or "").strip()]
     cuts = [seg["start"]] + [(a["end"] + b["start"]) / 2 for a, b in zip(words, words[1:])] + [seg["end"]]
     pieces, dropped, a = [], 0, 0
     while a < len(words):
@@ -153,7 +153,10 @@ def utterances(row: dict, max_s: float, offset_s: float | None = None) -> tuple[
             continue
         if seg["end"] - seg["start"] <= max_s + 1e-9:
             pieces = [(seg["start"], seg["end"], text)]
-        elif seg.get("words"):
+        elif seg.get("words") and all(w.get("start") is not None and w.get("end") is not None
+                                      for w in seg["words"]):
+            # Only measured word times can place a cut (an attention decoder's words
+            # without model.word_timestamps carry confidences and null times).
             pieces, lost = _split_words(seg, max_s)
             dropped += lost
         else:

@@ -48,14 +48,16 @@ INPUT_SCHEMA = pa.schema([
 
 PREPARED_SCHEMA = pa.schema([
     ("id", pa.string()), ("audio", pa.string()), ("reference", pa.string()),
-    ("key_phrases", pa.list_(pa.string())), ("duration_s", pa.float64()),
+    ("key_phrases", pa.list_(pa.string())), ("offset_s", pa.float64()), ("duration_s", pa.float64()),
     ("seg_start", pa.list_(pa.float64())), ("seg_end", pa.list_(pa.float64())),
     ("seg_audio", pa.list_(pa.list_(pa.float32()))), ("error", pa.string()),
     ("t_prepare_s", pa.float64()),
 ])
 
 OUTPUT_SCHEMA = pa.schema([
-    ("id", pa.string()), ("audio", pa.string()), ("duration_s", pa.float64()),
+    # offset_s: where the recording starts in ``audio`` (a NeMo span; null: at the start);
+    # duration_s: the seconds decoded from there (null for a row that failed to decode).
+    ("id", pa.string()), ("audio", pa.string()), ("offset_s", pa.float64()), ("duration_s", pa.float64()),
     ("text", pa.string()), ("reference", pa.string()), ("segments", pa.list_(SEGMENT_TYPE)),
     ("stage", pa.string()), ("error", pa.string()), ("decoder", pa.string()),
     ("t_prepare_s", pa.float64()), ("t_encode_s", pa.float64()), ("t_decode_s", pa.float64()),

@@ -15,6 +15,7 @@ import webvtt
 from pipeline.formats import (
     MAX_CHARS,
     MAX_CUE_S,
+    MIN_CUE_S,
     captions,
     parse_formats,
     safe_name,
@@ -71,9 +72,11 @@ def test_captions_parse_and_keep_the_limits(seed):
     assert len(parsed_srt) == len(parsed_vtt) == len(cues)
     for parsed in (parsed_srt, parsed_vtt):
         _check(parsed, segments)
-    # Each cue lies within the segment its words came from.
+    # Each cue lies within the segment its words came from, except that a short one stays
+    # on screen for MIN_CUE_S (into the pause after its segment).
     for c in cues:
-        assert any(s["start"] - 1e-3 <= c.start and c.end <= s["end"] + 1e-3 for s in segments)
+        assert any(s["start"] - 1e-3 <= c.start and c.end <= max(s["end"], c.start + MIN_CUE_S) + 1e-3
+                   for s in segments)
 
 
 def _secs(stamp: str) -> float:
@@ -114,6 +117,10 @@ def test_write_formats_from_an_output_folder(tmp_path):
          "segments": [{"start": 0.5, "end": 3.5, "text": "hello there. general", "stage": "ar"}]},
         {"id": "bad.wav", "audio": "/data/bad.wav", "duration_s": None, "text": None, "reference": None,
          "stage": "error", "error": "file not found: /data/bad.wav", "segments": []},
+        # a NeMo span of a long file: the manifest must say where it starts
+        {"id": "/data/long.wav#600", "audio": "/data/long.wav", "offset_s": 600.0, "duration_s": 30.0,
+         "text": "later on", "reference": None, "stage": "ar", "error": None,
+         "segments": [{"start": 1.0, "end": 2.0, "text": "later on", "stage": "ar"}]},
     ]
     pq.write_table(table(rows, OUTPUT_SCHEMA), tmp_path / "part-0.parquet")
     written = write_formats(str(tmp_path), ["srt", "vtt", "json", "tsv", "nemo"])
@@ -131,3 +138,42 @@ def test_write_formats_from_an_output_folder(tmp_path):
     assert nemo[0] == {"audio_filepath": "/data/dir/one.wav", "duration": 4.0, "text": "Hello there, general.",
                        "pred_text": "hello there. general", "id": "dir/one.wav"}
     assert nemo[1]["pred_text"] == "" and nemo[1]["error"].startswith("file not found")
+    assert nemo[2]["offset"] == 600.0 and nemo[2]["duration"] == 30.0 and nemo[2]["audio_filepath"] == "/data/long.wav"
+
+
+def test_a_word_with_no_length_keeps_its_cue():
+    """Whisper's last word often ends where it starts: its cue gets screen time instead of
+    being dropped, and a cue squeezed to nothing shows its words with the next one."""
+    words = [("It", 0.0, 0.3), ("rained", 0.3, 0.8), ("all", 0.8, 1.0), ("day", 1.0, 1.3), ("and", 1.3, 1.5),
+             ("night.", 1.5, 2.0), ("Yes.", 2.0, 2.0)]
+    seg = {"start": 0.0, "end": 2.0, "text": " ".join(w for w, _, _ in words), "stage": "ar",
+           "words": [{"word": w, "start": a, "end": b} for w, a, b in words]}
+    subs = list(srt.parse(to_srt(captions([seg]))))
+    assert " ".join(s.content for s in subs).split() == [w for w, _, _ in words]
+    assert all(s.end > s.start for s in subs)
+    # two segments that start at the same instant, the first with no length
+    same = [{"start": 5.0, "end": 5.0, "text": "first", "stage": "ar"},
+            {"start": 5.0, "end": 6.0, "text": "second", "stage": "ar"}]
+    assert [(c.start, c.end, c.lines) for c in captions(same)] == [(5.0, 6.0, ["first", "second"])]
+
+
+def test_vtt_escapes_markup_characters():
+    cues = captions([{"start": 0.0, "end": 2.0, "text": "AT&T <3 you > me", "stage": "ar"}])
+    vtt = to_vtt(cues)
+    assert "AT&amp;T &lt;3 you &gt; me" in vtt
+    parsed = webvtt.read_buffer(io.StringIO(vtt))
+    assert len(parsed.captions) == 1
+
+
+def test_long_ids_get_short_distinct_names(tmp_path):
+    taken: set[str] = set()
+    a, b = "中文字幕" * 40 + "-a", "中文字幕" * 40 + "-b"
+    na, nb = safe_name(a, taken), safe_name(b, taken)
+    assert na != nb and len(na.encode()) <= 200 and len(nb.encode()) <= 200
+    assert safe_name(a, set()) == na           # a name depends on its id, not on the order
+    row = {"id": a, "audio": "/x.wav", "duration_s": 1.0, "text": "ünïcödé text", "reference": None,
+           "stage": "ar", "error": None, "segments": [{"start": 0.0, "end": 1.0, "text": "ünïcödé text"}]}
+    pq.write_table(table([row], OUTPUT_SCHEMA), tmp_path / "part-0.parquet")
+    write_formats(str(tmp_path), ["srt", "json"])
+    (out,) = (tmp_path / SIDECAR_DIR / "json").iterdir()
+    assert json.loads(out.read_text(encoding="utf-8"))["text"] == "ünïcödé text"

@@ -85,6 +85,17 @@ def test_long_segment_is_cut_between_words():
                                                       + words[int(cut[1]["text"].split()[0][1:])]["start"]) / 2)
 
 
+def test_a_long_segment_whose_words_have_no_times_is_left_out_and_counted():
+    """An attention decoder's words without model.word_timestamps carry confidences and
+    null times: no cut can be placed, so the segment is counted, not a crash."""
+    words = [{"word": w, "start": None, "end": None, "confidence": 0.8} for w in "a b c d".split()]
+    row = {"id": "r", "audio": "/a.wav", "confidence": 0.9,
+           "segments": [{"start": 0.0, "end": 28.0, "text": "a b c d", "error": None, "words": words},
+                        {"start": 29.0, "end": 31.0, "text": "fits", "error": None, "words": words[:1]}]}
+    utts, lost = pl.utterances(row, 20.0)
+    assert lost == 1 and [u["text"] for u in utts] == ["fits"]
+
+
 def test_curve_and_reliability_by_hand(tmp_path):
     rows = [_row(0, 0.95, ref="red green blue black", text="red green blue black"),   # 0 errors / 4
             _row(1, 0.85, ref="red green blue black", text="red green blue white"),   # 1 / 4
