@@ -188,7 +188,11 @@ def summary_table(summary: dict) -> list[str]:
 
 
 def output_lines(dst: str, log_url: str | None) -> list[str]:
-    """Where the output is, and one line on how to read it."""
+    """Where the output is (never with the credentials a URI may carry), and one line on how
+    to read it."""
+    from pipeline.storage import redact_uri
+
+    dst = redact_uri(dst)
     lines = [f"Output: {dst}  (Parquet parts; summary" + (", log" if log_url else "")
              + f" and extras in {SIDECAR_DIR}/)"]
     lines.append(f'Read it: pandas.read_parquet("{dst}") or datasets.load_dataset("parquet", data_dir="{dst}")')

@@ -145,7 +145,9 @@ def _other_config(hashes: dict, job_hash: str, args) -> str | None:
     if not other or args.resume:
         return None
     made_by = ", ".join(f"{n} by config {h or '(unrecorded)'}" for h, n in other.items())
-    return (f"{args.output} already holds rows made by another config ({made_by}); this job's config is "
+    from pipeline.storage import redact_uri
+
+    return (f"{redact_uri(args.output)} already holds rows made by another config ({made_by}); this job's config is "
             f"{job_hash}. Pass --overwrite to transcribe everything again, or --resume to keep those rows "
             "and add only the missing recordings")
 
@@ -155,6 +157,7 @@ def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_has
     from actors.plan import JobStalled
     from jobs.console import JobLog, Progress, output_lines, summary_table
     from pipeline.output import SUMMARY_NAME, summarize
+    from pipeline.storage import redact_uri
 
     with JobLog(args.output, LOG_NAME, verbose=args.verbose) as log:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -198,7 +201,7 @@ def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_has
     if summary["rows_out"] != summary["rows_in"] or summary["duplicate_rows"]:
         print(f"shardscribe: error: rows in {summary['rows_in']} != rows out {summary['rows_out']} "
               f"(duplicates {summary['duplicate_rows']}, missing e.g. {summary['missing_ids'][:5]}; "
-              f"see {args.output}/{SUMMARY_NAME})", file=sys.stderr)
+              f"see {redact_uri(args.output)}/{SUMMARY_NAME})", file=sys.stderr)
         return 1
     return 0
 

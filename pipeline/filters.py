@@ -30,9 +30,17 @@ an ``error`` gets none (it is never kept anyway).
 from __future__ import annotations
 
 import re
+import unicodedata
 import zlib
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*", re.UNICODE)
+# Scripts written without spaces between words: a "word" there is a whole clause, so the
+# longest-word check does not apply to it.
+_UNSPACED = ("CJK", "HIRAGANA", "KATAKANA", "THAI", "LAO", "KHMER", "MYANMAR", "TIBETAN")
+
+
+def _unspaced(word: str) -> bool:
+    return any(unicodedata.name(c, "").startswith(_UNSPACED) for c in word)
 
 
 def words_of(text: str) -> list[str]:
@@ -86,7 +94,7 @@ def text_reasons(text: str, duration_s: float | None, cfg) -> list[str]:
         reasons.append("low_unique_words")
     if cfg.max_ngram_repeats is not None and longest_repeat(words, cfg.ngram_max_n) > cfg.max_ngram_repeats:
         reasons.append("repeated_ngram")
-    if cfg.max_word_chars is not None and any(len(w) > cfg.max_word_chars for w in words):
+    if cfg.max_word_chars is not None and any(len(w) > cfg.max_word_chars and not _unspaced(w) for w in words):
         reasons.append("very_long_word")
     phrases = [words_of(p) for p in cfg.phrases]
     if cfg.phrase_match == "whole" and words in phrases or (

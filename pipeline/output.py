@@ -152,14 +152,18 @@ def _quarantine(fs, path: str, part: str, job_id: str, reason: Exception) -> Non
     fs.mv(part, target)
 
 
+# Columns of the first output version: a part without them is not one of ours.
+_COLUMNS_SINCE_FIRST = ("id", "audio", "duration_s", "text", "segments", "stage", "error")
+
+
 def existing_ids(dst: str, job_id: str | None = None, options: dict | None = None,
                  columns: list[str] | None = None) -> set[str]:
-    """Ids of the rows already committed in ``dst``; a part that fails to read whole is
-    quarantined first (call this only while holding the folder's lock)."""
-    from pipeline.records import OUTPUT_SCHEMA
-
+    """Ids of the rows already committed in ``dst``; a part that fails to read whole, or
+    lacks one of ``columns`` (default: the columns every version of the output has), is
+    quarantined first (call this only while holding the folder's lock). A part written
+    before a later column was added is kept: readers take the columns it has."""
     fs, path = url_to_fs(dst, options)
-    wanted = set(columns or OUTPUT_SCHEMA.names)
+    wanted = set(columns or _COLUMNS_SINCE_FIRST)
     ids: set[str] = set()
     for part in _parts(fs, path):
         try:
@@ -175,12 +179,21 @@ def existing_ids(dst: str, job_id: str | None = None, options: dict | None = Non
 
 
 def read_output(dst: str, columns: list[str], options: dict | None = None):
+    from pipeline.records import OUTPUT_SCHEMA
+
     fs, path = url_to_fs(dst, options)
     tables = []
     for p in _parts(fs, path):
         with fs.open(p, "rb") as fh:
-            tables.append(pq.read_table(fh, columns=columns))
-    return pa.concat_tables(tables) if tables else None
+            pf = pq.ParquetFile(fh)
+            table = pf.read(columns=[c for c in columns if c in pf.schema_arrow.names])
+        # A part written before a column was added lacks it: null there.
+        for name in columns:
+            if name not in table.column_names and name in OUTPUT_SCHEMA.names:
+                field = OUTPUT_SCHEMA.field(name)
+                table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+        tables.append(table.select([c for c in columns if c in table.column_names]))
+    return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
 # -- the folder lock -------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import posixpath
 import re
 from collections.abc import Iterable, Iterator
@@ -28,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.records import INPUT_SCHEMA, table
-from pipeline.storage import utf8_name
+from pipeline.storage import redact_uri, utf8_name
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".opus", ".aiff", ".aif", ".au")
 MANIFEST_EXTENSIONS = (".jsonl", ".json", ".ndjson")
@@ -98,10 +99,11 @@ def open_source(uri: str, audio_column: str | None = None, text_column: str | No
     try:
         fs, path = fsspec.core.url_to_fs(uri)
     except (ImportError, ValueError) as exc:
-        raise SourceError(f"input {uri!r}: {exc}") from None
-    is_glob = any(ch in path for ch in "*?[")
+        raise SourceError(f"input {redact_uri(uri)!r}: {exc}") from None
+    # A real name may hold '[' ("take [1]"): a pattern only where no such path exists.
+    is_glob = any(ch in path for ch in "*?[") and not fs.exists(path)
     if not (fs.glob(path) if is_glob else fs.exists(path)):
-        raise SourceError(f"input {uri!r} does not exist")
+        raise SourceError(f"input {redact_uri(uri)!r} does not exist")
     lower = path.lower()
     cols = {"audio_column": audio_column, "text_column": text_column}
     if lower.endswith(MANIFEST_EXTENSIONS) and not is_glob:
@@ -123,7 +125,7 @@ def open_source(uri: str, audio_column: str | None = None, text_column: str | No
     tables = sorted(f for f in found if f.lower().endswith(".parquet"))
     if tables:
         return Source(uri, "table", tuple(_uri(fs, f) for f in tables), **cols)
-    raise SourceError(f"input {uri!r}: no audio files, manifest rows or Parquet rows found")
+    raise SourceError(f"input {redact_uri(uri)!r}: no audio files, manifest rows or Parquet rows found")
 
 
 # --- rows ----------------------------------------------------------------------------
@@ -136,7 +138,7 @@ def _seconds(where: str, item: dict, key: str) -> float | None:
     value = item.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise SourceError(f"{where}: {key!r} must be a number of seconds >= 0, got {value!r}")
     return float(value)
 
@@ -165,13 +167,15 @@ def _manifest_row(source: Source, item: dict, base: str, protocol: str, where: s
         raise SourceError(f"{where}: needs an 'audio' (or 'audio_filepath') path")
     text_key = _pick(TEXT_NAMES, item, source.text_column, "text", where, required=False)
     offset, duration = _seconds(where, item, "offset"), _seconds(where, item, "duration")
-    default_id = audio if offset is None else _offset_id(audio, offset)
+    # An id is written to every output: never the credentials or signature in a URI.
+    default_id = redact_uri(audio) if offset is None else _offset_id(redact_uri(audio), offset)
     key_phrases = item.get("key_phrases")
     if key_phrases is not None and not (isinstance(key_phrases, list)
                                         and all(isinstance(k, str) for k in key_phrases)):
         raise SourceError(f"{where}: key_phrases must be a list of strings")
     reference = item.get(text_key) if text_key else None
-    return {"id": str(item.get("id", default_id)), "audio": _join(base, audio, protocol),
+    rid = item.get("id")
+    return {"id": default_id if rid is None else str(rid), "audio": _join(base, audio, protocol),
             "audio_bytes": None, "reference": None if reference is None else str(reference),
             "key_phrases": key_phrases, "offset_s": offset, "duration_s": duration}
 
@@ -190,7 +194,7 @@ def _manifest_lines(file: str, start: int = 0, stop: int | None = None, first_li
                     yield lineno, here, json.loads(raw)
                 except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                     msg = getattr(exc, "msg", None) or str(exc)
-                    raise SourceError(f"{file}:{lineno}: not valid JSON ({msg})") from None
+                    raise SourceError(f"{redact_uri(file)}:{lineno}: not valid JSON ({msg})") from None
             lineno += 1
 
 
@@ -221,7 +225,8 @@ def _table_rows(source: Source, file: str, batch: pa.RecordBatch, first_index: i
         rid = ids[j] if ids is not None and ids[j] is not None else f"{posixpath.basename(file)}:{i}"
         rows.append({"id": str(rid), "audio": uri, "audio_bytes": data,
                      "reference": None if texts is None or texts[j] is None else str(texts[j]),
-                     "key_phrases": phrases[j] if phrases else None})
+                     "key_phrases": phrases[j] if phrases else None,
+                     "error": None if data is not None or apath else f"no audio in {audio_col!r} (null)"})
     return rows
 
 
@@ -247,7 +252,7 @@ def scan(source: Source, rows_per_item: int = ROWS_PER_ITEM) -> Scan:
                     items.append({"kind": "manifest", "file": file, "start": item_start,
                                   "stop": offset, "line": item_line})
                     count, item_start, item_line = 0, offset, lineno
-                ids.append(_manifest_row(source, obj, base, protocol, f"{file}:{lineno}")["id"])
+                ids.append(_manifest_row(source, obj, base, protocol, f"{redact_uri(file)}:{lineno}")["id"])
                 count += 1
             if count:
                 items.append({"kind": "manifest", "file": file, "start": item_start, "stop": None,
@@ -273,12 +278,12 @@ def scan(source: Source, rows_per_item: int = ROWS_PER_ITEM) -> Scan:
                         items.append({"kind": "table", "file": file, "row_group": rg, "first": first})
                     first += n
     if not ids:
-        raise SourceError(f"input {source.uri!r}: no audio files, manifest rows or Parquet rows found")
+        raise SourceError(f"input {redact_uri(source.uri)!r}: no audio files, manifest rows or Parquet rows found")
     arr = pa.array(ids, pa.string())
     counts = pc.value_counts(arr)
     dupes = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1))
     if len(dupes):
-        raise SourceError(f"input {source.uri!r}: duplicate ids {dupes.to_pylist()[:5]} (ids must be unique)")
+        raise SourceError(f"input {redact_uri(source.uri)!r}: duplicate ids {dupes.to_pylist()[:5]} (ids must be unique)")
     return Scan(arr, items)
 
 
@@ -313,7 +318,7 @@ def read_item(source: Source, item: dict, rows_per_batch: int) -> Iterator[pa.Ta
         file = item["file"]
         fs, path = fsspec.core.url_to_fs(file)
         base, protocol = posixpath.dirname(path), _protocol(fs)
-        rows = [_manifest_row(source, obj, base, protocol, f"{file}:{lineno}")
+        rows = [_manifest_row(source, obj, base, protocol, f"{redact_uri(file)}:{lineno}")
                 for lineno, _, obj in _manifest_lines(file, item["start"], item["stop"], item["line"])]
         yield from _batches(rows, rows_per_batch, exclude)
     else:
@@ -371,7 +376,7 @@ def read_jsonl_manifest(uri: str, keep_item: bool = False) -> list[dict]:
     base, protocol = posixpath.dirname(path), _protocol(fs)
     rows = []
     for lineno, _, obj in _manifest_lines(uri):
-        rows.append(_manifest_row(source, obj, base, protocol, f"{uri}:{lineno}"))
+        rows.append(_manifest_row(source, obj, base, protocol, f"{redact_uri(uri)}:{lineno}"))
         if keep_item:
             rows[-1]["item"] = obj
     return rows

@@ -19,12 +19,19 @@ class StorageError(ValueError):
     """A storage location cannot be opened (missing backend, bad URL)."""
 
 
+_USERINFO = re.compile(r"^([A-Za-z][\w+.-]*://)[^/:@?#]*:[^@]*?@")
+
+
 def redact_uri(uri: str | None) -> str | None:
     """``uri`` without a ``user:password@`` part and without its query string (pre-signed
     URLs carry their signature and token there). The path and a ``#fragment`` (a row
     index into a Parquet file) are kept: they name the recording, not who may read it."""
     if not uri or "://" not in uri:
         return uri
+    # A password may hold '/', '?' or '#' (AWS secret keys hold '/'), which urlsplit reads as
+    # the end of the host: drop "user:password@" first. A path with '@' in it (no ':' before
+    # its first '/') is left alone.
+    uri = _USERINFO.sub(r"\1", uri)
     try:
         parts = urlsplit(uri)
     except ValueError:

@@ -60,6 +60,11 @@ def test_very_long_word_and_words_of():
     assert "very_long_word" not in text_reasons("internationalization matters", 3.0, CFG)
     assert "very_long_word" not in text_reasons("a" * 24 + " indeed", 3.0, CFG)
     assert "very_long_word" in text_reasons("a" * 25 + " indeed", 3.0, CFG)
+    # Chinese and Thai put no space between words: a clause is not one long word.
+    clause = "我们今天在会议上讨论了关于明年公司发展战略的一些重要问题。"
+    assert len(words_of(clause)[0]) > 25 and "very_long_word" not in text_reasons(clause, 6.0, CFG)
+    thai = "ภาษาไทยเขียนติดกันโดยไม่มีช่องว่างระหว่างคำเลยครับ"
+    assert "very_long_word" not in text_reasons(thai, 5.0, CFG)
 
 
 def test_phrase_list():

@@ -62,6 +62,22 @@ def test_resume_reads_whole_parts_and_quarantines_a_page_corrupt_one(tmp_path):
     assert os.listdir(tmp_path / output.QUARANTINE_DIR) == [f"{bad}.resume1"]
 
 
+def test_a_part_from_before_a_column_was_added_is_kept_and_reads(tmp_path):
+    """Resume keeps a part that lacks a column added later (offset_s), and the readers give
+    null there; a Parquet file that is not one of ours (no text or segments) is set aside."""
+    old = _rows(["a", "b"]).drop_columns(["offset_s", "confidence"])
+    pq.write_table(old, tmp_path / "part-old.parquet")
+    output.write_part(_rows(["c"]), str(tmp_path), "j")
+    pq.write_table(pa.table({"id": ["z"]}), tmp_path / "part-foreign.parquet")
+    assert output.existing_ids(str(tmp_path), "r") == {"a", "b", "c"}
+    assert os.listdir(tmp_path / output.QUARANTINE_DIR) == ["part-foreign.parquet.r"]
+    got = output.read_output(str(tmp_path), ["id", "offset_s", "confidence"])
+    assert sorted(got.to_pylist(), key=lambda r: r["id"]) == \
+        [{"id": i, "offset_s": None, "confidence": None} for i in "abc"]
+    assert sorted(r["id"] for rows in output.iter_output(str(tmp_path), ["id", "offset_s"]) for r in rows) == \
+        ["a", "b", "c"]
+
+
 def test_a_half_written_part_is_quarantined(tmp_path):
     part = output.write_part(_rows(["a", "b", "c"]), str(tmp_path), "j")
     data = (tmp_path / part).read_bytes()
@@ -155,12 +171,17 @@ def test_summary_read_a_batch_at_a_time_equals_one_over_all_rows(tmp_path, monke
     ("gs://b/k.parquet#12", "gs://b/k.parquet#12"),
     ("/local/path/with?mark.wav", "/local/path/with?mark.wav"),
     ("s3://AKIA:sk@bucket/k.wav", "s3://bucket/k.wav"),
+    # secrets with '/', '#' or '?' in them, which urlsplit reads as the end of the host
+    ("s3://AKIA:abc/def+ghi@bucket/x.wav", "s3://bucket/x.wav"),
+    ("s3://AKIA:a#b@bucket/x.wav", "s3://bucket/x.wav"),
+    ("s3://AKIA:a?b@bucket/x.wav", "s3://bucket/x.wav"),
+    ("s3://bucket/take@2:00.wav", "s3://bucket/take@2:00.wav"),     # an '@' in the path stays
     (None, None),
 ])
 def test_redact_uri(uri, clean):
     assert redact_uri(uri) == clean
     if uri:
-        for secret in ("secret", "abc", "zzz", "AKIA", "sk@", "token="):
+        for secret in ("secret", "abc", "def+ghi", "a#b", "a?b", "zzz", "AKIA", "sk@", "token="):
             assert secret not in (redact_uri(uri) or "") or secret in clean
 
 

@@ -52,6 +52,9 @@ def test_parquet_hf_layout_bytes_and_paths(tmp_path, samples_dir):
     assert [r["id"] for r in rows] == ["a", "b", "c"]
     assert rows[0]["audio_bytes"] == data and rows[1]["audio"] == str(tmp_path / "x/y.flac")
     assert rows[2]["reference"] == "fox again"
+    # A row with no audio at all is one error row naming why, not "file not found".
+    pq.write_table(pa.table({"audio": [{"bytes": None, "path": None}, None]}, ), tmp_path / "n.parquet")
+    assert [r["error"] for r in read_source(str(tmp_path / "n.parquet"))] == ["no audio in 'audio' (null)"] * 2
 
 
 def test_memory_filesystem(samples_dir):
@@ -80,3 +83,39 @@ def test_a_single_file_is_named_by_its_file_name(samples_dir, tmp_path):
     other = tmp_path / "other.flac"
     other.write_bytes((samples_dir / "pump_flite_rms.flac").read_bytes())
     assert [r["id"] for r in read_source(str(other))] == ["other.flac"]
+
+
+def test_ids_and_errors_never_carry_credentials(tmp_path):
+    """A manifest of URIs with a password or a pre-signed query: the ids (written to every
+    output) and the errors keep the recording's name and drop the secret."""
+    man = tmp_path / "m.jsonl"
+    lines = [{"audio": "s3://AKIA:se/cret@bucket/x.wav"},
+             {"audio": "https://h.example/y.wav?X-Amz-Signature=abc&X-Amz-Security-Token=tok"},
+             {"audio": "https://h.example/z.wav?sig=qq", "offset": 2.5}]
+    man.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    ids = [r["id"] for r in read_source(str(man))]
+    assert ids == ["s3://bucket/x.wav", "https://h.example/y.wav", "https://h.example/z.wav#2.5"]
+    with pytest.raises(SourceError) as err:
+        read_source("memory://AKIA:SECRET@bucket/nothere.wav")
+    assert "SECRET" not in str(err.value) and "nothere.wav" in str(err.value)
+
+
+def test_manifest_values_that_are_not_usable(tmp_path):
+    """A null id takes the default id; NaN or infinite seconds are refused at the scan,
+    naming the line, instead of failing the row later."""
+    man = tmp_path / "m.jsonl"
+    man.write_text('{"audio": "a.wav", "id": null}\n{"audio": "b.wav", "id": null}\n')
+    assert [r["id"] for r in read_source(str(man))] == ["a.wav", "b.wav"]
+    for bad in ('{"audio": "a.wav", "offset": NaN}', '{"audio": "a.wav", "duration": Infinity}'):
+        man.write_text(bad + "\n")
+        with pytest.raises(SourceError, match=r"m.jsonl:1: '(offset|duration)' must be a number"):
+            read_source(str(man))
+
+
+def test_a_name_with_brackets_is_a_path_not_a_pattern(tmp_path, samples_dir):
+    take = tmp_path / "take [1]"
+    take.mkdir()
+    data = (samples_dir / "fox_flite_slt.flac").read_bytes()
+    (take / "rec[2].flac").write_bytes(data)
+    assert [r["id"] for r in read_source(str(take))] == ["rec[2].flac"]
+    assert [r["id"] for r in read_source(str(take / "rec[2].flac"))] == ["rec[2].flac"]
