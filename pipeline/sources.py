@@ -50,7 +50,7 @@ class Source:
     uri: str
     kind: str                          # "files" | "manifest" | "table"
     files: tuple[str, ...]             # audio files ("files") or manifest/table files, fsspec URIs
-    root: str = ""                     # "files": ids are paths relative to this
+    root: str = ""                     # "files", a folder of tables: ids are paths relative to this
     audio_column: str | None = None    # None: the first of AUDIO_NAMES present
     text_column: str | None = None     # None: the first of TEXT_NAMES present
     # Ids to leave out (already in the output): a resume's anti-join, applied as each
@@ -77,6 +77,12 @@ def _protocol(fs) -> str:
 def _uri(fs, path: str) -> str:
     protocol = _protocol(fs)
     return path if protocol in ("file", "local") else f"{protocol}://{path}"
+
+
+def _table_row_id(source: Source, file: str, index: int) -> str:
+    """A table row's id when the table has no id: its file's path under the folder (its
+    name for a single table: two splits' 0000.parquet are two files) and the row index."""
+    return f"{_file_id(source, file)}:{index}"
 
 
 def _file_id(source: Source, file: str) -> str:
@@ -124,7 +130,7 @@ def open_source(uri: str, audio_column: str | None = None, text_column: str | No
         return Source(uri, "files", tuple(_uri(fs, f) for f in audio), root=root, **cols)
     tables = sorted(f for f in found if f.lower().endswith(".parquet"))
     if tables:
-        return Source(uri, "table", tuple(_uri(fs, f) for f in tables), **cols)
+        return Source(uri, "table", tuple(_uri(fs, f) for f in tables), root=root, **cols)
     raise SourceError(f"input {redact_uri(uri)!r}: no audio files, manifest rows or Parquet rows found")
 
 
@@ -222,7 +228,7 @@ def _table_rows(source: Source, file: str, batch: pa.RecordBatch, first_index: i
         else:
             data, apath = None, audio
         uri = _join(base, apath, protocol) if (apath and data is None) else f"{file}#{i}"
-        rid = ids[j] if ids is not None and ids[j] is not None else f"{posixpath.basename(file)}:{i}"
+        rid = ids[j] if ids is not None and ids[j] is not None else _table_row_id(source, file, i)
         rows.append({"id": str(rid), "audio": uri, "audio_bytes": data,
                      "reference": None if texts is None or texts[j] is None else str(texts[j]),
                      "key_phrases": phrases[j] if phrases else None,
@@ -270,10 +276,10 @@ def scan(source: Source, rows_per_item: int = ROWS_PER_ITEM) -> Scan:
                     n = pf.metadata.row_group(rg).num_rows
                     if id_col:
                         col = pf.read_row_group(rg, columns=[id_col]).column(0).to_pylist()
-                        ids.extend(str(v) if v is not None else f"{posixpath.basename(file)}:{first + k}"
+                        ids.extend(str(v) if v is not None else _table_row_id(source, file, first + k)
                                    for k, v in enumerate(col))
                     else:
-                        ids.extend(f"{posixpath.basename(file)}:{first + k}" for k in range(n))
+                        ids.extend(_table_row_id(source, file, first + k) for k in range(n))
                     if n:
                         items.append({"kind": "table", "file": file, "row_group": rg, "first": first})
                     first += n

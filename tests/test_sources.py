@@ -119,3 +119,18 @@ def test_a_name_with_brackets_is_a_path_not_a_pattern(tmp_path, samples_dir):
     (take / "rec[2].flac").write_bytes(data)
     assert [r["id"] for r in read_source(str(take))] == ["rec[2].flac"]
     assert [r["id"] for r in read_source(str(take / "rec[2].flac"))] == ["rec[2].flac"]
+
+
+def test_tables_in_split_folders_get_distinct_ids(tmp_path, samples_dir):
+    """A folder of tables laid out as splits (train/0000.parquet, test/0000.parquet) with no
+    id column: ids are paths under the folder, so the two files' rows do not collide; a
+    flat folder keeps the file names as before."""
+    data = (samples_dir / "fox_flite_slt.flac").read_bytes()
+    for split in ("train", "test"):
+        (tmp_path / "ds" / split).mkdir(parents=True)
+        pq.write_table(pa.table({"audio": [{"bytes": data, "path": None}] * 2}), tmp_path / "ds" / split / "0000.parquet")
+    ids = [r["id"] for r in read_source(str(tmp_path / "ds"))]
+    assert ids == ["test/0000.parquet:0", "test/0000.parquet:1", "train/0000.parquet:0", "train/0000.parquet:1"]
+    assert [r["id"] for r in read_source(str(tmp_path / "ds" / "train"))] == ["0000.parquet:0", "0000.parquet:1"]
+    assert [r["id"] for r in read_source(str(tmp_path / "ds" / "train" / "0000.parquet"))] == \
+        ["0000.parquet:0", "0000.parquet:1"]
