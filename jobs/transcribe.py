@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         use_storage(cfg, args)
         # The source is scanned for its ids only; its rows are read where they are used.
         source = open_source(args.input, args.audio_column, args.text_column)
+        check_apart(source, args.output)
         scanned = scan(source)
         lock = hold_output(args.output, cfg)
     except (ConfigError, FormatError, ModelError, SourceError, StorageError, OutputBusy) as exc:
@@ -80,6 +81,32 @@ def run(args: argparse.Namespace) -> int:
         return _run_locked(args, cfg, source, scanned, lock.job_id, formats)
     finally:
         lock.release()
+
+
+def check_apart(source, dst: str) -> None:
+    """A Parquet input and the output folder must not hold one another: the output's parts
+    would be read back as input rows by the next run."""
+    import posixpath
+
+    from pipeline.sources import SourceError
+    from pipeline.storage import redact_uri, url_to_fs
+
+    if source.kind != "table":
+        return
+    out_fs, out = url_to_fs(dst)
+    out = posixpath.normpath(out)
+
+    def within(path: str, folder: str) -> bool:
+        return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+    in_fs = url_to_fs(source.files[0])[0]
+    if type(in_fs) is not type(out_fs):
+        return
+    # A folder (or glob) of tables is listed again by every run: no output inside it.
+    inside = source.root and within(out, posixpath.normpath(source.root))
+    if inside or any(within(posixpath.normpath(url_to_fs(f)[1]), out) for f in source.files):
+        raise SourceError(f"input {redact_uri(source.uri)!r} and output {redact_uri(dst)!r} overlap: a Parquet "
+                          "input must lie outside the output folder, and a folder of them hold no output folder")
 
 
 def use_storage(cfg, args) -> None:

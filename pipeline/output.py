@@ -68,8 +68,10 @@ def part_name(ids) -> str:
 
 
 def _is_part(path: str) -> bool:
+    # Only our own names: any other Parquet file in the folder (a user's table, an input)
+    # is never read as rows, quarantined or removed by --overwrite.
     name = posixpath.basename(path)
-    return name.endswith(".parquet") and not name.startswith(("_", "."))
+    return name.startswith(PART_PREFIX) and name.endswith(".parquet")
 
 
 def _parts(fs, path: str) -> list[str]:

@@ -239,3 +239,33 @@ def test_storage_options_reach_this_process_and_the_processes_it_starts(monkeypa
     child = subprocess.run([sys.executable, "-c", "import fsspec, json; print(json.dumps(fsspec.config.conf['s3']))"],
                            capture_output=True, text=True, check=True)
     assert json.loads(child.stdout) == options
+
+
+def test_only_our_parts_are_read_or_removed(tmp_path):
+    """A Parquet file of the user's in the output folder (an input table, say) is not a
+    part: resume does not read or quarantine it, and --overwrite does not remove it."""
+    theirs = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"audio": ["x.wav"]}), theirs)
+    output.write_part(_rows(["a"]), str(tmp_path), "j")
+    assert output.existing_ids(str(tmp_path), "r") == {"a"}
+    assert output.clear_output(str(tmp_path)) == 1
+    assert theirs.exists() and pq.read_table(theirs).num_rows == 1
+
+
+def test_a_parquet_input_and_the_output_may_not_hold_one_another(tmp_path, samples_dir):
+    import argparse
+
+    from jobs.transcribe import add_arguments, run
+
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    data = (samples_dir / "fox_flite_slt.flac").read_bytes()
+    pq.write_table(pa.table({"audio": [{"bytes": data, "path": None}]}), folder / "data.parquet")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    for out in (folder, folder / "out"):
+        for extra in ([], ["--overwrite"]):
+            args = parser.parse_args(["--input", str(folder), "--output", str(out), "--runner", "local",
+                                      "--config", "ctc_greedy", *extra])
+            assert run(args) == 2
+            assert sorted(os.listdir(folder)) == ["data.parquet"]
