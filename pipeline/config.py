@@ -653,8 +653,8 @@ def _coerce(key: str, value, tp):
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if isinstance(value, float) and math.isnan(value):
-                raise ConfigError(f"{key}: NaN is not a valid value")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{key}: {value!r} is not a valid value (a finite number is)")
             return float(value)
     elif tp is str:
         if isinstance(value, str):
@@ -695,7 +695,7 @@ def resolve_config_path(name_or_path: str | None) -> Path:
     if not name_or_path:
         return CONF_DIR / "default.yaml"
     path = Path(name_or_path)
-    if path.exists():
+    if path.is_file():
         return path
     candidate = CONF_DIR / (name_or_path if name_or_path.endswith(".yaml") else f"{name_or_path}.yaml")
     if candidate.exists():
@@ -704,12 +704,24 @@ def resolve_config_path(name_or_path: str | None) -> Path:
 
 
 def _read_yaml(path: Path, seen: tuple = ()) -> dict:
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{at}: {getattr(exc, 'problem', None) or type(exc).__name__}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     base = data.pop("extends", None)
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"{path}: extends: expected one config name or path, got {type(base).__name__}")
     if base:
-        base_path = resolve_config_path(base)
+        # The parent is looked for beside the file that names it first (conf/ssd.yaml's
+        # "ar" is conf/ar.yaml whatever the working directory holds).
+        beside = path.parent / (base if base.endswith(".yaml") else f"{base}.yaml")
+        base_path = beside if beside.is_file() else resolve_config_path(base)
         if base_path in seen:
             raise ConfigError(f"{path}: extends: cycle through {base_path}")
         data = _merge(_read_yaml(base_path, seen + (path,)), data)
@@ -725,7 +737,9 @@ def parse_override(item: str) -> tuple[list[str], object]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{key}: cannot parse value {raw!r}: {exc}") from None
+        # One line, and not the value itself: it may be a password (storage.options).
+        raise ConfigError(f"--set {key.strip()}: cannot parse the value as YAML "
+                          f"({getattr(exc, 'problem', None) or type(exc).__name__})") from None
     return key.strip().split("."), value
 
 
@@ -762,6 +776,8 @@ def use_model(data: dict, source: str) -> None:
         family = family_of_checkpoint(source)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if not isinstance(data.get("model"), dict):   # "model:" left empty in the YAML: the defaults
+        data["model"] = {}
     model = data["model"]
     model.update(source=source, family=family)
     if family != "whisper":

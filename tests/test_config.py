@@ -23,6 +23,8 @@ def test_default_is_ssd_high_accuracy_and_ar_stays_available():
     (["model.device=tpu"], "model.device"),
     (["ray.decode_actors=0"], "ray.decode_actors"),
     (["audio.vad_threshold=.nan"], "audio.vad_threshold"),
+    (["audio.read_timeout_s=.inf"], "audio.read_timeout_s"),     # failed only after workers started
+    (["storage.options.password=@SeCrEt"], "--set storage.options.password"),
     (["decoder=3"], "decoder"),
     (["justakey"], "--set 'justakey'"),
     (["transducer.expansion_gamma=2.3"], "transducer.expansion_gamma"),   # ALSD++ has no expansion beam
@@ -39,6 +41,40 @@ def test_overrides_are_typed():
     assert cfg.batching.max_tokens == 12000
     assert cfg.audio.max_segment_s == 20.0 and isinstance(cfg.audio.max_segment_s, float)
     assert cfg.model.cache_dir is None
+
+
+def test_a_value_that_is_not_yaml_is_not_echoed():
+    with pytest.raises(ConfigError) as err:
+        load_config("ar", ["storage.options.password=@SeCrEt"])
+    assert "SeCrEt" not in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("model: [unclosed\n", r"not valid YAML \(line 2\)"),
+    ("extends: [ar, ssd]\n", "extends: expected one config name"),
+    ("extends: 5\n", "extends: expected one config name"),
+])
+def test_bad_config_files_are_one_line(tmp_path, text, says):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=says) as err:
+        load_config(str(path))
+    assert "\n" not in str(err.value)
+    path.write_bytes(b"batching:\n  max_tokens: \xff\xfe\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(path))
+
+
+def test_a_shipped_parent_is_found_whatever_the_working_directory_holds(tmp_path, monkeypatch):
+    """conf/ssd.yaml extends "ar": a folder or file named ar where the job runs is not it;
+    a user's config finds its parent beside itself."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ar").mkdir()
+    assert load_config("ssd").decoder.kind == "ssd"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "base.yaml").write_text("batching:\n  max_tokens: 3000\n")
+    (tmp_path / "mine" / "child.yaml").write_text("extends: base\n")
+    assert load_config(str(tmp_path / "mine" / "child.yaml")).batching.max_tokens == 3000
 
 
 def test_unknown_config_file():

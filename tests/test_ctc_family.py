@@ -10,6 +10,7 @@ from frame to frame (a non-trivial greedy text).
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -178,6 +179,18 @@ def test_the_model_flag_reads_the_family_from_the_checkpoint(checkpoint, tmp_pat
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
     with pytest.raises(ConfigError, match="no model family loads"):
+        load_config("ctc_beam", model=str(tmp_path / "other"))
+    # The checkpoint's config without its weights, or a config.json that is not an object:
+    # one line before any worker starts, not an error from every worker.
+    from pipeline.models.preflight import ModelError, check_model
+
+    shutil.copytree(root, tmp_path / "noweights", ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    with pytest.raises(ModelError, match="no weights") as exc:
+        check_model(load_config("ctc_beam", model=str(tmp_path / "noweights")).model)
+    assert len(str(exc.value).splitlines()) == 1
+    check_model(load_config("ctc_beam", model=str(root)).model)
+    (tmp_path / "other" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not a JSON object"):
         load_config("ctc_beam", model=str(tmp_path / "other"))
 
 

@@ -50,7 +50,7 @@ def checkpoint_config(source: str, cache_dir: str | None = None) -> dict:
         if not config.is_file():
             raise ModelError(f"model.source={source}: the directory has no config.json (not a "
                              "transformers checkpoint)")
-        return json.loads(config.read_text())
+        return _config_mapping(source, config.read_text())
     if path.is_absolute() or source.startswith((".", "~")) or source.count("/") > 1 or path.exists():
         raise ModelError(f"model.source={source}: no such directory")
     from huggingface_hub import try_to_load_from_cache
@@ -60,7 +60,22 @@ def checkpoint_config(source: str, cache_dir: str | None = None) -> dict:
         raise ModelError(f"model.source={source}: not a local directory, and not in the local "
                          "Hugging Face cache (models are read offline: download it where the hub is "
                          "reachable, or point model.source at a checkpoint directory)")
-    return json.loads(Path(cached).read_text())
+    return _config_mapping(source, Path(cached).read_text())
+
+
+def _config_mapping(source: str, text: str) -> dict:
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise ModelError(f"model.source={source}: config.json is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"model.source={source}: config.json is not a JSON object")
+    return config
+
+
+# What transformers' from_pretrained reads weights from, whole or sharded.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 
 
 # The encoder the embedded CTC head was trained on (Whisper tiny.en): config.json values.
@@ -145,6 +160,10 @@ def check_model(model_config) -> None:
                                             "alignment_heads": [[1, 0]]})
         return
     config = checkpoint_config(model_config.source)
+    folder = Path(model_config.source).expanduser()
+    if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise ModelError(f"model.source={model_config.source}: the directory has a config.json but no weights "
+                         f"({' or '.join(WEIGHT_FILES[::2])})")
     if model_config.family == "whisper":
         _whisper_components(model_config, config)
         _whisper_options(model_config, checkpoint_json(model_config.source, "generation_config.json"))
