@@ -194,10 +194,22 @@ def fit_calibration(cfg, recs: list[Recording], notes: dict | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.confidence.calibration import Calibration
-    from pipeline.config import load_config
+    import sys
 
-    cfg = load_config(args.config, ["confidence.enabled=true"] + list(args.overrides))
+    from pipeline.confidence.calibration import Calibration
+    from pipeline.config import ConfigError, load_config
+    from pipeline.models.preflight import ModelError, check_model
+    from pipeline.sources import SourceError, open_source
+    from pipeline.storage import StorageError
+
+    # What transcribe refuses before it starts, refused here too: one line, exit 2.
+    try:
+        cfg = load_config(args.config, ["confidence.enabled=true"] + list(args.overrides))
+        check_model(cfg.model)
+        open_source(str(args.input))
+    except (ConfigError, ModelError, SourceError, StorageError) as exc:
+        print(f"shardscribe: error: {exc}", file=sys.stderr)
+        return 2
     recs = collect(cfg, args.input, args.limit)
     cal = fit_calibration(cfg, recs, {"input": str(args.input), "config": cfg.name})
     out = Path(args.output)

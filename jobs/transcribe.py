@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.sources import SourceError, open_source, scan
     from pipeline.storage import StorageError
 
+    where = f"input {args.input}"    # what an OSError below is about
     try:
         formats = parse_formats(args.format)
         cfg = load_config(args.config, args.overrides, model=args.model)
@@ -68,14 +69,16 @@ def run(args: argparse.Namespace) -> int:
         source = open_source(args.input, args.audio_column, args.text_column)
         check_apart(source, args.output)
         scanned = scan(source)
+        where = f"output {args.output}"
         lock = hold_output(args.output, cfg)
     except (ConfigError, FormatError, ModelError, SourceError, StorageError, OutputBusy) as exc:
         print(f"shardscribe: error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:  # the filesystem behind SRC (permissions, credentials, network)
+    except OSError as exc:  # the filesystem behind SRC or DST (permissions, credentials, network)
         from pipeline.storage import redact_uri
 
-        print(f"shardscribe: error: input {redact_uri(args.input)}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        kind, _, url = where.partition(" ")
+        print(f"shardscribe: error: {kind} {redact_uri(url)}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     try:
         return _run_locked(args, cfg, source, scanned, lock.job_id, formats)

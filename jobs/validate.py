@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from jobs import transcribe
-    from pipeline.output import iter_output
+    from pipeline.output import iter_output, summary_exists
 
     with tempfile.TemporaryDirectory(prefix="shardscribe-validate-") as tmp:
         output = args.output or tmp
@@ -43,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
             + (["--text-column", args.text_column] if args.text_column else [])
             + [a for o in list(args.overrides) + ["decoder.kind=audit", "model.device=cpu"] for a in ("--set", o)])
         code = transcribe.run(job)
-        if code == 2:
+        if code == 2 or (code and not summary_exists(output)):
+            # Refused before it started, or stopped (its own message said why): there is
+            # no audit to report.
             return code
         # a batch at a time: a corpus of millions of rows is audited in bounded memory
         n = n_failed = 0

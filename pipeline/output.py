@@ -417,3 +417,9 @@ def read_summary(dst: str, options: dict | None = None) -> dict:
     fs, path = url_to_fs(dst, options)
     with fs.open(posixpath.join(path, SUMMARY_NAME)) as fh:
         return json.load(fh)
+
+
+def summary_exists(dst: str, options: dict | None = None) -> bool:
+    """Whether a job committed in ``dst`` (it writes the summary at its end)."""
+    fs, path = url_to_fs(dst, options)
+    return fs.exists(posixpath.join(path, SUMMARY_NAME))

@@ -183,3 +183,46 @@ def test_a_model_actor_fits_the_local_instance_already_running():
     pools, the audio pool and Ray Data's tasks only with 1 CPU per model actor."""
     assert load_config(None).ray.cpus(True, cores=16, instance_cpus=4).decode_actor == 1.0
     assert load_config("ar").ray.cpus(False, cores=16, instance_cpus=4).decode_actor == 2.0
+
+
+@pytest.mark.parametrize("command, extra", [
+    ("calibrate", ["--output", "cal.json"]),
+    ("validate", []),
+])
+def test_calibrate_and_validate_refuse_in_one_line(command, extra, tmp_path, samples_dir, capsys):
+    """A bad config, a missing input or a missing model: exit 2 and one line, as transcribe
+    (calibrate raised a traceback; validate went on to report an audit of nothing)."""
+    import argparse
+    import importlib
+
+    module = importlib.import_module(f"jobs.{command}")
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    good = str(samples_dir / "samples.jsonl")
+    cases = [["--set", "batching.max_tokens=abc"], ["--set", f"model.source={tmp_path / 'nope'}"]]
+    if command == "calibrate":
+        cases.append(["--input", str(tmp_path / "missing.jsonl")])
+    for case in cases:
+        args = ["--input", good] if command == "calibrate" else [good]
+        args = args + [a if a != "cal.json" else str(tmp_path / a) for a in extra] + case
+        if command == "calibrate" and case[0] == "--input":
+            args = args[2:]
+        capsys.readouterr()
+        assert module.run(parser.parse_args(args)) == 2, case
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("shardscribe: error:"), err
+
+
+def test_an_output_under_a_file_is_named_as_the_output(tmp_path, samples_dir, capsys):
+    import argparse
+
+    from jobs.transcribe import add_arguments, run
+
+    (tmp_path / "afile").write_text("x")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--input", str(samples_dir / "samples.jsonl"), "--output", str(tmp_path / "afile" / "sub"),
+                              "--runner", "local", "--config", "ctc_greedy"])
+    assert run(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"shardscribe: error: output {tmp_path / 'afile' / 'sub'}"), err
