@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import sys
+from pathlib import Path
 
 COMMAND = "build-lm"
 
@@ -41,9 +44,11 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.text) == bool(args.arpa):
         print("build-lm: give either --text FILE... or --arpa FILE", file=sys.stderr)
         return 2
-    if args.order < 1:
-        print("build-lm: --order must be at least 1", file=sys.stderr)
+    problem = _argument_problem(args)
+    if problem:
+        print(f"build-lm: {problem}", file=sys.stderr)
         return 2
+    created = not Path(args.output).exists()
     try:
         if args.arpa:
             tok = load_tokenizer(args.tokenizer)
@@ -52,7 +57,29 @@ def run(args: argparse.Namespace) -> int:
             info = build_lm(args.text, args.order, args.tokenizer, args.output, memory=args.memory,
                             prune=args.prune, vocab_size=args.vocab_size)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"build-lm: {exc}", file=sys.stderr)
+        if created:     # no half-built LM left where a later job would look for one
+            shutil.rmtree(args.output, ignore_errors=True)
+        print(f"build-lm: {str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}",
+              file=sys.stderr)
         return 1
     print(json.dumps(info, indent=2))
     return 0
+
+
+def _argument_problem(args) -> str | None:
+    """What is wrong with the arguments, before anything is read or written."""
+    if args.order < 1:
+        return "--order must be at least 1"
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        return f"--output {args.output}: exists and is not a directory"
+    missing = [f for f in (args.text or []) + ([args.arpa] if args.arpa else []) if not Path(f).is_file()]
+    if missing:
+        return f"{missing[0]}: no such file"
+    if args.prune is not None:
+        if any(p < 0 for p in args.prune) or list(args.prune) != sorted(args.prune) or len(args.prune) > args.order:
+            return (f"--prune {' '.join(map(str, args.prune))}: lmplz takes at most one count threshold per "
+                    "order, each >= 0 and none smaller than the one before")
+    if not re.fullmatch(r"\d+(\.\d+)?[%bKMGTPEZY]?", args.memory or ""):
+        return f"--memory {args.memory!r}: expected a size such as 1G, 500M or 80%"
+    return None

@@ -84,3 +84,20 @@ def test_word_level_arpa_is_refused_clearly(tmp_path):
 def test_bad_arguments_fail_before_work(tmp_path):
     done = cli("--order", "3", "--output", str(tmp_path))
     assert done.returncode == 2 and "--text" in done.stderr
+    text = tmp_path / "t.txt"
+    text.write_text("a b c\n")
+    (tmp_path / "afile").write_text("x")
+    cases = [(["--output", str(tmp_path / "afile")], "not a directory"),
+             (["--output", str(tmp_path / "o1"), "--prune", "-1"], "--prune"),
+             (["--output", str(tmp_path / "o2"), "--prune", "0", "2", "1"], "--prune"),
+             (["--output", str(tmp_path / "o3"), "--memory", "bogus"], "--memory"),
+             (["--output", str(tmp_path / "o4"), "--text", str(tmp_path / "none.txt")], "no such file")]
+    for extra, says in cases:
+        args = ["--order", "3", "--text", str(text), *extra]
+        if extra[-2] == "--text":
+            args = ["--order", "3", *extra]
+        done = cli(*args)
+        assert done.returncode == 2 and says in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+            (extra, done.stderr)
+    # nothing was written for the refused runs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "t.txt"]
