@@ -77,9 +77,10 @@ def _argument_problem(args) -> str | None:
     if missing:
         return f"{missing[0]}: no such file"
     if args.prune is not None:
-        if any(p < 0 for p in args.prune) or list(args.prune) != sorted(args.prune) or len(args.prune) > args.order:
-            return (f"--prune {' '.join(map(str, args.prune))}: lmplz takes at most one count threshold per "
-                    "order, each >= 0 and none smaller than the one before")
+        p = list(args.prune)
+        if p[0] != 0 or p != sorted(p) or len(p) > args.order:
+            return (f"--prune {' '.join(map(str, p))}: lmplz takes at most one count threshold per order, "
+                    "starting at 0 (it does not prune unigrams), none smaller than the one before")
     if not re.fullmatch(r"\d+(\.\d+)?[%bKMGTPEZY]?", args.memory or ""):
         return f"--memory {args.memory!r}: expected a size such as 1G, 500M or 80%"
     return None
