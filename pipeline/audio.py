@@ -17,6 +17,13 @@ import soundfile as sf
 import soxr
 
 SAMPLE_RATE = 16000
+# Float formats are stored unscaled: a file written as int16 values in float (peaks near
+# 32768) decodes to garbage text without an error. Above this peak the samples are scaled
+# back to a peak of 1; integer formats never get there (libsndfile gives them [-1, 1)).
+MAX_FLOAT_PEAK = 1.5
+# A decode that stops early by more than this (the larger of the two) is a truncated or
+# corrupt file, not an estimate of the header's length (MP3 frame counts can be off).
+SHORT_READ_S, SHORT_READ_SHARE = 1.0, 0.05
 
 
 class AudioError(ValueError):
@@ -28,6 +35,8 @@ def _libsndfile_reason(exc: "sf.LibsndfileError") -> str:
     # libsndfile says "not a regular file" when it recognises no container in memory.
     if "regular file" in reason or "not recognised" in reason.lower():
         return "unrecognised or corrupt audio format"
+    if "internal error" in reason.lower():   # what a decoder says on damaged frames mid-file
+        return f"corrupt data inside the file ({reason.rstrip('.')})"
     return reason
 
 
@@ -53,9 +62,13 @@ def decode_audio(data: bytes | None, quality: str = "HQ") -> tuple[np.ndarray, i
     mono = samples.mean(axis=1) if channels > 1 else samples[:, 0]
     if not np.isfinite(mono).all():
         raise AudioError("audio contains NaN or infinite samples")
+    peak = float(np.abs(mono).max())
     if rate != SAMPLE_RATE:
         mono = soxr.resample(mono, rate, SAMPLE_RATE, quality=quality)
-    return np.ascontiguousarray(mono, dtype=np.float32), rate, channels
+    mono = np.ascontiguousarray(mono, dtype=np.float32)
+    if peak > MAX_FLOAT_PEAK:
+        mono *= np.float32(1.0 / peak)
+    return mono, rate, channels
 
 
 BLOCK_SECONDS = 30.0  # decoded per read: bounds the original-rate working memory
@@ -84,7 +97,7 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
             stream = (soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality=quality)
                       if rate != SAMPLE_RATE else None)
             out = _Growing(int(np.ceil(max(want, 0) * SAMPLE_RATE / rate)) + 64)
-            block, left = max(1, int(BLOCK_SECONDS * rate)), want
+            block, left, peak = max(1, int(BLOCK_SECONDS * rate)), want, 0.0
             while left > 0:
                 data = f.read(min(block, left), dtype="float32", always_2d=True)
                 if data.shape[0] == 0:
@@ -93,7 +106,12 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
                 mono = data.mean(axis=1) if channels > 1 else data[:, 0]
                 if not np.isfinite(mono).all():
                     raise AudioError("audio contains NaN or infinite samples")
+                if len(mono):
+                    peak = max(peak, float(np.abs(mono).max()))
                 out.add(stream.resample_chunk(mono, last=left <= 0) if stream else mono)
+            if left > max(SHORT_READ_S * rate, SHORT_READ_SHARE * want):
+                raise AudioError(f"truncated or corrupt: decoded {(want - left) / rate:.2f} s of the "
+                                 f"{want / rate:.2f} s its header declares")
             if stream is not None and left > 0:  # a short read: flush the resampler
                 out.add(stream.resample_chunk(np.zeros(0, np.float32), last=True))
     except AudioError:
@@ -104,7 +122,10 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
         raise AudioError(f"cannot decode audio: {exc}") from None
     if out.n == 0:
         raise AudioError("audio has zero samples")
-    return out.result(), rate, channels
+    samples = out.result()
+    if peak > MAX_FLOAT_PEAK:
+        samples *= np.float32(1.0 / peak)
+    return samples, rate, channels
 
 
 class _Growing:

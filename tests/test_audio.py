@@ -68,3 +68,35 @@ def test_truncated_wav_decodes_what_is_there_or_fails_clearly():
         assert "cannot decode" in str(exc)
     else:
         assert 0 < len(samples) <= 16000
+
+
+def _stream(data: bytes):
+    from pipeline.audio import decode_stream
+
+    return decode_stream(io.BytesIO(data))
+
+
+def test_an_mp3_cut_short_is_an_error_not_a_shorter_recording():
+    """libsndfile reports the MP3's full length, then stops early without complaint: the
+    missing audio must not vanish silently (a WAV cut short reports its remaining length)."""
+    rng = np.random.default_rng(0)
+    speechy = (0.3 * rng.standard_normal(16000 * 10)).astype(np.float32)
+    full = _encode(speechy, 16000, "MP3", "MPEG_LAYER_III")
+    samples, _, _ = _stream(full)
+    assert abs(len(samples) - 160000) < 4000
+    with pytest.raises(AudioError, match=r"truncated or corrupt: decoded .* of the 10\.\d+ s"):
+        _stream(full[: len(full) // 2])
+
+
+def test_float_samples_stored_unscaled_are_scaled_back():
+    """A float WAV written as int16 values (peaks near 32768): the same signal as the
+    scaled file, not garbage; both decoders agree."""
+    tone = _tone(16000, 1.0)
+    good, _, _ = _stream(_encode(tone, 16000, "WAV", "FLOAT"))
+    for decode in (_stream, decode_audio):
+        loud, _, _ = decode(_encode(tone * 32768, 16000, "WAV", "FLOAT"))
+        assert np.abs(loud).max() == pytest.approx(1.0, rel=1e-5)
+        assert np.allclose(loud * np.abs(good).max(), good, atol=1e-5)
+    # a float file that peaks a little over 1 (an overshoot past full scale) is left as it is
+    hot, _, _ = _stream(_encode(tone * 4.0, 16000, "WAV", "FLOAT"))
+    assert np.abs(hot).max() == pytest.approx(1.2, rel=1e-3)

@@ -153,7 +153,8 @@ def test_batch_phrase_lists_share_roots_and_merge_config_phrases(tmp_path):
     path = tmp_path / "phrases.txt"
     path.write_text("# key phrases\nab\n\nad\n")
     shared = read_phrase_file(str(path))
-    lists, rows = batch_phrase_lists(shared, [["bc"], None, ["bc"], []])
+    lists, rows = batch_phrase_lists(shared, [["bc"], None, ["bc", " "], [""]])
+    # a phrase of white space alone (it would boost the word separator) is dropped
     assert lists == [["ab", "ad", "bc"], ["ab", "ad"]]
     assert rows.tolist() == [0, 1, 0, 1]
     tokenize = lambda text: ["abcdx".index(ch) for ch in text]  # noqa: E731

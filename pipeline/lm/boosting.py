@@ -209,7 +209,8 @@ def batch_phrase_lists(shared: list[str], per_row: list[list[str] | None]) -> tu
     lists: list[list[str]] = []
     rows = []
     for own in per_row:
-        key = tuple(dict.fromkeys(list(shared) + list(own or [])))
+        # A phrase of white space alone would boost the word separator everywhere.
+        key = tuple(dict.fromkeys(p for p in list(shared) + list(own or []) if p.strip()))
         if key not in index:
             index[key] = len(lists)
             lists.append(list(key))
