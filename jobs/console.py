@@ -28,9 +28,14 @@ class JobLog:
     def __init__(self, dst: str, name: str, verbose: bool = False):
         import fsspec
 
+        from pipeline.storage import redact_uri
+
         self.verbose = verbose
-        self.url = sidecar_path(dst, name)
-        fs, path = fsspec.core.url_to_fs(self.url)
+        # Where the log is, as printed and stored in the summary (no credentials); the raw
+        # location, which the upload needs, stays private.
+        self._target = sidecar_path(dst, name)
+        self.url = sidecar_path(redact_uri(dst), name)
+        fs, path = fsspec.core.url_to_fs(self._target)
         from fsspec.implementations.local import LocalFileSystem
 
         self.local = isinstance(fs, LocalFileSystem)

@@ -493,7 +493,8 @@ class StorageConfig:
     options: dict = field(default_factory=dict)
 
     SECRET_KEYS = ("key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key",
-                   "aws_session_token", "access_key", "secret_key", "session_token")
+                   "aws_session_token", "access_key", "secret_key", "session_token", "account_key",
+                   "sas_token", "client_secret", "connection_string", "credentials", "authorization")
 
     def validate(self, key: str) -> None:
         if not isinstance(self.options, dict):

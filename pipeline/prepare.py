@@ -16,7 +16,7 @@ import time
 from pipeline.audio import SAMPLE_RATE, AudioError, decode_stream
 from pipeline.segment import VadSegmenter
 from pipeline.sources import open_audio
-from pipeline.storage import redact_uri
+from pipeline.storage import redact_text, redact_uri
 
 
 def prepare_row(row: dict, segmenter: VadSegmenter, quality: str = "HQ") -> dict:
@@ -78,8 +78,8 @@ def prepare_row_within(row: dict, segmenter: VadSegmenter, quality: str, timeout
             # Outputs and logs name the recording, never its credentials or signed query.
             clean = redact_uri(row["audio"])
             out["audio"] = clean
-            if out["error"] and clean != row["audio"]:
-                out["error"] = out["error"].replace(row["audio"], clean)
+            if out["error"]:
+                out["error"] = redact_text(out["error"].replace(row["audio"], clean))
             return out
     return {"id": row["id"], "audio": redact_uri(row["audio"]), "reference": row.get("reference"),
             "key_phrases": row.get("key_phrases"), "offset_s": row.get("offset_s"), "duration_s": None,

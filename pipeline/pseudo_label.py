@@ -37,7 +37,7 @@ from pipeline.confidence.evaluation import ece as expected_calibration_error
 from pipeline.config import PSEUDO_LABEL_RANKINGS
 from pipeline.metrics import normalize
 from pipeline.output import SIDECAR_DIR
-from pipeline.storage import url_to_fs
+from pipeline.storage import redact_uri, url_to_fs
 
 EXPORT_DIR = f"{SIDECAR_DIR}/pseudo_label"
 MANIFEST_NAME = f"{EXPORT_DIR}/manifest.jsonl"
@@ -311,7 +311,7 @@ def write_exports(dst: str, utterance_rows: list[dict], data: dict, options: dic
     """The NeMo manifest, the datasets folder, the report and its figure under
     DST/__shardscribe__/pseudo_label/; returns their URLs."""
     fs, path = url_to_fs(dst, options)
-    root = dst.rstrip("/")
+    root = redact_uri(dst).rstrip("/")     # the URLs returned are printed
     fs.makedirs(posixpath.join(path, DATASET_DIR), exist_ok=True)
     written = []
 

@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 
 from pipeline.metrics import corpus_wer
 from pipeline.output import SIDECAR_DIR, SUMMARY_NAME, error_kind, read_output, sidecar_path
+from pipeline.storage import redact_uri
 
 REPORT_NAME = "report.html"
 DURATION_BUCKETS = [(0, 5), (5, 10), (10, 30), (30, 60), (60, float("inf"))]
@@ -141,7 +142,7 @@ def render_html(dst: str, data: dict, summary: dict | None, plots: list[tuple[st
             facts.append(["config", f"{summary['config']} ({summary.get('config_hash', '')})"])
     if data["wer"] is not None:
         facts.append(["WER", f"{_pct(data['wer'])} over {data['wer_rows']} rows with a reference"])
-    parts = [f"<h1>shardscribe report</h1><p class=dst>{html.escape(dst)}</p>", _table(None, facts)]
+    parts = [f"<h1>shardscribe report</h1><p class=dst>{html.escape(redact_uri(dst))}</p>", _table(None, facts)]
     for name, caption in plots:
         parts.append(f"<figure><img src=\"{html.escape(name)}\" alt=\"{html.escape(caption)}\">"
                      f"<figcaption>{html.escape(caption)}</figcaption></figure>")
@@ -195,4 +196,4 @@ def write_report(dst: str) -> str:
     page = render_html(dst, data, summary, _plots(data, save))
     with fs.open(posixpath.join(side, REPORT_NAME), "w") as fh:
         fh.write(page)
-    return sidecar_path(dst, REPORT_NAME)
+    return sidecar_path(redact_uri(dst), REPORT_NAME)

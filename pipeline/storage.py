@@ -40,6 +40,15 @@ def redact_uri(uri: str | None) -> str | None:
     return urlunsplit((parts.scheme, netloc, parts.path, "", parts.fragment))
 
 
+_URL = re.compile(r"[A-Za-z][\w+.-]*://[^\s'\"<>]+")
+
+
+def redact_text(text: str | None) -> str | None:
+    """``text`` with every URI in it redacted (an HTTP client's error names the URL it
+    fetched, decoded differently from the one it was given)."""
+    return _URL.sub(lambda m: redact_uri(m.group()), text) if text else text
+
+
 def url_to_fs(url: str, options: dict | None = None):
     """(filesystem, path) for ``url`` with the job's storage options; options apply only
     to a remote protocol (the local filesystem takes none)."""

@@ -269,3 +269,33 @@ def test_a_parquet_input_and_the_output_may_not_hold_one_another(tmp_path, sampl
                                       "--config", "ctc_greedy", *extra])
             assert run(args) == 2
             assert sorted(os.listdir(folder)) == ["data.parquet"]
+
+
+def test_no_credentials_in_errors_logs_or_the_report(monkeypatch):
+    """An HTTP client's error names the URL it fetched, decoded differently from the one
+    given (%2F as /); the job log's printed location and the report name the output
+    without its password; options that carry secrets are refused."""
+    from jobs.console import JobLog
+    from pipeline import prepare
+    from pipeline.report import render_html, report_data
+    from pipeline.storage import redact_text
+
+    url = "https://h.example/rec.wav?X-Amz-Credential=AKIA%2F2024%2Fus&X-Amz-Signature=deadbeef"
+    decoded = url.replace("%2F", "/")
+    message = f"ClientResponseError while preparing audio: 403, message='Forbidden', url='{decoded}'"
+    assert redact_text(message) == ("ClientResponseError while preparing audio: 403, message='Forbidden', "
+                                    "url='https://h.example/rec.wav'")
+    monkeypatch.setattr(prepare, "prepare_row", lambda row, seg, q: {**row, "error": message, "seg_start": []})
+    monkeypatch.setattr(prepare, "_not_a_regular_file", lambda row: None)
+    out = prepare.prepare_row_within({"id": "r", "audio": url}, None, "HQ", 5.0)
+    assert "deadbeef" not in out["error"] and "AKIA" not in out["error"] and "rec.wav" in out["error"]
+    dst = "s3://AKIAEXAMPLE:wJalr/K7MDENG@bucket/out"
+    log = JobLog(dst, "transcribe.log")
+    assert "wJalr" not in log.url and log.url.startswith("s3://bucket/out/")
+    page = render_html(dst, report_data([]), None, [])
+    assert "wJalr" not in page and "AKIAEXAMPLE" not in page
+    for key in ("account_key", "sas_token", "client_secret", "connection_string"):
+        with pytest.raises(ConfigError, match=key):
+            load_config("ar", [f"storage.options.{key}=x"])
+    with pytest.raises(ConfigError, match="Authorization"):
+        load_config("ar", ["storage.options.client_kwargs.headers.Authorization=Bearer x"])
