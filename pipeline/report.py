@@ -13,8 +13,8 @@ import json
 import posixpath
 from collections import Counter, defaultdict
 
-from pipeline.metrics import corpus_wer
-from pipeline.output import SIDECAR_DIR, SUMMARY_NAME, error_kind, read_output, sidecar_path
+from pipeline.metrics import word_error_counts
+from pipeline.output import SIDECAR_DIR, SUMMARY_NAME, error_kind, iter_output, sidecar_path
 from pipeline.storage import redact_uri
 
 REPORT_NAME = "report.html"
@@ -29,40 +29,68 @@ def bucket_name(low: float, high: float) -> str:
     return f"{low:g}-{high:g} s" if high != float("inf") else f">= {low:g} s"
 
 
-def report_data(rows: list[dict]) -> dict:
-    """Everything the page shows, computed from output rows."""
-    ok = [r for r in rows if not r["error"]]
-    segment_stages = Counter(sg["stage"] for r in ok for sg in (r["segments"] or []))
-    step_seconds = {name: sum(r.get(col) or 0.0 for r in rows) for name, col in STEP_TIMES}
-    wer_by_stage, wer_by_bucket = {}, {}
-    with_ref = [r for r in ok if r["reference"]]
-    groups = defaultdict(list)
-    for r in with_ref:
-        groups[r["stage"]].append(r)
-    for stage, group in sorted(groups.items()):
-        wer_by_stage[stage] = (corpus_wer([r["reference"] for r in group], [r["text"] or "" for r in group]),
-                               len(group))
-    for low, high in DURATION_BUCKETS:
-        group = [r for r in with_ref if low <= (r["duration_s"] or 0.0) < high]
-        if group:
-            wer_by_bucket[bucket_name(low, high)] = (
-                corpus_wer([r["reference"] for r in group], [r["text"] or "" for r in group]), len(group))
+class _Wer:
+    """Word errors and reference words summed over batches (their ratio is the corpus WER),
+    and the rows counted."""
+
+    def __init__(self):
+        self.errors = self.words = self.rows = 0
+
+    def add(self, pairs: list[tuple[str, str]]) -> None:
+        if pairs:
+            e, w = word_error_counts([a for a, _ in pairs], [b for _, b in pairs])
+            self.errors, self.words, self.rows = self.errors + e, self.words + w, self.rows + len(pairs)
+
+    def value(self):
+        return self.errors / self.words if self.words else None
+
+
+def report_data(batches) -> dict:
+    """Everything the page shows, from output rows given a batch (a list of dicts) at a time
+    (``iter_output``), so a million-row output is never held whole."""
+    segment_stages: Counter = Counter()
+    step_seconds = {name: 0.0 for name, _ in STEP_TIMES}
+    total, by_stage, by_bucket = _Wer(), defaultdict(_Wer), defaultdict(_Wer)
     errors: dict[str, dict] = {}
-    for r in rows:
-        if r["error"]:
-            e = errors.setdefault(error_kind(r["error"]), {"count": 0, "ids": [], "message": r["error"]})
-            e["count"] += 1
-            if len(e["ids"]) < 3:
-                e["ids"].append(r["id"])
-    finished = sorted((r["finished_at"], r["duration_s"] or 0.0) for r in rows if r.get("finished_at"))
-    return {"rows": len(rows), "errors": sum(e["count"] for e in errors.values()),
-            "audio_s": sum(r["duration_s"] or 0.0 for r in rows), "durations": [r["duration_s"] for r in ok
-                                                                              if r["duration_s"]],
-            "segment_stages": dict(segment_stages.most_common()), "step_seconds": step_seconds,
-            "wer": corpus_wer([r["reference"] for r in with_ref], [r["text"] or "" for r in with_ref])
-            if with_ref else None, "wer_rows": len(with_ref),
-            "wer_by_stage": wer_by_stage, "wer_by_bucket": wer_by_bucket,
-            "errors_table": dict(sorted(errors.items(), key=lambda kv: -kv[1]["count"])), "finished": finished}
+    finished, durations, n_rows, audio_s = [], [], 0, 0.0
+    for rows in batches:
+        n_rows += len(rows)
+        pairs_stage, pairs_bucket, pairs = defaultdict(list), defaultdict(list), []
+        for r in rows:
+            for name, col in STEP_TIMES:
+                step_seconds[name] += r.get(col) or 0.0
+            audio_s += r["duration_s"] or 0.0
+            if r.get("finished_at"):
+                finished.append((r["finished_at"], r["duration_s"] or 0.0))
+            if r["error"]:
+                e = errors.setdefault(error_kind(r["error"]), {"count": 0, "ids": [], "message": r["error"]})
+                e["count"] += 1
+                if len(e["ids"]) < 3:
+                    e["ids"].append(r["id"])
+                continue
+            segment_stages.update(sg["stage"] for sg in (r["segments"] or []))
+            if r["duration_s"]:
+                durations.append(r["duration_s"])
+            if r["reference"]:
+                pair = (r["reference"], r["text"] or "")
+                pairs.append(pair)
+                pairs_stage[r["stage"]].append(pair)
+                for low, high in DURATION_BUCKETS:
+                    if low <= (r["duration_s"] or 0.0) < high:
+                        pairs_bucket[bucket_name(low, high)].append(pair)
+        total.add(pairs)
+        for key, group in pairs_stage.items():
+            by_stage[key].add(group)
+        for key, group in pairs_bucket.items():
+            by_bucket[key].add(group)
+    order = [bucket_name(low, high) for low, high in DURATION_BUCKETS]
+    return {"rows": n_rows, "errors": sum(e["count"] for e in errors.values()), "audio_s": audio_s,
+            "durations": durations, "segment_stages": dict(segment_stages.most_common()),
+            "step_seconds": step_seconds, "wer": total.value(), "wer_rows": total.rows,
+            "wer_by_stage": {k: (w.value(), w.rows) for k, w in sorted(by_stage.items())},
+            "wer_by_bucket": {k: (by_bucket[k].value(), by_bucket[k].rows) for k in order if k in by_bucket},
+            "errors_table": dict(sorted(errors.items(), key=lambda kv: -kv[1]["count"])),
+            "finished": sorted(finished)}
 
 
 def _plots(data: dict, save) -> list[tuple[str, str]]:
@@ -172,11 +200,9 @@ def write_report(dst: str) -> str:
 
     import fsspec
 
-    table = read_output(dst, COLUMNS)
-    if table is None:
-        raise FileNotFoundError(f"{dst}: no Parquet parts (not a transcription output folder)")
-    rows = table.to_pylist()
     fs, path = fsspec.core.url_to_fs(dst)
+    if not any(True for _ in iter_output(dst, ["id"], batch_rows=1)):
+        raise FileNotFoundError(f"{redact_uri(dst)}: no Parquet parts (not a transcription output folder)")
     side = posixpath.join(path, SIDECAR_DIR)
     fs.makedirs(side, exist_ok=True)
 
@@ -191,7 +217,7 @@ def write_report(dst: str) -> str:
     if fs.exists(posixpath.join(path, SUMMARY_NAME)):
         with fs.open(posixpath.join(path, SUMMARY_NAME)) as fh:
             summary = json.load(fh)
-    data = report_data(rows)
+    data = report_data(iter_output(dst, COLUMNS))
     data["started_at"] = (summary or {}).get("started_at")
     page = render_html(dst, data, summary, _plots(data, save))
     with fs.open(posixpath.join(side, REPORT_NAME), "w") as fh:
