@@ -160,13 +160,14 @@ def check_model(model_config) -> None:
                                             "alignment_heads": [[1, 0]]})
         return
     config = checkpoint_config(model_config.source)
+    if model_config.family == "whisper":
+        _whisper_components(model_config, config)
+        _whisper_options(model_config, checkpoint_json(model_config.source, "generation_config.json"))
+    # Last: what the config says is wrong is the more useful message.
     folder = Path(model_config.source).expanduser()
     if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise ModelError(f"model.source={model_config.source}: the directory has a config.json but no weights "
                          f"({' or '.join(WEIGHT_FILES[::2])})")
-    if model_config.family == "whisper":
-        _whisper_components(model_config, config)
-        _whisper_options(model_config, checkpoint_json(model_config.source, "generation_config.json"))
 
 
 def check_transducer_search(cfg) -> None:
