@@ -3,7 +3,8 @@
 
 Captions follow the usual subtitle limits: a cue is cut at segment boundaries and at word
 boundaries (preferably where a sentence ends), holds at most ``MAX_LINES`` lines of at most ``MAX_CHARS`` characters and
-lasts at most ``MAX_CUE_S`` seconds; cues are in time order and never overlap.
+lasts from ``MIN_CUE_S`` to ``MAX_CUE_S`` seconds; cues are in time order and never overlap.
+Words are never dropped: a cue the next one leaves no time shows with it, over the limits.
 
 Word times: a segment that carries timed ``words`` ([{word, start, end}], e.g. from a CTC
 decoder's frame alignment, or Whisper's cross-attention with model.word_timestamps) is
