@@ -19,7 +19,11 @@ class StorageError(ValueError):
     """A storage location cannot be opened (missing backend, bad URL)."""
 
 
+# user:password@ where the password may hold '/', '?' or '#'. Object stores' URLs name a
+# bucket, never a port; elsewhere "host:8080/..." is a port, not a password.
 _USERINFO = re.compile(r"^([A-Za-z][\w+.-]*://)[^/:@?#]*:[^@]*?@")
+_USERINFO_PORTS = re.compile(r"^([A-Za-z][\w+.-]*://)[^/:@?#]*:(?!\d{1,5}(?:[/?#]|$))[^@]*?@")
+_BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2")
 
 
 def redact_uri(uri: str | None) -> str | None:
@@ -30,8 +34,9 @@ def redact_uri(uri: str | None) -> str | None:
         return uri
     # A password may hold '/', '?' or '#' (AWS secret keys hold '/'), which urlsplit reads as
     # the end of the host: drop "user:password@" first. A path with '@' in it (no ':' before
-    # its first '/') is left alone.
-    uri = _USERINFO.sub(r"\1", uri)
+    # its first '/', or a port) is left alone.
+    scheme = uri.split("://", 1)[0].lower()
+    uri = (_USERINFO if scheme in _BUCKET_SCHEMES else _USERINFO_PORTS).sub(r"\1", uri)
     try:
         parts = urlsplit(uri)
     except ValueError:

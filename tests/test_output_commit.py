@@ -176,12 +176,14 @@ def test_summary_read_a_batch_at_a_time_equals_one_over_all_rows(tmp_path, monke
     ("s3://AKIA:a#b@bucket/x.wav", "s3://bucket/x.wav"),
     ("s3://AKIA:a?b@bucket/x.wav", "s3://bucket/x.wav"),
     ("s3://bucket/take@2:00.wav", "s3://bucket/take@2:00.wav"),     # an '@' in the path stays
+    ("https://host.example:8080/x@y.wav", "https://host.example:8080/x@y.wav"),   # after a port too
+    ("s3://AKIA:12/ab@bucket/x.wav", "s3://bucket/x.wav"),          # a bucket URL has no port
     (None, None),
 ])
 def test_redact_uri(uri, clean):
     assert redact_uri(uri) == clean
     if uri:
-        for secret in ("secret", "abc", "def+ghi", "a#b", "a?b", "zzz", "AKIA", "sk@", "token="):
+        for secret in ("secret", "abc", "def+ghi", "a#b", "a?b", "12/ab", "zzz", "AKIA", "sk@", "token="):
             assert secret not in (redact_uri(uri) or "") or secret in clean
 
 
