@@ -79,10 +79,11 @@ def _uri(fs, path: str) -> str:
     return path if protocol in ("file", "local") else f"{protocol}://{path}"
 
 
-def _table_row_id(source: Source, file: str, index: int) -> str:
-    """A table row's id when the table has no id: its file's path under the folder (its
-    name for a single table: two splits' 0000.parquet are two files) and the row index."""
-    return f"{_file_id(source, file)}:{index}"
+def _table_id_prefix(source: Source, file: str) -> str:
+    """What a table row's id starts with when the table has no id (then ``:<row>``): its
+    file's path under the folder (its name for a single table), so two splits'
+    0000.parquet are two files."""
+    return _file_id(source, file)
 
 
 def _file_id(source: Source, file: str) -> str:
@@ -214,6 +215,7 @@ def _table_rows(source: Source, file: str, batch: pa.RecordBatch, first_index: i
                 audio_col: str, text_col: str | None, id_col: str | None) -> list[dict]:
     base = posixpath.dirname(fsspec.core.url_to_fs(file)[1])
     protocol = _protocol(fsspec.core.url_to_fs(file)[0])
+    prefix = _table_id_prefix(source, file)
     audios = batch.column(audio_col).to_pylist()
     ids = batch.column(id_col).to_pylist() if id_col else None
     texts = batch.column(text_col).to_pylist() if text_col else None
@@ -228,7 +230,7 @@ def _table_rows(source: Source, file: str, batch: pa.RecordBatch, first_index: i
         else:
             data, apath = None, audio
         uri = _join(base, apath, protocol) if (apath and data is None) else f"{file}#{i}"
-        rid = ids[j] if ids is not None and ids[j] is not None else _table_row_id(source, file, i)
+        rid = ids[j] if ids is not None and ids[j] is not None else f"{prefix}:{i}"
         rows.append({"id": str(rid), "audio": uri, "audio_bytes": data,
                      "reference": None if texts is None or texts[j] is None else str(texts[j]),
                      "key_phrases": phrases[j] if phrases else None,
@@ -268,6 +270,7 @@ def scan(source: Source, rows_per_item: int = ROWS_PER_ITEM) -> Scan:
 
         for file in source.files:
             fs, path = fsspec.core.url_to_fs(file)
+            prefix = _table_id_prefix(source, file)
             with fs.open(path, "rb") as fh:
                 pf = pq.ParquetFile(fh)
                 _, _, id_col = _table_columns(source, pf.schema_arrow.names, file)
@@ -276,10 +279,10 @@ def scan(source: Source, rows_per_item: int = ROWS_PER_ITEM) -> Scan:
                     n = pf.metadata.row_group(rg).num_rows
                     if id_col:
                         col = pf.read_row_group(rg, columns=[id_col]).column(0).to_pylist()
-                        ids.extend(str(v) if v is not None else _table_row_id(source, file, first + k)
+                        ids.extend(str(v) if v is not None else f"{prefix}:{first + k}"
                                    for k, v in enumerate(col))
                     else:
-                        ids.extend(_table_row_id(source, file, first + k) for k in range(n))
+                        ids.extend(f"{prefix}:{first + k}" for k in range(n))
                     if n:
                         items.append({"kind": "table", "file": file, "row_group": rg, "first": first})
                     first += n
