@@ -207,7 +207,8 @@ def _manifest_lines(file: str, start: int = 0, stop: int | None = None, first_li
 
 def _table_columns(source: Source, schema_names, where: str) -> tuple[str, str | None, str | None]:
     audio = _pick(AUDIO_NAMES, schema_names, source.audio_column, "audio", where, required=True)
-    text = _pick(TEXT_NAMES, schema_names, source.text_column, "text", where, required=False)
+    # A table has one schema: a --text-column it lacks is a typo, not rows without text.
+    text = _pick(TEXT_NAMES, schema_names, source.text_column, "text", where, required=source.text_column is not None)
     return audio, text, ("id" if "id" in schema_names else None)
 
 

@@ -80,6 +80,8 @@ def test_hf_table_columns_by_common_names_or_flags(tmp_path):
         read_source(str(tmp_path / "o.parquet"))
     with pytest.raises(SourceError, match="no audio column 'nope'"):
         read_source(str(tmp_path / "o.parquet"), audio_column="nope")
+    with pytest.raises(SourceError, match="no text column 'labl'"):
+        read_source(str(tmp_path / "o.parquet"), audio_column="clip", text_column="labl")
     (row,) = read_source(str(tmp_path / "o.parquet"), audio_column="clip", text_column="label")
     assert row["audio_bytes"] == data and row["reference"] == "z"
 
