@@ -79,13 +79,6 @@ def _uri(fs, path: str) -> str:
     return path if protocol in ("file", "local") else f"{protocol}://{path}"
 
 
-def _table_id_prefix(source: Source, file: str) -> str:
-    """What a table row's id starts with when the table has no id (then ``:<row>``): its
-    file's path under the folder (its name for a single table), so two splits'
-    0000.parquet are two files."""
-    return _file_id(source, file)
-
-
 def _file_id(source: Source, file: str) -> str:
     """A listed file's id (its path under the folder, or its name); a name that is not
     UTF-8 is written with ``\\xNN`` escapes (its row is an error row, see read_item)."""
@@ -216,7 +209,9 @@ def _table_rows(source: Source, file: str, batch: pa.RecordBatch, first_index: i
                 audio_col: str, text_col: str | None, id_col: str | None) -> list[dict]:
     base = posixpath.dirname(fsspec.core.url_to_fs(file)[1])
     protocol = _protocol(fsspec.core.url_to_fs(file)[0])
-    prefix = _table_id_prefix(source, file)
+    # A row without an id is "<file>:<row>", the file named as a listed audio file is (its
+    # path under the folder), so two splits' 0000.parquet are two files.
+    prefix = _file_id(source, file)
     audios = batch.column(audio_col).to_pylist()
     ids = batch.column(id_col).to_pylist() if id_col else None
     texts = batch.column(text_col).to_pylist() if text_col else None
@@ -271,7 +266,7 @@ def scan(source: Source, rows_per_item: int = ROWS_PER_ITEM) -> Scan:
 
         for file in source.files:
             fs, path = fsspec.core.url_to_fs(file)
-            prefix = _table_id_prefix(source, file)
+            prefix = _file_id(source, file)    # as in _table_rows
             with fs.open(path, "rb") as fh:
                 pf = pq.ParquetFile(fh)
                 _, _, id_col = _table_columns(source, pf.schema_arrow.names, file)
