@@ -57,33 +57,40 @@ def run(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
-    """The keep rule and the exports over DST's rows (the transcribe job committed them)."""
+    """The keep rule and the exports over DST's rows (the transcribe job committed them),
+    in two streamed passes: the rows' statistics to rank them, then the kept rows'
+    segments into utterances, a batch at a time."""
     from pipeline.config import load_config
-    from pipeline.output import read_output
-    from pipeline.pseudo_label import keep_flags, report_data, utterances, write_exports
-    from pipeline.records import OUTPUT_SCHEMA
+    from pipeline.output import iter_output
+    from pipeline.pseudo_label import ExportWriter, UtteranceTally, keep_flags, report_data, row_stat, utterances
 
     cfg = load_config(args.config, args.overrides, model=args.model)
-    wanted = ["id", "audio", "text", "reference", "error", "segments", "filter_reasons", "confidence", "language"]
-    out = read_output(args.output, [c for c in wanted if c in OUTPUT_SCHEMA.names], cfg.storage.options)
-    rows = out.to_pylist() if out is not None else []
-    offsets, no_file = _source_spans(args)
-    rank_by = cfg.pseudo_label.rank_by
-    kept = keep_flags(rows, args.min_confidence, args.keep_fraction, rank_by)
-    utts, unsplit, no_path = [], 0, 0
-    for row, keep in zip(rows, kept):
-        if not keep:
-            continue
-        if row["id"] in no_file:
-            no_path += 1
-            continue
-        pieces, lost = utterances(row, cfg.pseudo_label.max_utterance_s, offsets.get(row["id"]))
-        utts += pieces
-        unsplit += lost
-    rule = {"min_confidence": args.min_confidence, "keep_fraction": args.keep_fraction, "rank_by": rank_by,
-            "max_utterance_s": cfg.pseudo_label.max_utterance_s}
-    data = report_data(rows, kept, utts, unsplit, no_path, rule, cfg.pseudo_label.reliability_bins, rank_by)
-    written = write_exports(args.output, utts, data, cfg.storage.options)
+    pl = cfg.pseudo_label
+    stats = [row_stat(r) for rows in iter_output(args.output, _STAT_COLUMNS, cfg.storage.options) for r in rows]
+    kept = keep_flags(stats, args.min_confidence, args.keep_fraction, pl.rank_by)
+    kept_ids = {s.id for s, keep in zip(stats, kept) if keep}
+    spans = _SourceSpans(args)
+    tally = UtteranceTally()
+    writer = ExportWriter(args.output, cfg.storage.options)
+    try:
+        for rows in iter_output(args.output, _EXPORT_COLUMNS, cfg.storage.options):
+            for row in rows:
+                if row["id"] not in kept_ids:
+                    continue
+                kept_ids.discard(row["id"])     # a duplicated id (two runs' parts) exports once
+                if spans.from_table(row):
+                    tally.left_out_no_audio_path += 1
+                    continue
+                pieces, lost = utterances(row, pl.max_utterance_s, spans.offset(row))
+                tally.add(pieces)
+                tally.left_out_too_long += lost
+                writer.add(pieces)
+    finally:
+        writer.close()
+    rule = {"min_confidence": args.min_confidence, "keep_fraction": args.keep_fraction, "rank_by": pl.rank_by,
+            "max_utterance_s": pl.max_utterance_s}
+    data = report_data(stats, kept, tally, rule, pl.reliability_bins, pl.rank_by)
+    written = writer.finish(data)
     print(f"Pseudo-labels: kept {data['kept']} of {data['rows']} rows ({data['errors']} errors, "
           f"{data['filtered']} filtered), {data['utterances']} utterances, {data['utterance_seconds']:.1f} s")
     for url in written:
@@ -94,21 +101,39 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _source_spans(args) -> tuple[dict[str, float], set[str]]:
-    """Per id, where the recording starts in its file (NeMo manifests' offset), and the ids
-    whose audio came as bytes (no file for a manifest to point at)."""
-    import pyarrow.compute as pc
+# The keep rule reads no segment text and no word times: only what row_stat keeps.
+_STAT_COLUMNS = ["id", "text", "reference", "error", "segments", "filter_reasons", "confidence"]
+_EXPORT_COLUMNS = ["id", "audio", "offset_s", "segments", "confidence"]
 
-    from pipeline.sources import ROWS_PER_ITEM, iter_input_batches, open_source
 
-    offsets, no_file = {}, set()
-    source = open_source(args.input, args.audio_column, args.text_column)
-    for batch in iter_input_batches(source, ROWS_PER_ITEM):
-        ids = batch.column("id").to_pylist()
-        for i, offset in zip(ids, batch.column("offset_s").to_pylist()):
-            if offset:
-                offsets[i] = offset
-        for i, has_bytes in zip(ids, pc.is_valid(batch.column("audio_bytes")).to_pylist()):
-            if has_bytes:
-                no_file.add(i)
-    return offsets, no_file
+class _SourceSpans:
+    """Where a kept row's audio is: its offset in its file (the output's ``offset_s``), and
+    whether it came as bytes in a table (``<table file>#<row>``: no file for a manifest to
+    point at). Reads no audio; the input is listed once."""
+
+    def __init__(self, args: argparse.Namespace):
+        from pipeline.sources import open_source
+        from pipeline.storage import redact_uri
+
+        self._args = args
+        source = open_source(args.input, args.audio_column, args.text_column)
+        self._kind = source.kind
+        self._tables = {redact_uri(f) for f in source.files} if source.kind == "table" else set()
+        self._manifest_offsets: dict[str, float] | None = None
+
+    def from_table(self, row: dict) -> bool:
+        head, sep, tail = (row.get("audio") or "").rpartition("#")
+        return bool(sep) and tail.isdigit() and head in self._tables
+
+    def offset(self, row: dict) -> float | None:
+        if row.get("offset_s") is not None:
+            return row["offset_s"]
+        if self._kind != "manifest":
+            return None
+        # A part written before the output had offset_s: the manifest says (it holds no audio).
+        if self._manifest_offsets is None:
+            from pipeline.sources import read_source
+
+            self._manifest_offsets = {r["id"]: r["offset_s"] for r in read_source(
+                self._args.input, self._args.audio_column, self._args.text_column) if r.get("offset_s")}
+        return self._manifest_offsets.get(row["id"])

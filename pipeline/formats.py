@@ -198,7 +198,8 @@ def to_json(row: dict) -> str:
 
 def nemo_line(row: dict) -> str:
     """A NeMo manifest line: the audio, its duration, the reference as ``text`` and the
-    transcript as ``pred_text`` (empty, with ``error``, where the row failed)."""
+    transcript as ``pred_text`` (empty, with ``error``, where the row failed after its
+    audio was read). ``write_formats`` leaves out rows without a duration."""
     line = {"audio_filepath": row.get("audio"), "duration": row.get("duration_s"),
             "text": row.get("reference") or "", "pred_text": row.get("text") or "", "id": row["id"]}
     if row.get("offset_s") is not None:    # a span of the file: NeMo reads from there
@@ -250,7 +251,8 @@ def write_formats(dst: str, formats: list[str], options: dict | None = None) -> 
     nemo = fs.open(posixpath.join(root, NEMO_MANIFEST), "w", encoding="utf-8") if "nemo" in formats else None
     try:
         for row in _rows(dst, options):
-            if nemo is not None:
+            # NeMo's manifest readers add up and compare durations: one null stops them.
+            if nemo is not None and row.get("duration_s") is not None:
                 nemo.write(nemo_line(row) + "\n")
             if not per_file:
                 continue

@@ -21,6 +21,9 @@
   rule ranks them, where references exist) and the reliability diagram (confidence bins
   against the share of their rows with no word error, with the expected calibration
   error, ECE, of "On Calibration of Modern Neural Networks", eq. 3).
+- Scale: the keep rule ranks compact per-row statistics (``RowStat``), and the exports are
+  written a batch of utterances at a time (``ExportWriter``), so memory grows by tens of
+  bytes a row, not by a row's segments and words.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import io
 import json
 import math
 import posixpath
+from dataclasses import dataclass
 
 import jiwer
 import pyarrow as pa
@@ -46,6 +50,10 @@ DATASET_FILE = f"{DATASET_DIR}/train-00000-of-00001.parquet"
 REPORT_NAME = f"{EXPORT_DIR}/_report.json"
 PLOT_NAME = f"{EXPORT_DIR}/pseudo_label.png"
 
+# The report's kept-fraction curve has at most about this many points (evenly spaced in
+# rows kept), whatever the number of rows.
+CURVE_POINTS = 1000
+
 UTTERANCE_SCHEMA = pa.schema([
     ("id", pa.string()), ("source_id", pa.string()), ("audio_filepath", pa.string()),
     ("offset", pa.float64()), ("duration", pa.float64()), ("text", pa.string()),
@@ -53,9 +61,9 @@ UTTERANCE_SCHEMA = pa.schema([
 ])
 
 
-def eligible(row: dict) -> bool:
+def eligible(row: RowStat) -> bool:
     """No error and no filter reason: the rows a confidence rule may keep."""
-    return not row.get("error") and not row.get("filter_reasons")
+    return not row.error and not row.filter_reasons
 
 
 def word_confidences(row: dict) -> list[float]:
@@ -69,6 +77,25 @@ def expected_errors(confidences: list[float]) -> tuple[float, int] | None:
     return (sum(1.0 - c for c in confidences), len(confidences)) if confidences else None
 
 
+@dataclass(frozen=True, slots=True)
+class RowStat:
+    """What the keep rule and the report need of a row, without its segments: the export
+    holds one per output row, so a million-row job ranks in a few hundred MB."""
+    id: str
+    error: bool
+    filter_reasons: tuple[str, ...]
+    confidence: float | None
+    expected: tuple[float, int] | None     # expected word errors and words (expected_errors)
+    counts: tuple[int, int] | None         # word errors against the reference (row_errors); None for an error row
+
+
+def row_stat(row: dict) -> RowStat:
+    error = bool(row.get("error"))
+    return RowStat(id=row["id"], error=error, filter_reasons=tuple(row.get("filter_reasons") or ()),
+                   confidence=row.get("confidence"), expected=expected_errors(word_confidences(row)),
+                   counts=None if error else row_errors(row.get("reference"), row.get("text")))
+
+
 def excess_errors(counts: list[tuple[float, int] | None]) -> list[float | None]:
     """e_i - w * n_i per (expected errors, words) pair, w = sum e / sum n over the pairs
     given (the module's docstring); None stays None. Lower is better."""
@@ -78,26 +105,25 @@ def excess_errors(counts: list[tuple[float, int] | None]) -> list[float | None]:
     return [None if c is None else c[0] - rate * c[1] for c in counts]
 
 
-def rank_scores(rows: list[dict], rank_by: str = "excess_errors") -> list[float | None]:
+def rank_scores(rows: list[RowStat], rank_by: str = "excess_errors") -> list[float | None]:
     """Per row, a score where higher ranks first (None: cannot rank), over ``rows`` as the
     candidates."""
     if rank_by == "confidence":
-        return [r.get("confidence") for r in rows]
+        return [r.confidence for r in rows]
     if rank_by != "excess_errors":
         raise ValueError(f"rank_by: expected one of {PSEUDO_LABEL_RANKINGS}, got {rank_by!r}")
     # A row without a confidence passes no rule, whatever its words say.
-    counts = [expected_errors(word_confidences(r)) if r.get("confidence") is not None else None for r in rows]
+    counts = [r.expected if r.confidence is not None else None for r in rows]
     return [None if x is None else -x for x in excess_errors(counts)]
 
 
-def keep_flags(rows: list[dict], min_confidence: float | None = None,
+def keep_flags(rows: list[RowStat], min_confidence: float | None = None,
                keep_fraction: float | None = None, rank_by: str = "excess_errors") -> list[bool]:
     """Per row, whether the keep rule keeps it (one of the two thresholds, or neither:
     every eligible row)."""
     ok = [eligible(r) for r in rows]
     if min_confidence is not None:
-        return [o and r.get("confidence") is not None and r["confidence"] >= min_confidence
-                for o, r in zip(ok, rows)]
+        return [o and r.confidence is not None and r.confidence >= min_confidence for o, r in zip(ok, rows)]
     if keep_fraction is None:
         return ok
     # At most the fraction F of the eligible rows, the best ranked first; ties broken by id
@@ -105,7 +131,7 @@ def keep_flags(rows: list[dict], min_confidence: float | None = None,
     n_keep = math.floor(keep_fraction * sum(ok) + 1e-9)
     candidates = [i for i in range(len(rows)) if ok[i]]
     scores = dict(zip(candidates, rank_scores([rows[i] for i in candidates], rank_by)))
-    ranked = sorted((i for i in candidates if scores[i] is not None), key=lambda i: (-scores[i], rows[i]["id"]))
+    ranked = sorted((i for i in candidates if scores[i] is not None), key=lambda i: (-scores[i], rows[i].id))
     chosen = set(ranked[:n_keep])
     return [i in chosen for i in range(len(rows))]
 
@@ -180,40 +206,35 @@ def row_errors(reference: str, hypothesis: str) -> tuple[int, int] | None:
     return out.substitutions + out.deletions + out.insertions, len(ref.split())
 
 
-def _scored_rows(rows: list[dict]) -> list[tuple[dict, int, int]]:
+def _scored_rows(rows: list[RowStat]) -> list[tuple[RowStat, int, int]]:
     """(row, word errors, reference words) of the rows without an error that have a
     confidence and a reference."""
-    out = []
-    for r in rows:
-        if r.get("error") or r.get("confidence") is None:
-            continue
-        counts = row_errors(r.get("reference"), r.get("text"))
-        if counts is not None:
-            out.append((r, *counts))
-    return out
+    return [(r, *r.counts) for r in rows if not r.error and r.confidence is not None and r.counts is not None]
 
 
-def kept_fraction_curve(rows: list[dict], rank_by: str = "excess_errors") -> list[dict]:
+def kept_fraction_curve(rows: list[RowStat], rank_by: str = "excess_errors") -> list[dict]:
     """WER of the best ranked rows against the fraction kept, over the rows without an
     error that have a reference and a confidence (ranked as ``--keep-fraction`` ranks,
     though the excess ranking's rate w is then taken over these rows, not over every
     eligible row); each point also carries the ranking's score of the last row kept."""
     scored = _scored_rows(rows)
     scores = rank_scores([r for r, _, _ in scored], rank_by)
-    ranked = sorted(((s, r["id"], e, n) for (r, e, n), s in zip(scored, scores) if s is not None),
+    ranked = sorted(((s, r.id, e, n) for (r, e, n), s in zip(scored, scores) if s is not None),
                     key=lambda x: (-x[0], x[1]))
     curve, errors, words = [], 0, 0
+    step = math.ceil(len(ranked) / CURVE_POINTS) if ranked else 1
     for k, (score, _, e, n) in enumerate(ranked, 1):
         errors, words = errors + e, words + n
-        curve.append({"kept_fraction": k / len(ranked), "wer": errors / words, "score": score})
+        if k % step == 0 or k == len(ranked):
+            curve.append({"kept_fraction": k / len(ranked), "wer": errors / words, "score": score})
     return curve
 
 
-def reliability(rows: list[dict], bins: int) -> dict:
+def reliability(rows: list[RowStat], bins: int) -> dict:
     """Confidence bins [i/bins, (i+1)/bins) against the share of the bin's rows with no word
     error (what a row's ``confidence``, P(no error), estimates), with the expected
     calibration error: sum_b n_b/N |acc_b - conf_b|."""
-    pairs = [(min(max(r["confidence"], 0.0), 1.0), 1.0 if e == 0 else 0.0) for r, e, _ in _scored_rows(rows)]
+    pairs = [(min(max(r.confidence, 0.0), 1.0), 1.0 if e == 0 else 0.0) for r, e, _ in _scored_rows(rows)]
     table = []
     for b in range(bins):
         lo, hi = b / bins, (b + 1) / bins
@@ -226,42 +247,57 @@ def reliability(rows: list[dict], bins: int) -> dict:
     return {"rows": len(pairs), "bin_width": 1 / bins, "bins": table, "ece": ece}
 
 
-def _wer(rows: list[dict]) -> float | None:
-    counts = [row_errors(r.get("reference"), r.get("text")) for r in rows if not r.get("error")]
-    counts = [c for c in counts if c is not None]
+def _wer(rows: list[RowStat]) -> float | None:
+    counts = [r.counts for r in rows if not r.error and r.counts is not None]
     words = sum(n for _, n in counts)
     return sum(e for e, _ in counts) / words if words else None
 
 
-def report_data(rows: list[dict], kept: list[bool], utterance_rows: list[dict], unsplit: int,
-                no_path: int, rule: dict, bins: int, rank_by: str = "excess_errors") -> dict:
+@dataclass
+class UtteranceTally:
+    """The exported utterances, counted as they are written."""
+    count: int = 0
+    seconds: float = 0.0
+    longest: float | None = None
+    left_out_too_long: int = 0        # segments or words that could not be cut to max_utterance_s
+    left_out_no_audio_path: int = 0   # kept rows whose audio came as bytes in a table
+
+    def add(self, utts: list[dict]) -> None:
+        for u in utts:
+            self.count += 1
+            self.seconds += u["duration"]
+            self.longest = u["duration"] if self.longest is None else max(self.longest, u["duration"])
+
+
+def report_data(rows: list[RowStat], kept: list[bool], tally: UtteranceTally, rule: dict, bins: int,
+                rank_by: str = "excess_errors") -> dict:
     reasons: dict[str, int] = {}
     for r in rows:
-        for reason in r.get("filter_reasons") or []:
+        for reason in r.filter_reasons:
             reasons[reason] = reasons.get(reason, 0) + 1
     kept_rows = [r for r, k in zip(rows, kept) if k]
     # The job's own operating point on the curve's population (rows with a reference and a
     # confidence, no error).
-    population = [(r, k) for r, k in zip(rows, kept) if not r.get("error") and r.get("confidence") is not None
-                  and row_errors(r.get("reference"), r.get("text")) is not None]
+    population = [(r, k) for r, k in zip(rows, kept) if not r.error and r.confidence is not None
+                  and r.counts is not None]
     point_rows = [r for r, k in population if k]
     point = ({"kept_fraction": len(point_rows) / len(population), "wer": _wer(point_rows)}
              if population and point_rows else None)
     return {
         "rows": len(rows),
-        "errors": sum(1 for r in rows if r.get("error")),
-        "filtered": sum(1 for r in rows if not r.get("error") and r.get("filter_reasons")),
+        "errors": sum(1 for r in rows if r.error),
+        "filtered": sum(1 for r in rows if not r.error and r.filter_reasons),
         "filter_reasons": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
-        "with_confidence": sum(1 for r in rows if r.get("confidence") is not None),
+        "with_confidence": sum(1 for r in rows if r.confidence is not None),
         "kept": len(kept_rows),
         "kept_fraction": len(kept_rows) / len(rows) if rows else None,
-        "kept_with_error": sum(1 for r in kept_rows if r.get("error")),
+        "kept_with_error": sum(1 for r in kept_rows if r.error),
         "rule": rule,
-        "utterances": len(utterance_rows),
-        "utterance_seconds": round(sum(u["duration"] for u in utterance_rows), 3),
-        "longest_utterance_s": max((u["duration"] for u in utterance_rows), default=None),
-        "left_out_too_long": unsplit,
-        "left_out_no_audio_path": no_path,
+        "utterances": tally.count,
+        "utterance_seconds": round(tally.seconds, 3),
+        "longest_utterance_s": tally.longest,
+        "left_out_too_long": tally.left_out_too_long,
+        "left_out_no_audio_path": tally.left_out_no_audio_path,
         "wer_all": _wer(rows),
         "wer_kept": _wer(kept_rows),
         "curve": kept_fraction_curve(rows, rank_by),
@@ -306,33 +342,75 @@ def plot(data: dict):
     return fig
 
 
+class ExportWriter:
+    """The NeMo manifest and the datasets folder, written a batch of utterances at a time,
+    then the report and its figure under DST/__shardscribe__/pseudo_label/ (``finish``
+    returns their URLs)."""
+
+    NEMO_KEYS = ("audio_filepath", "offset", "duration", "text", "confidence")
+    # Utterances per Parquet row group: a group per kept row would grow the file's footer
+    # (held in memory until close) with every row.
+    GROUP_ROWS = 8192
+
+    def __init__(self, dst: str, options: dict | None = None):
+        self._fs, self._path = url_to_fs(dst, options)
+        self._root = redact_uri(dst).rstrip("/")     # the URLs returned are printed
+        self._fs.makedirs(posixpath.join(self._path, DATASET_DIR), exist_ok=True)
+        self._manifest = self._fs.open(posixpath.join(self._path, MANIFEST_NAME), "w", encoding="utf-8")
+        self._dataset_file = self._fs.open(posixpath.join(self._path, DATASET_FILE), "wb")
+        self._dataset = pq.ParquetWriter(self._dataset_file, UTTERANCE_SCHEMA)
+        self.written = [f"{self._root}/{MANIFEST_NAME}", f"{self._root}/{DATASET_FILE}"]
+        self._pending: list[dict] = []
+
+    def add(self, utterance_rows: list[dict]) -> None:
+        self._pending += utterance_rows
+        if len(self._pending) >= self.GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        self._manifest.write("".join(json.dumps({k: u[k] for k in self.NEMO_KEYS}, ensure_ascii=False) + "\n"
+                                     for u in self._pending))
+        self._dataset.write_table(pa.Table.from_pylist(self._pending, schema=UTTERANCE_SCHEMA))
+        self._pending = []
+
+    def close(self) -> None:
+        if self._manifest is None:
+            return
+        try:
+            self._flush()
+        finally:
+            self._manifest.close()
+            self._dataset.close()
+            self._dataset_file.close()
+            self._manifest = None
+
+    def finish(self, data: dict, with_plot: bool = True) -> list[str]:
+        self.close()
+        self._put(REPORT_NAME, json.dumps(data, indent=2).encode())
+        if with_plot:
+            import matplotlib.pyplot as plt
+
+            fig = plot(data)
+            png = io.BytesIO()
+            fig.savefig(png, format="png", dpi=100)
+            plt.close(fig)
+            self._put(PLOT_NAME, png.getvalue())
+        return self.written
+
+    def _put(self, name: str, data_bytes: bytes) -> None:
+        with self._fs.open(posixpath.join(self._path, name), "wb") as fh:
+            fh.write(data_bytes)
+        self.written.append(f"{self._root}/{name}")
+
+
 def write_exports(dst: str, utterance_rows: list[dict], data: dict, options: dict | None = None,
                   with_plot: bool = True) -> list[str]:
-    """The NeMo manifest, the datasets folder, the report and its figure under
-    DST/__shardscribe__/pseudo_label/; returns their URLs."""
-    fs, path = url_to_fs(dst, options)
-    root = redact_uri(dst).rstrip("/")     # the URLs returned are printed
-    fs.makedirs(posixpath.join(path, DATASET_DIR), exist_ok=True)
-    written = []
-
-    def put(name: str, data_bytes: bytes) -> None:
-        with fs.open(posixpath.join(path, name), "wb") as fh:
-            fh.write(data_bytes)
-        written.append(f"{root}/{name}")
-
-    nemo_keys = ("audio_filepath", "offset", "duration", "text", "confidence")
-    put(MANIFEST_NAME, "".join(json.dumps({k: u[k] for k in nemo_keys}, ensure_ascii=False) + "\n"
-                               for u in utterance_rows).encode())
-    buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(utterance_rows, schema=UTTERANCE_SCHEMA), buf)
-    put(DATASET_FILE, buf.getvalue())
-    put(REPORT_NAME, json.dumps(data, indent=2).encode())
-    if with_plot:
-        import matplotlib.pyplot as plt
-
-        fig = plot(data)
-        png = io.BytesIO()
-        fig.savefig(png, format="png", dpi=100)
-        plt.close(fig)
-        put(PLOT_NAME, png.getvalue())
-    return written
+    """Every export at once, for utterances already in memory; returns their URLs."""
+    writer = ExportWriter(dst, options)
+    try:
+        writer.add(utterance_rows)
+    finally:
+        writer.close()
+    return writer.finish(data, with_plot)

@@ -103,7 +103,8 @@ def test_subtitles_and_manifest_are_written(job):
         else:
             assert cues == []
     nemo = [json.loads(line) for line in (side / "manifest.nemo.jsonl").read_text().splitlines()]
-    assert sorted(x["id"] for x in nemo) == sorted(rows.index)
+    assert sorted(x["id"] for x in nemo) == sorted(rows.index[rows["duration_s"].notna()])
+    assert all(isinstance(x["duration"], float) for x in nemo)
 
 
 def test_a_rerun_with_another_config_is_refused_unless_asked(job):

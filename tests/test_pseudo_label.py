@@ -17,6 +17,10 @@ from pipeline import output
 from pipeline import pseudo_label as pl
 
 
+def _stats(*rows):
+    return [pl.row_stat(r) for r in rows]
+
+
 def _row(i, conf, error=None, reasons=(), ref="a b c d", text="a b c d", words=None):
     """A row; ``words``: its word confidences (default: every word at the row's confidence)."""
     if words is None and conf is not None and text:
@@ -28,8 +32,8 @@ def _row(i, conf, error=None, reasons=(), ref="a b c d", text="a b c d", words=N
 
 
 def test_keep_rule_never_keeps_bad_rows():
-    rows = [_row(0, 0.99, error="cannot decode: x"), _row(1, 0.98, reasons=["compression_ratio"]),
-            _row(2, 0.9), _row(3, 0.7), _row(4, 0.5), _row(5, None), _row(6, 0.6)]
+    rows = _stats(_row(0, 0.99, error="cannot decode: x"), _row(1, 0.98, reasons=["compression_ratio"]),
+                  _row(2, 0.9), _row(3, 0.7), _row(4, 0.5), _row(5, None), _row(6, 0.6))
     assert pl.keep_flags(rows) == [False, False, True, True, True, True, True]
     assert pl.keep_flags(rows, min_confidence=0.6) == [False, False, True, True, False, False, True]
     # 5 eligible rows; F = 0.6 keeps the 3 most confident (the row without one cannot rank),
@@ -48,7 +52,7 @@ def test_excess_errors_ranking_by_hand():
     long_ = _row(0, 0.35, ref=" ".join("abcdefghij"), text=" ".join("abcdefghij"), words=[0.99] * 9 + [0.4])
     short = _row(1, 0.49, ref="x y", text="x q", words=[0.7, 0.7])
     third = _row(2, 0.8, ref="p q r s", text="p q r s", words=[0.95] * 4)
-    rows = [long_, short, third]
+    rows = _stats(long_, short, third)
     assert pl.expected_errors(pl.word_confidences(long_)) == (pytest.approx(0.69), 10)
     assert pl.rank_scores(rows) == pytest.approx([0.24125, -0.41375, 0.1725])
     # Keep 2 of 3: P(no error) drops the long row (most words, one error-prone word), the
@@ -97,10 +101,10 @@ def test_a_long_segment_whose_words_have_no_times_is_left_out_and_counted():
 
 
 def test_curve_and_reliability_by_hand(tmp_path):
-    rows = [_row(0, 0.95, ref="red green blue black", text="red green blue black"),   # 0 errors / 4
-            _row(1, 0.85, ref="red green blue black", text="red green blue white"),   # 1 / 4
-            _row(2, 0.15, ref="alpha beta", text="gamma delta"),                      # 2 / 2
-            _row(3, 0.99, error="cannot decode: x", ref="x y", text=None)]
+    rows = _stats(_row(0, 0.95, ref="red green blue black", text="red green blue black"),   # 0 errors / 4
+                  _row(1, 0.85, ref="red green blue black", text="red green blue white"),   # 1 / 4
+                  _row(2, 0.15, ref="alpha beta", text="gamma delta"),                      # 2 / 2
+                  _row(3, 0.99, error="cannot decode: x", ref="x y", text=None))
     curve = pl.kept_fraction_curve(rows)
     assert [p["kept_fraction"] for p in curve] == pytest.approx([1 / 3, 2 / 3, 1.0])
     assert [p["wer"] for p in curve] == pytest.approx([0.0, 1 / 8, 3 / 10])
@@ -112,7 +116,7 @@ def test_curve_and_reliability_by_hand(tmp_path):
     # --keep-fraction 0.5 of the three good rows keeps floor(1.5) = 1 row: the most confident.
     kept = pl.keep_flags(rows, keep_fraction=0.5)
     assert kept == [True, False, False, False]
-    data = pl.report_data(rows, kept, [], 0, 0, {"keep_fraction": 0.5}, 10)
+    data = pl.report_data(rows, kept, pl.UtteranceTally(), {"keep_fraction": 0.5}, 10)
     assert data["wer_all"] == pytest.approx(3 / 10) and data["wer_kept"] == 0.0
     assert data["kept_point"] == {"kept_fraction": pytest.approx(1 / 3), "wer": 0.0}
     written = pl.write_exports(str(tmp_path), [], data)
@@ -235,3 +239,68 @@ def test_dataset_folder_loads_with_datasets(job, tmp_path, monkeypatch):
     # DST itself still loads (every row, the exports in the sidecar folder are skipped).
     everything = datasets.load_dataset("parquet", data_dir=str(dst), split="train", cache_dir=str(tmp_path / "hf2"))
     assert everything.num_rows == len(job["lines"]) and "filter_reasons" in everything.column_names
+
+
+def test_export_streams_an_output_folder_written_by_hand(tmp_path, capsys):
+    """The export over committed parts, without a model: a row whose audio came as bytes in
+    a Parquet table has no file to point at (counted, not exported); a NeMo span is placed
+    at its offset, from the output's ``offset_s`` or, in a part written before that column
+    existed, from the manifest; a filtered row and an error row are never exported."""
+    import argparse
+
+    import pyarrow as pa
+
+    from jobs.pseudo_label import export
+    from pipeline.records import OUTPUT_SCHEMA, table
+
+    def row(rid, audio, conf=0.9, offset=None, error=None, reasons=()):
+        seg = {"start": 0.5, "end": 1.5, "text": "hello there", "error": None, "filter_reasons": list(reasons),
+               "words": [{"word": "hello", "start": 0.5, "end": 0.9, "confidence": conf},
+                         {"word": "there", "start": 1.0, "end": 1.5, "confidence": conf}]}
+        return {"id": rid, "audio": audio, "offset_s": offset, "duration_s": 2.0, "text": "hello there",
+                "confidence": conf, "error": error, "filter_reasons": list(reasons),
+                "segments": [] if error else [seg]}
+
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(pa.table({"audio": [b"RIFF....", None], "text": ["a", "b"]}), src / "data.parquet")
+    dst = tmp_path / "out"
+    dst.mkdir()
+    table_file = str(src / "data.parquet")
+    new = [row("t0", f"{table_file}#0"), row("file", "/a/b.wav"), row("span_new", "/a/long.wav", offset=10.0),
+           row("bad", "/a/x.wav", error="cannot decode: x"), row("loop", "/a/y.wav", reasons=["repeated_ngram"])]
+    pq.write_table(table(new, OUTPUT_SCHEMA), dst / "part-00000.parquet")
+    # A part from before offset_s: its span's offset is only in the input manifest.
+    old = table([row("span_old", "/a/long.wav")], OUTPUT_SCHEMA).drop_columns(["offset_s"])
+    pq.write_table(old, dst / "part-00001.parquet")
+
+    def run(input_uri):
+        args = argparse.Namespace(input=input_uri, output=str(dst), audio_column=None, text_column=None,
+                                  config="default", overrides=[], model=None, min_confidence=None,
+                                  keep_fraction=None)
+        assert export(args) == 0
+        return [json.loads(x) for x in (dst / pl.MANIFEST_NAME).read_text().splitlines()], \
+            json.loads((dst / pl.REPORT_NAME).read_text())
+
+    lines, report = run(str(src))
+    assert [x["audio_filepath"] for x in lines] == ["/a/b.wav", "/a/long.wav", "/a/long.wav"]
+    assert [x["offset"] for x in lines] == [0.5, 10.5, 0.5]
+    assert report["kept"] == 4 and report["left_out_no_audio_path"] == 1 and report["utterances"] == 3
+    assert report["errors"] == 1 and report["filtered"] == 1 and report["utterance_seconds"] == 3.0
+    assert [(u["source_id"], u["offset"], u["text"]) for u in _utterances(dst)] == \
+        [("file", 0.5, "hello there"), ("span_new", 10.5, "hello there"), ("span_old", 0.5, "hello there")]
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "span_old", "audio_filepath": "/a/long.wav", "offset": 30.0,
+                                    "duration": 5.0}) + "\n")
+    lines, report = run(str(manifest))
+    assert [x["offset"] for x in lines if x["audio_filepath"] == "/a/long.wav"] == [10.5, 30.5]
+    assert report["left_out_no_audio_path"] == 0        # not a table input: t0's audio is a path
+
+
+def test_curve_is_thinned_but_keeps_its_ends():
+    rows = _stats(*[_row(i, 1.0 - i / 5000, ref="a b", text="a b" if i % 3 else "a c") for i in range(2500)])
+    curve = pl.kept_fraction_curve(rows, "confidence")
+    assert len(curve) <= pl.CURVE_POINTS + 1 and curve[-1]["kept_fraction"] == 1.0
+    assert curve[-1]["wer"] == pytest.approx(sum(1 for i in range(2500) if not i % 3) / 5000)
+    assert curve[0]["kept_fraction"] == pytest.approx(3 / 2500)     # a step of 3 rows
