@@ -62,24 +62,29 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
             pending = []
 
     total = f"/{len(rows)}" if isinstance(rows, list) else ""
-    for batch in input_batches(rows, step, items):
-        if second is None:
-            out = model(prep(batch))
-        else:
-            # The pending segments' states go to the second stage as objects: no table,
-            # no packed bytes, between two stages of one process.
-            out = second.finish_rows(model.rows(prep(batch), pending_as_bytes=False))
-        assert out.schema == OUTPUT_SCHEMA
-        pending.append(out)
-        written += out.num_rows
-        if on_batch is not None:
-            on_batch(out)
-        if sum(t.num_rows for t in pending) >= rows_per_part:
-            flush()
-        if progress:
-            rate = written / max(time.perf_counter() - start, 1e-9)
-            print(f"\rlocal: {written}{total} recordings ({rate:.2f}/s)", end="", file=sys.stderr)
-    flush()
+    try:
+        for batch in input_batches(rows, step, items):
+            if second is None:
+                out = model(prep(batch))
+            else:
+                # The pending segments' states go to the second stage as objects: no table,
+                # no packed bytes, between two stages of one process.
+                out = second.finish_rows(model.rows(prep(batch), pending_as_bytes=False))
+            assert out.schema == OUTPUT_SCHEMA
+            pending.append(out)
+            written += out.num_rows
+            if on_batch is not None:
+                on_batch(out)
+            if sum(t.num_rows for t in pending) >= rows_per_part:
+                flush()
+            if progress:
+                rate = written / max(time.perf_counter() - start, 1e-9)
+                print(f"\rlocal: {written}{total} recordings ({rate:.2f}/s)", end="", file=sys.stderr)
+    finally:
+        # Finished rows are committed however the loop ends (an interrupt, a preemption's
+        # SIGTERM, a failing batch): a rerun resumes after them instead of redoing up to
+        # output.rows_per_part recordings.
+        flush()
     if progress:
         print(file=sys.stderr)
     return written

@@ -11,7 +11,9 @@ second job into a DST that a live job holds is refused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
 import threading
 import time
@@ -123,16 +125,11 @@ def use_storage(cfg, args) -> None:
 
 
 def hold_output(dst: str, cfg):
-    """Take the output folder's lock and open it for this job (pipeline.output)."""
-    from pipeline.output import OutputLock, begin_job, new_job_id
+    """Take the output folder's lock (pipeline.output); the job opens the folder once it
+    knows it will change it (begin_job)."""
+    from pipeline.output import OutputLock, new_job_id
 
-    lock = OutputLock(dst, new_job_id(), cfg.storage.options).acquire()
-    try:
-        begin_job(dst, lock.job_id, cfg.storage.options)
-    except BaseException:
-        lock.release()
-        raise
-    return lock
+    return OutputLock(dst, new_job_id(), cfg.storage.options).acquire()
 
 
 def commit(dst: str, cfg, summary: dict) -> bool:
@@ -146,7 +143,7 @@ def commit(dst: str, cfg, summary: dict) -> bool:
 
 def _run_locked(args, cfg, source, scanned, job_id: str, formats: list[str]) -> int:
     from pipeline.config import config_hash
-    from pipeline.output import clear_output, existing_config_hashes, existing_ids
+    from pipeline.output import begin_job, clear_output, existing_config_hashes, existing_ids
     from pipeline.sources import unfinished_ids
     from pipeline.storage import redact_uri
 
@@ -158,6 +155,9 @@ def _run_locked(args, cfg, source, scanned, job_id: str, formats: list[str]) -> 
         if refusal:
             print(f"shardscribe: error: {refusal}", file=sys.stderr)
             return 2
+    # Only now the folder is about to change: a refused run leaves a finished job's
+    # success marker where a scheduler waits for it.
+    begin_job(args.output, job_id, cfg.storage.options)
     ids = scanned.ids.to_pylist()
     done = existing_ids(args.output, job_id, cfg.storage.options)
     todo = unfinished_ids(scanned.ids, done)
@@ -200,7 +200,13 @@ def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_has
         progress = Progress(len(todo), console, interval_s=args.progress_interval) if todo else None
         try:
             if todo:
-                _run(args.runner, rows, items, cfg, args.output, progress, job_id)
+                with _sigterm_as_interrupt():
+                    _run(args.runner, rows, items, cfg, args.output, progress, job_id)
+        except KeyboardInterrupt:
+            print(f"\nshardscribe: interrupted: the rows committed so far stay in {redact_uri(args.output)}; "
+                  "the same command resumes after them", file=console, flush=True)
+            _release_ray(args.runner, ray_was_up)
+            return 130
         except JobStalled as exc:
             print(f"\nshardscribe: error: {exc}", file=console, flush=True)
             _release_ray(args.runner, ray_was_up)
@@ -228,6 +234,10 @@ def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_has
         print(line)
     if written:
         print(f"Formats: {', '.join(written)}")
+    if summary.get("extra_rows"):
+        print(f"shardscribe: warning: {redact_uri(args.output)} also holds {summary['extra_rows']} rows whose ids "
+              "are not in this input (an earlier job's); they are kept, and left out of the summary",
+              file=sys.stderr)
     if summary["rows_out"] != summary["rows_in"] or summary["duplicate_rows"]:
         print(f"shardscribe: error: rows in {summary['rows_in']} != rows out {summary['rows_out']} "
               f"(duplicates {summary['duplicate_rows']}, missing e.g. {summary['missing_ids'][:5]}; "
@@ -270,6 +280,25 @@ def _run(runner: str, rows, items, cfg, dst: str, progress, job_id: str) -> None
     finally:
         stop.set()
         watcher.join()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """A scheduler's SIGTERM (preemption, a cancelled job) ends the run as Ctrl-C does, so
+    the runner commits its finished rows and Ray is shut down, instead of the process
+    dying where it stands."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _release_ray(runner: str, was_up: bool) -> None:

@@ -805,9 +805,12 @@ def config_from_dict(data: dict) -> JobConfig:
 
 # Keys that change how a job runs but not what it writes (where and how fast it runs,
 # where checkpoints are cached): a rerun that changes only these is the same config.
+# How rows are grouped into files, how long a read may stall before it is an error and
+# how the storage is reached belong here too: a resume that raises the read timeout for a
+# slow mount, or moves to another endpoint, is the same job.
 _EXECUTION_KEYS = {"name", "ray", "batching", "model.cache_dir", "model.num_threads", "model.screened_argmax",
                    "model.encoder_micro_batch", "model.device", "beam.use_cuda_graphs", "beam.native",
-                   "pseudo_label"}
+                   "pseudo_label", "output", "storage", "audio.read_timeout_s"}
 
 
 def config_hash(cfg: JobConfig) -> str:

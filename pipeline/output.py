@@ -63,7 +63,9 @@ def new_job_id() -> str:
 
 def part_name(ids) -> str:
     """The part's name: a function of the set of ids it holds, nothing else."""
-    digest = hashlib.sha256("\0".join(sorted(ids)).encode("utf-8", "backslashreplace")).hexdigest()
+    # JSON, not a separator join: ids may hold any character, NUL included, and two sets
+    # must never encode alike (a name collision would replace one part with the other).
+    digest = hashlib.sha256(json.dumps(sorted(ids)).encode()).hexdigest()
     return f"{PART_PREFIX}{digest[:32]}.parquet"
 
 
@@ -370,13 +372,16 @@ def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | Non
     audio = run_audio = 0.0
     stages: dict[str, int] = {}
     kinds: dict[str, int] = {}
-    wer_errors = wer_words = wer_rows = 0
-    for rows in iter_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"], options):
+    wer_errors = wer_words = wer_rows = extra = 0
+    for batch in iter_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"], options):
+        # Rows of ids this input does not hold (an earlier job's, into the same folder) are
+        # counted, not described: the summary is about this input.
+        rows = [r for r in batch if r["id"] in wanted]
+        extra += len(batch) - len(rows)
         for r in rows:
-            if r["id"] in wanted:
-                rows_out += 1
-                duplicates += r["id"] in seen
-                seen.add(r["id"])
+            rows_out += 1
+            duplicates += r["id"] in seen
+            seen.add(r["id"])
             stages[r["stage"]] = stages.get(r["stage"], 0) + 1
             audio += r["duration_s"] or 0.0
             if r["error"]:
@@ -397,6 +402,7 @@ def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | Non
         "rows_out": rows_out,
         "duplicate_rows": duplicates,
         "missing_ids": missing[:20],
+        "extra_rows": extra,
         "errors": errors,
         "errors_by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
         "stages": stages,

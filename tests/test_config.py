@@ -125,7 +125,8 @@ def test_config_hash_names_what_decides_the_transcripts():
     base = config_hash(load_config("ar"))
     assert len(base) == 12
     same = ["ray.num_cpus=3", "batching.max_tokens=30000", "model.cache_dir=/x", "model.device=cpu",
-            "model.num_threads=2", "model.screened_argmax=false"]
+            "model.num_threads=2", "model.screened_argmax=false", "output.rows_per_part=5",
+            "audio.read_timeout_s=900", "storage.options={endpoint_url: 'http://127.0.0.1:9000'}"]
     assert config_hash(load_config("ar", same)) == base
     # A worker rebuilds the config from its dict and must stamp the driver's hash.
     assert config_hash(config_from_dict(load_config("ar").to_dict())) == base

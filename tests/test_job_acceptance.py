@@ -17,7 +17,7 @@ import srt
 
 from conftest import ROOT
 from pipeline.config import config_hash, load_config
-from pipeline.output import SIDECAR_DIR, SUMMARY_NAME
+from pipeline.output import SIDECAR_DIR, SUCCESS_NAME, SUMMARY_NAME
 from pipeline.records import OUTPUT_SCHEMA
 
 ERROR_LEVEL = re.compile(r"\bERROR\b|\] ?E \d|^\[[^\]]* E |Traceback|error:", re.MULTILINE)
@@ -113,6 +113,8 @@ def test_a_rerun_with_another_config_is_refused_unless_asked(job):
     refused = _cli(*args, "--config", "ctc_greedy")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert "another config" in refused.stderr and "--overwrite" in refused.stderr and "--resume" in refused.stderr
+    # A refusal changes nothing: the finished job's marker stays for whoever waits on it.
+    assert (dst / SUCCESS_NAME).exists()
     kept = _cli(*args, "--config", "ctc_greedy", "--resume", "--runner", "local")
     assert kept.returncode == 0, kept.stderr[-2000:]
     assert "(0 this run, 4 already there)" in kept.stdout

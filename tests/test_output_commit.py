@@ -37,6 +37,15 @@ def test_part_name_is_a_function_of_the_ids_alone(tmp_path):
     assert output.existing_ids(str(tmp_path), "job3") == {"x", "y", "z"}
 
 
+def test_ids_holding_nul_do_not_share_a_part_name(tmp_path):
+    """Ids are free text: two sets that a separator join makes alike must name two parts,
+    or one part replaces the other and its rows are lost."""
+    one = output.write_part(_rows(["a", "b"]), str(tmp_path), "job1")
+    two = output.write_part(_rows(["a\0b"]), str(tmp_path), "job1")
+    assert one != two and output.part_name(["a\0", "b"]) != output.part_name(["a", "\0b"])
+    assert output.existing_ids(str(tmp_path), "job2") == {"a", "b", "a\0b"}
+
+
 def _corrupt_page_of(path, column: str):
     """Overwrite bytes inside ``column``'s first data page, leaving the footer intact."""
     meta = pq.ParquetFile(path).metadata
@@ -149,6 +158,10 @@ def test_summary_read_a_batch_at_a_time_equals_one_over_all_rows(tmp_path, monke
     dup = dict(rows[5])  # u5 written twice: a duplicate the summary must count
     for chunk in (rows[:9], rows[9:17], rows[17:] + [dup]):
         output.write_part(table(chunk, OUTPUT_SCHEMA), str(tmp_path), "job")
+    # An earlier job's rows of other ids in the same folder: counted apart, described nowhere.
+    other = [{"id": f"old{i}", "audio": "/o.wav", "stage": "ctc_greedy", "segments": [], "text": "zzz",
+              "reference": "alpha", "duration_s": 100.0, "error": "DecodeError: x" if i else None} for i in range(2)]
+    output.write_part(table(other, OUTPUT_SCHEMA), str(tmp_path), "old")
     iter_output = output.iter_output
     monkeypatch.setattr(output, "iter_output", lambda *a, **k: iter_output(*a, **{**k, "batch_rows": 4}))
     ids = [f"u{i}" for i in range(24)]  # u23 never written
@@ -158,6 +171,7 @@ def test_summary_read_a_batch_at_a_time_equals_one_over_all_rows(tmp_path, monke
     assert s["wer"] == pytest.approx(jiwer.wer([r["reference"] for r in ok], [r["text"] for r in ok]))
     assert s["wer_rows"] == len(ok)
     assert (s["rows_in"], s["rows_out"], s["duplicate_rows"], s["missing_ids"]) == (24, 24, 1, ["u23"])
+    assert s["extra_rows"] == 2 and s["stages"] == {"ar": 24}
     assert (s["errors"], s["errors_by_kind"]) == (3, {"DecodeError": 3})
     assert s["audio_seconds"] == pytest.approx(sum(r["duration_s"] for r in rows) + dup["duration_s"])
     assert (s["run_rows_out"], s["run_errors"], s["run_audio_seconds"], s["rtfx"]) == (3, 1, 9.0, 4.5)
