@@ -243,6 +243,13 @@ def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_has
               f"(duplicates {summary['duplicate_rows']}, missing e.g. {summary['missing_ids'][:5]}; "
               f"see {redact_uri(args.output)}/{SUMMARY_NAME})", file=sys.stderr)
         return 1
+    if summary["run_rows_out"] and summary["run_errors"] == summary["run_rows_out"]:
+        # Every recording failing is rarely the corpus: a mount or a bucket is unreachable.
+        # The rows stand (rows in = rows out), but a scheduler must not read this as done.
+        kinds = ", ".join(f"{k} {n}" for k, n in list(summary["errors_by_kind"].items())[:3])
+        print(f"shardscribe: error: every one of the {summary['run_rows_out']} recordings this run read failed "
+              f"({kinds}); their error rows are in {redact_uri(args.output)}", file=sys.stderr)
+        return 4
     return 0
 
 

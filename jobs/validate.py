@@ -25,6 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runner", choices=["ray", "local"], default="ray")
     parser.add_argument("--audio-column", default=None)
     parser.add_argument("--text-column", default=None)
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument("--overwrite", action="store_true",
+                          help="--output holds another job's rows: remove them and audit everything")
+    existing.add_argument("--resume", action="store_true",
+                          help="--output holds another job's rows: keep them (they count as audited)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,17 +46,21 @@ def run(args: argparse.Namespace) -> int:
             + (["--config", args.config] if args.config else [])
             + (["--audio-column", args.audio_column] if args.audio_column else [])
             + (["--text-column", args.text_column] if args.text_column else [])
+            + (["--overwrite"] if args.overwrite else []) + (["--resume"] if args.resume else [])
             + [a for o in list(args.overrides) + ["decoder.kind=audit", "model.device=cpu"] for a in ("--set", o)])
         code = transcribe.run(job)
         if code == 2 or (code and not summary_exists(output)):
             # Refused before it started, or stopped (its own message said why): there is
             # no audit to report.
             return code
-        # a batch at a time: a corpus of millions of rows is audited in bounded memory
+        # a batch at a time: a corpus of millions of rows is audited in bounded memory;
+        # only this source's rows (--output may hold an earlier audit's of another source)
+        ids = _source_ids(args)
         n = n_failed = 0
         seconds = 0.0
         shown: list[dict] = []
-        for rows in iter_output(output, ["id", "duration_s", "error"]):
+        for batch in iter_output(output, ["id", "duration_s", "error"]):
+            rows = [r for r in batch if r["id"] in ids]
             n += len(rows)
             seconds += sum(r["duration_s"] or 0.0 for r in rows)
             failed = [r for r in rows if r["error"]]
@@ -64,3 +73,9 @@ def run(args: argparse.Namespace) -> int:
     if n_failed > SHOWN_ERRORS:
         print(f"  ... and {n_failed - SHOWN_ERRORS} more (--output keeps every row)", file=sys.stderr)
     return 1 if n_failed or code else 0
+
+
+def _source_ids(args: argparse.Namespace) -> set[str]:
+    from pipeline.sources import open_source, scan
+
+    return set(scan(open_source(args.input, args.audio_column, args.text_column)).ids.to_pylist())

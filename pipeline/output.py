@@ -392,7 +392,9 @@ def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | Non
                 run_rows += 1
                 run_errors += bool(r["error"])
                 run_audio += r["duration_s"] or 0.0
-        refs = [(r["reference"], r["text"] or "") for r in rows if r["reference"] and not r["error"]]
+        # An audit row (shardscribe validate) has no transcript to score.
+        refs = [(r["reference"], r["text"] or "") for r in rows
+                if r["reference"] and not r["error"] and r["stage"] != "audit"]
         if refs:
             e, w = word_error_counts([a for a, _ in refs], [b for _, b in refs])
             wer_errors, wer_words, wer_rows = wer_errors + e, wer_words + w, wer_rows + len(refs)

@@ -187,3 +187,17 @@ def test_sigterm_commits_the_finished_rows_and_the_rerun_resumes(tmp_path, sampl
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resuming: {len(kept)} of 40" in rerun.stderr
     assert sorted(r["id"] for r in _rows(dst)) == [x["id"] for x in lines]
+
+
+def test_a_run_where_every_recording_fails_exits_4(tmp_path):
+    """A mount that is down looks like a corpus of missing files: the rows are written
+    (rows in = rows out), but the exit tells a scheduler the run did nothing."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"m{i}", "audio": str(tmp_path / "gone" / f"{i}.wav")}) + "\n"
+                                for i in range(3)))
+    dst = tmp_path / "out"
+    proc = _run_cli("transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
+                    "--set", "decoder.kind=audit")
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    assert "every one of the 3 recordings" in proc.stderr and len(_rows(dst)) == 3
+    assert (dst / SUMMARY_NAME).exists()

@@ -185,3 +185,22 @@ def test_driver_memory_does_not_grow_with_the_rows(tmp_path):
                                        str(tmp_path / f"out{n}"), "--set", "batching.recordings_per_batch=16"]))
     for kind in ("python_mb", "arrow_mb"):
         assert peaks[1][kind] - peaks[0][kind] < 10, peaks
+
+
+def test_validate_reports_only_its_own_source(tmp_path, capsys):
+    """One --output audited twice, for two sources: the second report holds the second
+    source alone, and an audit (no transcript) prints no WER."""
+    from jobs.cli import main
+
+    (tmp_path / "bad.wav").write_bytes(b"not audio at all")
+    (tmp_path / "good.wav").write_bytes(tone(1.0, seed=1))
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text(json.dumps({"id": "bad", "audio": str(tmp_path / "bad.wav"), "text": "x"}) + "\n")
+    second.write_text(json.dumps({"id": "good", "audio": str(tmp_path / "good.wav"), "text": "x y"}) + "\n")
+    out = str(tmp_path / "audit")
+    assert main(["validate", str(first), "--runner", "local", "--output", out]) == 1
+    capsys.readouterr()
+    assert main(["validate", str(second), "--runner", "local", "--output", out]) == 0
+    captured = capsys.readouterr()
+    assert "validate: 1 recordings" in captured.err and "0 unusable" in captured.err, captured.err
+    assert "bad" not in captured.err and "WER" not in captured.out + captured.err
