@@ -813,9 +813,15 @@ _EXECUTION_KEYS = {"name", "ray", "batching", "model.cache_dir", "model.num_thre
                    "pseudo_label", "output", "storage", "audio.read_timeout_s"}
 
 
+# Keys naming files whose content decides transcripts: config_hash covers what they hold.
+_FILE_KEYS = ("model.source", "model.ctc_head", "model.ctc_vocab", "decoder.token_map", "beam.lm_path",
+              "beam.key_phrases_file", "confidence.calibration")
+
+
 def config_hash(cfg: JobConfig) -> str:
     """A short stable id of what decides a job's transcripts: the config without the
-    execution-only keys, as canonical JSON, hashed (SHA-256, first 12 hex digits)."""
+    execution-only keys, with what its file references hold (pipeline.file_fingerprint),
+    as canonical JSON, hashed (SHA-256, first 12 hex digits)."""
     import hashlib
     import json
 
@@ -841,5 +847,12 @@ def config_hash(cfg: JobConfig) -> str:
     model["encoder_dtype"] = encoder
     if cross is not None:
         model["cross_kv_dtype"] = cross
+    from pipeline.file_fingerprint import fingerprint
+
+    for dotted in _FILE_KEYS:
+        section, key = dotted.split(".")
+        value = stripped.get(section, {}).get(key)
+        if isinstance(value, str) and value != "embedded":
+            stripped[section][f"{key}@content"] = fingerprint(value, cfg.storage.options)
     text = json.dumps(stripped, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]

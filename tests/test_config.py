@@ -227,3 +227,25 @@ def test_an_output_under_a_file_is_named_as_the_output(tmp_path, samples_dir, ca
     assert run(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"shardscribe: error: output {tmp_path / 'afile' / 'sub'}"), err
+
+
+def test_config_hash_follows_what_the_named_files_hold(tmp_path):
+    """An edited phrase list or a rebuilt LM under the same path is another config (a
+    resume must not mix rows of both); the same bytes hash the same."""
+    from pipeline.config import config_hash
+
+    phrases, lm = tmp_path / "phrases.txt", tmp_path / "lm"
+    lm.mkdir()
+    phrases.write_text("shardscribe\nkenlm\n")
+    (lm / "lm.ngpu.safetensors").write_bytes(b"\x01" * 3_000_000)
+    overrides = [f"beam.key_phrases_file={phrases}", f"beam.lm_path={lm}"]
+    first = config_hash(load_config("ctc_beam", overrides))
+    phrases.write_text("shardscribe\nkenlm\nparquet\n")
+    edited = config_hash(load_config("ctc_beam", overrides))
+    # A change past the first MiB and before the last one is not seen; one in the tail is.
+    (lm / "lm.ngpu.safetensors").write_bytes(b"\x01" * 2_999_999 + b"\x02")
+    rebuilt = config_hash(load_config("ctc_beam", overrides))
+    assert len({first, edited, rebuilt}) == 3
+    phrases.write_text("shardscribe\nkenlm\n")
+    (lm / "lm.ngpu.safetensors").write_bytes(b"\x01" * 3_000_000)
+    assert config_hash(load_config("ctc_beam", overrides)) == first
