@@ -67,7 +67,7 @@ def export(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides, model=args.model)
     pl = cfg.pseudo_label
     stats = [row_stat(r) for rows in iter_output(args.output, _STAT_COLUMNS, cfg.storage.options) for r in rows]
-    kept = keep_flags(stats, args.min_confidence, args.keep_fraction, pl.rank_by)
+    kept = keep_flags(stats, args.min_confidence, args.keep_fraction, pl.rank_by, pl.filter_unit)
     kept_ids = {s.id for s, keep in zip(stats, kept) if keep}
     spans = _SourceSpans(args)
     tally = UtteranceTally()
@@ -81,14 +81,14 @@ def export(args: argparse.Namespace) -> int:
                 if spans.from_table(row):
                     tally.left_out_no_audio_path += 1
                     continue
-                pieces, lost = utterances(row, pl.max_utterance_s, spans.offset(row))
+                pieces, lost = utterances(row, pl.max_utterance_s, spans.offset(row), tally)
                 tally.add(pieces)
                 tally.left_out_too_long += lost
                 writer.add(pieces)
     finally:
         writer.close()
     rule = {"min_confidence": args.min_confidence, "keep_fraction": args.keep_fraction, "rank_by": pl.rank_by,
-            "max_utterance_s": pl.max_utterance_s}
+            "max_utterance_s": pl.max_utterance_s, "filter_unit": pl.filter_unit}
     data = report_data(stats, kept, tally, rule, pl.reliability_bins, pl.rank_by)
     written = writer.finish(data)
     print(f"Pseudo-labels: kept {data['kept']} of {data['rows']} rows ({data['errors']} errors, "

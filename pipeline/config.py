@@ -466,6 +466,7 @@ class FiltersConfig:
 
 
 PSEUDO_LABEL_RANKINGS = ("excess_errors", "confidence")
+PSEUDO_LABEL_FILTER_UNITS = ("row", "segment")
 
 
 @dataclass
@@ -476,12 +477,16 @@ class PseudoLabelConfig:
     # --keep-fraction's order: excess expected word errors or the row's P(no error)
     # (pipeline.pseudo_label; docs/pseudo_label.md has the measurement behind the default)
     rank_by: str = "excess_errors"
+    # What a segment's filter reason leaves out: its whole row, or (long-form recordings)
+    # that segment alone, the row's other segments still exported.
+    filter_unit: str = "row"
 
     def validate(self, key: str) -> None:
         if self.max_utterance_s <= 0:
             raise ConfigError(f"{key}.max_utterance_s: must be > 0, got {self.max_utterance_s}")
         _at_least(f"{key}.reliability_bins", self.reliability_bins, 2)
         _choice(f"{key}.rank_by", self.rank_by, PSEUDO_LABEL_RANKINGS)
+        _choice(f"{key}.filter_unit", self.filter_unit, PSEUDO_LABEL_FILTER_UNITS)
 
 
 @dataclass

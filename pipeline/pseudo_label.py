@@ -61,20 +61,27 @@ UTTERANCE_SCHEMA = pa.schema([
 ])
 
 
-def eligible(row: RowStat) -> bool:
-    """No error and no filter reason: the rows a confidence rule may keep."""
-    return not row.error and not row.filter_reasons
+def eligible(row: RowStat, filter_unit: str = "row") -> bool:
+    """No error and no filter reason (with ``filter_unit="segment"``, none about the row as
+    a whole): the rows a confidence rule may keep."""
+    return not row.error and not (row.filter_reasons if filter_unit == "row" else row.row_reasons)
 
 
 def word_confidences(row: dict) -> list[float]:
-    """The confidences the row's words carry (segments without an error)."""
+    """The confidences the row's words carry (segments without an error or a filter
+    reason: the ones an export can hold)."""
     return [w["confidence"] for seg in row.get("segments") or [] if not seg.get("error")
-            for w in seg.get("words") or [] if w.get("confidence") is not None]
+            and not seg.get("filter_reasons") for w in seg.get("words") or [] if w.get("confidence") is not None]
 
 
 def expected_errors(confidences: list[float]) -> tuple[float, int] | None:
     """(sum of 1 - confidence over words, how many words); None without any word."""
     return (sum(1.0 - c for c in confidences), len(confidences)) if confidences else None
+
+
+# Reasons about the row as a whole (pipeline.filters.row_reasons); every other reason a
+# row carries came from one of its segments.
+ROW_REASONS = ("no_speech", "language_mismatch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +91,7 @@ class RowStat:
     id: str
     error: bool
     filter_reasons: tuple[str, ...]
+    row_reasons: tuple[str, ...]           # those about the whole row (filter_unit=segment keeps the rest)
     confidence: float | None
     expected: tuple[float, int] | None     # expected word errors and words (expected_errors)
     counts: tuple[int, int] | None         # word errors against the reference (row_errors); None for an error row
@@ -91,7 +99,12 @@ class RowStat:
 
 def row_stat(row: dict) -> RowStat:
     error = bool(row.get("error"))
-    return RowStat(id=row["id"], error=error, filter_reasons=tuple(row.get("filter_reasons") or ()),
+    reasons = tuple(row.get("filter_reasons") or ())
+    segments = row.get("segments") or []
+    # "empty" is the row's own when no segment holds text (it is also a segment reason).
+    own = tuple(r for r in reasons if r in ROW_REASONS or (
+        r == "empty" and not any((s.get("text") or "").strip() and not s.get("filter_reasons") for s in segments)))
+    return RowStat(id=row["id"], error=error, filter_reasons=reasons, row_reasons=own,
                    confidence=row.get("confidence"), expected=expected_errors(word_confidences(row)),
                    counts=None if error else row_errors(row.get("reference"), row.get("text")))
 
@@ -118,10 +131,11 @@ def rank_scores(rows: list[RowStat], rank_by: str = "excess_errors") -> list[flo
 
 
 def keep_flags(rows: list[RowStat], min_confidence: float | None = None,
-               keep_fraction: float | None = None, rank_by: str = "excess_errors") -> list[bool]:
+               keep_fraction: float | None = None, rank_by: str = "excess_errors",
+               filter_unit: str = "row") -> list[bool]:
     """Per row, whether the keep rule keeps it (one of the two thresholds, or neither:
     every eligible row)."""
-    ok = [eligible(r) for r in rows]
+    ok = [eligible(r, filter_unit) for r in rows]
     if min_confidence is not None:
         return [o and r.confidence is not None and r.confidence >= min_confidence for o, r in zip(ok, rows)]
     if keep_fraction is None:
@@ -167,15 +181,21 @@ def _split_words(seg: dict, max_s: float) -> tuple[list[tuple[float, float, str]
     return pieces, dropped
 
 
-def utterances(row: dict, max_s: float, offset_s: float | None = None) -> tuple[list[dict], int]:
+def utterances(row: dict, max_s: float, offset_s: float | None = None,
+               tally: "UtteranceTally | None" = None) -> tuple[list[dict], int]:
     """Training utterances of a kept row, as NeMo manifest entries (times in the file:
     ``offset_s`` is where the recording starts in it), and how many segments (or words)
-    could not be cut to ``max_s``."""
+    could not be cut to ``max_s``. A segment with a filter reason is left out (counted in
+    ``tally``): under filter_unit=row its row is never kept anyway."""
     base = offset_s or 0.0
     out, dropped = [], 0
     for seg in row.get("segments") or []:
         text = (seg.get("text") or "").strip()
         if not text or seg.get("error"):
+            continue
+        if seg.get("filter_reasons"):
+            if tally is not None:
+                tally.left_out_filtered_segments += 1
             continue
         if seg["end"] - seg["start"] <= max_s + 1e-9:
             pieces = [(seg["start"], seg["end"], text)]
@@ -261,6 +281,7 @@ class UtteranceTally:
     longest: float | None = None
     left_out_too_long: int = 0        # segments or words that could not be cut to max_utterance_s
     left_out_no_audio_path: int = 0   # kept rows whose audio came as bytes in a table
+    left_out_filtered_segments: int = 0   # segments of kept rows with a filter reason (filter_unit=segment)
 
     def add(self, utts: list[dict]) -> None:
         for u in utts:
@@ -298,6 +319,7 @@ def report_data(rows: list[RowStat], kept: list[bool], tally: UtteranceTally, ru
         "longest_utterance_s": tally.longest,
         "left_out_too_long": tally.left_out_too_long,
         "left_out_no_audio_path": tally.left_out_no_audio_path,
+        "left_out_filtered_segments": tally.left_out_filtered_segments,
         "wer_all": _wer(rows),
         "wer_kept": _wer(kept_rows),
         "curve": kept_fraction_curve(rows, rank_by),

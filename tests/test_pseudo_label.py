@@ -304,3 +304,26 @@ def test_curve_is_thinned_but_keeps_its_ends():
     assert len(curve) <= pl.CURVE_POINTS + 1 and curve[-1]["kept_fraction"] == 1.0
     assert curve[-1]["wer"] == pytest.approx(sum(1 for i in range(2500) if not i % 3) / 5000)
     assert curve[0]["kept_fraction"] == pytest.approx(3 / 2500)     # a step of 3 rows
+
+
+def test_filter_unit_segment_keeps_a_long_recording_without_its_flagged_segment():
+    """A one-hour recording with one looping segment: filter_unit=row drops all of it,
+    filter_unit=segment keeps its other segments; a reason about the whole row (the
+    language) still drops it."""
+    def seg(start, text, reasons=()):
+        return {"start": start, "end": start + 2.0, "text": text, "error": None, "filter_reasons": list(reasons),
+                "words": [{"word": w, "start": start, "end": start + 1.0, "confidence": 0.9} for w in text.split()]}
+
+    segs = [seg(0.0, "good one"), seg(5.0, "loop loop loop loop", ["repeated_ngram"]), seg(9.0, "good two")]
+    long_row = {"id": "long", "audio": "/a.wav", "confidence": 0.8, "error": None, "text": "x",
+                "filter_reasons": ["repeated_ngram"], "segments": segs, "reference": None}
+    foreign = dict(long_row, id="foreign", filter_reasons=["language_mismatch"], segments=segs[:1])
+    silent = dict(long_row, id="silent", filter_reasons=["empty"], segments=[seg(0.0, " ", ["empty"])])
+    stats = _stats(long_row, foreign, silent)
+    assert pl.keep_flags(stats) == [False, False, False]
+    assert pl.keep_flags(stats, filter_unit="segment") == [True, False, False]
+    tally = pl.UtteranceTally()
+    utts, _ = pl.utterances(long_row, 30.0, tally=tally)
+    assert [u["text"] for u in utts] == ["good one", "good two"] and tally.left_out_filtered_segments == 1
+    # The looping segment's words do not weigh on the row's expected errors.
+    assert pl.expected_errors(pl.word_confidences(long_row)) == (pytest.approx(0.4), 4)
