@@ -194,14 +194,15 @@ def render_html(dst: str, data: dict, summary: dict | None, plots: list[tuple[st
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
-def write_report(dst: str) -> str:
-    """Write the report of output folder ``dst``; returns the URL of the HTML page."""
+def write_report(dst: str, options: dict | None = None) -> str:
+    """Write the report of output folder ``dst`` (opened with the storage ``options``);
+    returns the URL of the HTML page."""
     import io
 
-    import fsspec
+    from pipeline.storage import url_to_fs
 
-    fs, path = fsspec.core.url_to_fs(dst)
-    if not any(True for _ in iter_output(dst, ["id"], batch_rows=1)):
+    fs, path = url_to_fs(dst, options)
+    if not any(True for _ in iter_output(dst, ["id"], options, batch_rows=1)):
         raise FileNotFoundError(f"{redact_uri(dst)}: no Parquet parts (not a transcription output folder)")
     side = posixpath.join(path, SIDECAR_DIR)
     fs.makedirs(side, exist_ok=True)
@@ -217,7 +218,7 @@ def write_report(dst: str) -> str:
     if fs.exists(posixpath.join(path, SUMMARY_NAME)):
         with fs.open(posixpath.join(path, SUMMARY_NAME)) as fh:
             summary = json.load(fh)
-    data = report_data(iter_output(dst, COLUMNS))
+    data = report_data(iter_output(dst, COLUMNS, options))
     data["started_at"] = (summary or {}).get("started_at")
     page = render_html(dst, data, summary, _plots(data, save))
     with fs.open(posixpath.join(side, REPORT_NAME), "w") as fh:
