@@ -182,21 +182,28 @@ def existing_ids(dst: str, job_id: str | None = None, options: dict | None = Non
     return ids
 
 
-def read_output(dst: str, columns: list[str], options: dict | None = None):
+def _part_tables(dst: str, columns: list[str], options: dict | None, batch_rows: int | None = None):
+    """DST's committed rows, part by part (or ``batch_rows`` at a time), as tables of
+    ``columns``: a part written before a column was added gets nulls there."""
     from pipeline.records import OUTPUT_SCHEMA
 
     fs, path = url_to_fs(dst, options)
-    tables = []
     for p in _parts(fs, path):
         with fs.open(p, "rb") as fh:
             pf = pq.ParquetFile(fh)
-            table = pf.read(columns=[c for c in columns if c in pf.schema_arrow.names])
-        # A part written before a column was added lacks it: null there.
-        for name in columns:
-            if name not in table.column_names and name in OUTPUT_SCHEMA.names:
-                field = OUTPUT_SCHEMA.field(name)
-                table = table.append_column(field, pa.nulls(table.num_rows, field.type))
-        tables.append(table.select([c for c in columns if c in table.column_names]))
+            have = [c for c in columns if c in pf.schema_arrow.names]
+            pieces = ([pf.read(columns=have)] if batch_rows is None else
+                      (pa.Table.from_batches([b]) for b in pf.iter_batches(batch_size=batch_rows, columns=have)))
+            for table in pieces:
+                for name in columns:
+                    if name not in table.column_names and name in OUTPUT_SCHEMA.names:
+                        field = OUTPUT_SCHEMA.field(name)
+                        table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+                yield table.select([c for c in columns if c in table.column_names])
+
+
+def read_output(dst: str, columns: list[str], options: dict | None = None):
+    tables = list(_part_tables(dst, columns, options))
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
@@ -348,15 +355,10 @@ def commit_job(dst: str, summary: dict, success: bool, options: dict | None = No
 
 def iter_output(dst: str, columns: list[str], options: dict | None = None, batch_rows: int = 8192):
     """DST's committed rows as lists of dicts, ``batch_rows`` at a time, part by part, so a
-    reader never holds more than one batch of a million-row output."""
-    fs, path = url_to_fs(dst, options)
-    for p in _parts(fs, path):
-        with fs.open(p, "rb") as fh:
-            pf = pq.ParquetFile(fh)
-            # A part written before a column was added lacks it: its rows come without that key.
-            have = [c for c in columns if c in pf.schema_arrow.names]
-            for batch in pf.iter_batches(batch_size=batch_rows, columns=have):
-                yield batch.to_pylist()
+    reader never holds more than one batch of a million-row output. Every row has every
+    column of ``columns`` that the output schema knows (null in a part written before it)."""
+    for table in _part_tables(dst, columns, options, batch_rows):
+        yield table.to_pylist()
 
 
 def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | None = None,
