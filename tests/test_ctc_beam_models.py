@@ -280,3 +280,22 @@ def test_lm_search_on_the_models_tokens_matches_flashlight(checkpoint, drafts, l
         assert ours.tokens[0] == fl_tokens, clip
         assert float(ours.scores[0]) == pytest.approx(fl_score, abs=2e-3)
     assert moved >= 1
+
+
+def test_a_key_phrase_is_spelt_exactly_in_the_models_tokens_or_not_at_all(checkpoint):
+    """Hand-spelt against the tiny vocabularies (tests/test_ctc_family.py): a phrase that
+    loses a letter ("naïve" was "nave") or spells only separators (" - " was two ``|`` on
+    wav2vec2, "." the ``▁`` on Parakeet) is None; punctuation the vocabulary lacks is left
+    out and the space around it kept once; case is folded to the vocabulary's."""
+    from test_ctc_family import CHARS, PIECES
+
+    name, root, adapter = checkpoint
+    vocab = _finisher(root).vocab
+    for phrase in ("naïve", " - ", ".", "é é", "lazy dög", "|", "3 mm"):
+        assert vocab.phrase_token_ids(phrase) is None, phrase
+    table = CHARS if name == "wav2vec2" else PIECES
+    spelt = {"wav2vec2": {"Lazy dog.": list("lazy|dog"), "a - b": list("a|b"), "e-mail": list("email")},
+             "parakeet": {"Lazy dog.": ["▁", *"lazy", "▁", *"dog"], "a - b": ["▁a", "▁", "b"],
+                          "e-mail": ["▁", *"email"]}}[name]
+    for phrase, pieces in spelt.items():
+        assert vocab.phrase_token_ids(phrase) == lm_index([table.index(p) for p in pieces], adapter.blank), phrase

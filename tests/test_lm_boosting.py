@@ -206,3 +206,50 @@ def test_case_variant_tree_boosts_the_sentence_initial_spelling():
     for text in ("check", "Check"):
         scores, final = walk_text(both, text)
         assert scores == pytest.approx(want) and final == pytest.approx(0.0)
+
+
+def test_the_charset_spells_a_key_phrase_exactly_or_not_at_all():
+    """The embedded head's printable ASCII: a phrase that would lose a letter ("dög", "é")
+    or keep only the space is not spelt; punctuation it lacks (curly quotes) is left out,
+    punctuation it has is kept."""
+    from pipeline.text import charset
+    from pipeline.text.ctc_vocabulary import CharsetVocabulary
+
+    vocab = CharsetVocabulary()
+    for phrase in ("lazy dög", "é é", "naïve", " ", "", "“ ”"):
+        assert vocab.phrase_token_ids(phrase) is None, phrase
+    assert vocab.phrase_token_ids("lazy dog.") == charset.lm_token_ids("lazy dog.")
+    assert vocab.phrase_token_ids("“lazy” dog") == charset.lm_token_ids("lazy dog")
+    assert vocab.phrase_token_ids("Pump 4 – off") == charset.lm_token_ids("Pump 4 off")
+
+
+def _walk_text(tree, text):
+    """The summed bonus along ``text``'s characters plus the final weight."""
+    from pipeline.text import charset
+
+    tokens = torch.tensor([charset.lm_token_ids(text)])
+    return tree.score_sentences(tokens, torch.tensor([tokens.shape[1]])).sum().item()
+
+
+def test_a_phrase_the_vocabulary_cannot_spell_is_not_boosted_misspelt(caplog):
+    """"lazy dög" was boosted as "lazy dg" and "é é" as the lone space; now a shared one is
+    named in one warning, a row's are counted, and the rest still boost."""
+    from pipeline.config import load_config
+    from pipeline.lm.boosting import KeyPhrases, batch_boosting_tree
+    from pipeline.text.ctc_vocabulary import CharsetVocabulary
+
+    vocab = CharsetVocabulary()
+    beam = load_config("ctc_beam", ['beam.key_phrases=["lazy dög", "pump"]']).beam
+    assert batch_boosting_tree(["lazy dög"], [["é é"], None], vocab, beam, "cpu") is None
+    with caplog.at_level("WARNING", logger="pipeline.lm.boosting"):
+        phrases = KeyPhrases(beam, vocab)
+    assert phrases.shared == ["pump"] and "'lazy dög'" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pipeline.lm.boosting"):
+        tree = phrases.tree([["é é", "lazy dog"], ["naïve"]], "cpu")
+    assert phrases.dropped_row_phrases == 2 and "'é é'" in caplog.text and "'naïve'" in caplog.text
+    row = torch.tensor([0])
+    assert _walk_text(tree.with_lists(row), "the lazy dg.") == pytest.approx(0.0, abs=1e-4)
+    assert _walk_text(tree.with_lists(row), " ") == pytest.approx(0.0, abs=1e-4)
+    assert _walk_text(tree.with_lists(row), "the lazy dog.") > 0
+    assert _walk_text(tree.with_lists(torch.tensor([1])), "pump") > 0

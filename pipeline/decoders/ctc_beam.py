@@ -62,14 +62,14 @@ class CTCBeamFinisher:
     pending_type = BeamPending
 
     def __init__(self, beam_cfg, vocabulary, device="cpu", confidence: bool = False):
-        from pipeline.lm.boosting import configured_phrases
+        from pipeline.lm.boosting import KeyPhrases
 
         self.confidence = confidence
         self.cfg = beam_cfg
         self.vocab = vocabulary
         self.device = torch.device(device)
         lm = load_lm(beam_cfg.lm_path, self.device) if beam_cfg.lm_path else None
-        self.shared_phrases = configured_phrases(beam_cfg)
+        self.phrases = KeyPhrases(beam_cfg, vocabulary)
         self.search = CTCBeamSearch(
             beam_cfg.size, blank=vocabulary.blank, beta=beam_cfg.beta, lm=lm,
             alpha_lm=beam_cfg.alpha_lm if lm is not None else 0.0,
@@ -81,10 +81,7 @@ class CTCBeamFinisher:
         return int(result.pending.log_probs.shape[0]) * self.cfg.size
 
     def _boost(self, results):
-        from pipeline.lm.boosting import batch_boosting_tree
-
-        return batch_boosting_tree(self.shared_phrases, [r.key_phrases for r in results], self.vocab, self.cfg,
-                                   self.device)
+        return self.phrases.tree([r.key_phrases for r in results], self.device)
 
     def finish(self, results: list[SegmentResult]) -> float:
         t0 = time.perf_counter()

@@ -50,14 +50,14 @@ class TransducerBeamFinisher:
 
     def __init__(self, cfg, adapter):
         from pipeline.decoding.transducer.search import TransducerBeamSearch
-        from pipeline.lm.boosting import configured_phrases
+        from pipeline.lm.boosting import KeyPhrases
 
         beam, tcfg = cfg.beam, cfg.transducer
         self.cfg, self.adapter = beam, adapter
         self.confidence = cfg.confidence.enabled
         self.vocab = adapter.vocabulary()
         lm = load_lm(beam.lm_path, adapter.device) if beam.lm_path else None
-        self.shared_phrases = configured_phrases(beam)
+        self.phrases = KeyPhrases(beam, self.vocab)
         self.search = TransducerBeamSearch(
             adapter, beam.size, algorithm=tcfg.algorithm, lm=lm, alpha_lm=beam.alpha_lm if lm is not None else 0.0,
             alpha_boost=beam.alpha_boost, blank_scoring=tcfg.blank_scoring, pruning=tcfg.pruning,
@@ -67,10 +67,7 @@ class TransducerBeamFinisher:
         return int(result.pending.frames.shape[0]) * self.cfg.size
 
     def _boost(self, results):
-        from pipeline.lm.boosting import batch_boosting_tree
-
-        return batch_boosting_tree(self.shared_phrases, [r.key_phrases for r in results], self.vocab, self.cfg,
-                                   self.adapter.device)
+        return self.phrases.tree([r.key_phrases for r in results], self.adapter.device)
 
     def finish(self, results: list[SegmentResult]) -> float:
         t0 = time.perf_counter()

@@ -25,12 +25,15 @@ utterance of a batch can boost its own list (``init_states(..., lists=...)``).
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 
 import torch
 
 from pipeline.lm.backoff_graph import BackoffGraph, GraphScorer
+
+log = logging.getLogger(__name__)
 
 
 class BoostingTree(GraphScorer):
@@ -229,14 +232,54 @@ def configured_phrases(beam_cfg) -> list[str]:
 
 def batch_boosting_tree(shared: list[str], per_row: list, vocabulary, beam_cfg, device):
     """The boosting tree of one search batch: ``shared`` phrases plus each row's key
-    phrases, spelt in ``vocabulary``'s LM token ids, or None when there are none. A
-    vocabulary with one case spells both first-letter variants alike (it folds phrases to
+    phrases, spelt in ``vocabulary``'s LM token ids (``phrase_token_ids``: a phrase it
+    cannot spell exactly is left out, never boosted misspelt), or None when there are none.
+    A vocabulary with one case spells both first-letter variants alike (it folds phrases to
     its case), so the variants are added only where it is cased."""
     if not shared and not any(per_row):
         return None
     lists, rows = batch_phrase_lists(shared, per_row)
     if beam_cfg.boost_case_variants and vocabulary.cased:
         lists = [case_variants(phrases) for phrases in lists]
-    tree = BoostingTree.from_phrases(lists, vocabulary.size - 1, tokenize=vocabulary.lm_token_ids,
-                                     context_score=beam_cfg.context_score, depth_scaling=beam_cfg.depth_scaling)
+    spelt = [[ids for ids in map(vocabulary.phrase_token_ids, phrases) if ids is not None] for phrases in lists]
+    if not any(spelt):
+        return None
+    tree = BoostingTree.from_phrases(spelt, vocabulary.size - 1, context_score=beam_cfg.context_score,
+                                     depth_scaling=beam_cfg.depth_scaling)
     return tree.to(device).with_lists(rows)
+
+
+def unspellable(phrases, vocabulary) -> list[str]:
+    """The phrases ``vocabulary`` cannot spell exactly (``phrase_token_ids`` is None)."""
+    return [p for p in dict.fromkeys(phrases) if vocabulary.phrase_token_ids(p) is None]
+
+
+class KeyPhrases:
+    """A beam pool's phrase boosting: the job's shared phrases (``beam.key_phrases``, the
+    lines of ``beam.key_phrases_file``) checked once against the model's vocabulary, and
+    each batch's tree with the rows' own ``key_phrases``.
+
+    A phrase the vocabulary cannot spell exactly is not boosted: a shared one is named in
+    one warning when the pool starts, a row's are counted (``dropped_row_phrases``) and
+    logged, and the row is transcribed with the rest of its phrases."""
+
+    def __init__(self, beam_cfg, vocabulary):
+        self.cfg, self.vocab = beam_cfg, vocabulary
+        shared = configured_phrases(beam_cfg)
+        dropped = set(unspellable(shared, vocabulary))
+        if dropped:
+            log.warning("beam.key_phrases / beam.key_phrases_file: %d of %d phrases cannot be spelt by the "
+                        "model's vocabulary and are not boosted: %s", len(dropped), len(set(shared)),
+                        ", ".join(map(repr, sorted(dropped))))
+        self.shared = [p for p in shared if p not in dropped]
+        self.dropped_row_phrases = 0
+
+    def tree(self, per_row: list, device):
+        """The boosting tree of a batch whose rows have ``per_row`` key phrases (or None)."""
+        dropped = unspellable((p for own in per_row for p in own or []), self.vocab)
+        if dropped:
+            self.dropped_row_phrases += len(dropped)
+            log.warning("%d key phrases of this batch's rows cannot be spelt by the model's vocabulary and are "
+                        "not boosted (%d so far): %s", len(dropped), self.dropped_row_phrases,
+                        ", ".join(map(repr, dropped[:10])))
+        return batch_boosting_tree(self.shared, per_row, self.vocab, self.cfg, device)

@@ -21,11 +21,16 @@ other case, so :meth:`lm_token_ids` folds text to its case first (otherwise an L
 or a key phrase in the wrong case would lose every letter as unknown), and flipping a
 phrase's first letter (``beam.boost_case_variants``) would only spell the same tokens
 twice: ``cased`` is False and the beam stage skips the variants.
+
+Key phrases are spelt apart (:meth:`phrase_token_ids`): an LM corpus may lose a character
+the vocabulary lacks, but a boosted phrase that lost a letter ("naïve" as "nave") or kept
+only word separators (" - " as two delimiters) would boost text nobody said.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 
 class CTCVocabulary(Protocol):
@@ -34,6 +39,8 @@ class CTCVocabulary(Protocol):
     cased: bool       # upper and lower case are different tokens
 
     def lm_token_ids(self, text: str) -> list[int]: ...
+
+    def phrase_token_ids(self, text: str) -> list[int] | None: ...
 
     def decode(self, ids) -> str: ...
 
@@ -51,6 +58,38 @@ def lm_index(ids, blank: int) -> list[int]:
     return [i if i < blank else i - 1 for i in ids]
 
 
+_GAP = "\0"   # where a character the vocabulary cannot spell was
+
+
+def phrase_spelling(text: str, spells: Callable[[str], bool]) -> str | None:
+    """``text`` as a vocabulary spells it exactly, or None where it cannot.
+
+    A letter or digit the vocabulary lacks makes it None: "lazy dög" boosted as "lazy dg"
+    rewards a word that is not the phrase. Punctuation and symbols it lacks are left out,
+    as the model cannot write them either ("lazy dog." -> "lazy dog", "e-mail" -> "email"),
+    and the white space around a removed one is kept once ("a - b" -> "a b", not two word
+    separators in a row, which no transcript contains). Case is the caller's (it folds
+    ``text`` to the vocabulary's case first)."""
+    chars = []
+    for ch in text:
+        if ch.isspace() or spells(ch):
+            chars.append(ch)
+        elif ch.isalnum():
+            return None
+        else:
+            chars.append(_GAP)
+    spelt = re.sub(rf"(\s?){_GAP}+(\s?)", lambda m: m.group(1) or m.group(2), "".join(chars))
+    return spelt if spelt.strip() else None
+
+
+def phrase_ids(vocabulary, ctc_ids: list[int]) -> list[int] | None:
+    """LM token ids of a spelt phrase, or None where it is nothing but word separators: such
+    a phrase would boost the space between every pair of words."""
+    if not ctc_ids or all(role == SEPARATOR for role in vocabulary.word_roles(ctc_ids)):
+        return None
+    return lm_index(ctc_ids, vocabulary.blank)
+
+
 class CharsetVocabulary:
     """The embedded head's characters (``pipeline.text.charset``), exactly as before."""
 
@@ -62,6 +101,12 @@ class CharsetVocabulary:
         self.blank, self.size = charset.BLANK, charset.NUM_CLASSES
         self.lm_token_ids, self.decode = charset.lm_token_ids, charset.decode
         self._space = charset.encode(" ")[0]
+        self._encode, self._spells = charset.encode, set(charset.CHARS).__contains__
+
+    def phrase_token_ids(self, text: str) -> list[int] | None:
+        """LM token ids of key phrase ``text``, None where the characters cannot spell it."""
+        spelt = phrase_spelling(text, self._spells)
+        return None if spelt is None else phrase_ids(self, self._encode(spelt))
 
     def word_roles(self, ids) -> list[str]:
         return [SEPARATOR if i == self._space else CONTINUES for i in ids]
@@ -108,6 +153,7 @@ class TokenizerVocabulary:
         # charset drops characters outside printable ASCII), the blank, and ids beyond the
         # model's output.
         self._drop = {i for i in (tokenizer.unk_token_id, self.blank) if i is not None}
+        self._spelt_chars: dict[str, bool] = {}
 
     @classmethod
     def from_pretrained(cls, source: str) -> "TokenizerVocabulary":
@@ -128,10 +174,28 @@ class TokenizerVocabulary:
 
     def ctc_ids(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(self.fold(text), add_special_tokens=False)
-        return [i for i in ids if i not in self._drop and 0 <= i < self.size]
+        return [i for i in ids if self._usable(i)]
 
     def lm_token_ids(self, text: str) -> list[int]:
         return lm_index(self.ctc_ids(text), self.blank)
+
+    def phrase_token_ids(self, text: str) -> list[int] | None:
+        """LM token ids of key phrase ``text`` (folded to the vocabulary's case), None where
+        the tokenizer cannot spell it."""
+        spelt = phrase_spelling(self.fold(text), self._spells)
+        if spelt is None:
+            return None
+        ids = self.tokenizer.encode(spelt, add_special_tokens=False)
+        return phrase_ids(self, ids) if all(self._usable(i) for i in ids) else None
+
+    def _usable(self, i: int) -> bool:
+        return i not in self._drop and 0 <= i < self.size
+
+    def _spells(self, ch: str) -> bool:
+        if ch not in self._spelt_chars:
+            ids = self.tokenizer.encode(ch, add_special_tokens=False)
+            self._spelt_chars[ch] = bool(ids) and all(self._usable(i) for i in ids)
+        return self._spelt_chars[ch]
 
     def decode(self, ids) -> str:
         """The tokenizer's own CTC text rule (word delimiter, ``▁``, blank removal) on
