@@ -88,11 +88,7 @@ class ModelConfig:
         for name in ("encoder_dtype", "cross_kv_dtype"):
             if getattr(self, name) is not None:
                 _choice(f"{key}.{name}", getattr(self, name), ("auto", "float32", "float16", "bfloat16"))
-        if not (self.family == "whisper" or (self.family == "ctc" and self.source == "embedded")):
-            for name, off in (("quantize", ("none",)), ("encoder_dtype", (None, "auto")),
-                              ("cross_kv_dtype", (None, "auto"))):
-                if getattr(self, name) not in off:
-                    raise ConfigError(f"{key}.{name}: only Whisper models have it, model.family={self.family}")
+        self._check_family_keys(key)
         if self.quantize != "none" and self.cross_kv_dtype not in (None, "auto", self.dtype):
             raise ConfigError(f"{key}.cross_kv_dtype: the cross-attention projections are {self.quantize} "
                               f"under model.quantize={self.quantize}; leave it auto")
@@ -103,6 +99,26 @@ class ModelConfig:
         _at_least(f"{key}.num_threads", self.num_threads, 0)
         if self.encoder_micro_batch is not None:
             _at_least(f"{key}.encoder_micro_batch", self.encoder_micro_batch, 0)
+
+    def _check_family_keys(self, key: str) -> None:
+        """Keys only some families read: set (off their default) for another family they
+        would be ignored without a word, so they are refused."""
+        whisper = whisper_model(self.family, self.source)
+        for name, off, used, owners in (
+                ("quantize", ("none",), whisper, "Whisper models"),
+                ("encoder_dtype", (None, "auto"), whisper, "Whisper models"),
+                ("cross_kv_dtype", (None, "auto"), whisper, "Whisper models"),
+                ("encoder_micro_batch", (None,), whisper, "Whisper models"),
+                ("ctc_head", (None,), whisper, "Whisper models (and model.family=ctc's embedded model)"),
+                ("ctc_vocab", (None,), self.family == "granite_speech", "granite_speech models")):
+            if not used and getattr(self, name) not in off:
+                raise ConfigError(f"{key}.{name}: only {owners} have it, model.family={self.family}")
+
+
+def whisper_model(family: str, source: str) -> bool:
+    """Whether the model is a Whisper one: the whisper family, or the ctc family's embedded
+    model (Whisper tiny.en's encoder and CTC head, loaded by the whisper family)."""
+    return family == "whisper" or (family == "ctc" and source == "embedded")
 
 
 @dataclass
@@ -759,15 +775,31 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     data = _over_defaults(_read_yaml(resolve_config_path(name_or_path)))
     if model:
         use_model(data, model)
+    overridden = set()
     for item in overrides or []:
         path, value = parse_override(item)
+        overridden.add(".".join(path))
         node = data
         for part in path[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"{'.'.join(path)}: {part} is not a section")
         node[path[-1]] = value
+    _drop_inherited_ctc_head(data, overridden)
     return _build(JobConfig, data, "").validate()
+
+
+def _drop_inherited_ctc_head(data: dict, overridden: set) -> None:
+    """A named config's Whisper CTC head (``ctc_head: embedded`` in ssd, ctc_greedy,
+    ctc_beam) belongs to the model it names: where ``--set`` moves the job to a model with
+    no Whisper encoder (``model.family=granite_speech``, a ``ctc`` checkpoint), the head is
+    dropped, as ``--model`` drops it (:func:`use_model`). A head set with ``--set`` stays,
+    for ModelConfig.validate to refuse."""
+    model = data.get("model")
+    if not isinstance(model, dict) or "model.ctc_head" in overridden:
+        return
+    if {"model.family", "model.source"} & overridden and not whisper_model(model.get("family"), model.get("source")):
+        model["ctc_head"] = None
 
 
 def use_model(data: dict, source: str) -> None:

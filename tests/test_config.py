@@ -249,3 +249,43 @@ def test_config_hash_follows_what_the_named_files_hold(tmp_path):
     phrases.write_text("shardscribe\nkenlm\n")
     (lm / "lm.ngpu.safetensors").write_bytes(b"\x01" * 3_000_000)
     assert config_hash(load_config("ctc_beam", overrides)) == first
+
+
+@pytest.mark.parametrize("family, source, key, value", [
+    ("ctc", "{dir}", "ctc_head", "/nonexistent/head"),
+    ("ctc", "{dir}", "ctc_head", "embedded"),
+    ("transducer", "embedded", "ctc_head", "/nonexistent/head"),
+    ("granite_speech", "{dir}", "ctc_head", "embedded"),
+    ("whisper", "embedded", "ctc_vocab", "/x/ctc_vocab.json"),
+    ("ctc", "{dir}", "ctc_vocab", "/x/ctc_vocab.json"),
+    ("transducer", "embedded", "ctc_vocab", "/x/ctc_vocab.json"),
+    ("ctc", "{dir}", "encoder_micro_batch", "4"),
+    ("transducer", "embedded", "encoder_micro_batch", "0"),
+    ("granite_speech", "{dir}", "encoder_micro_batch", "4"),
+])
+def test_a_model_key_the_family_does_not_read_is_refused(tmp_path, family, source, key, value):
+    """model.ctc_head (Whisper), model.ctc_vocab (granite_speech) and
+    model.encoder_micro_batch (Whisper) were accepted and ignored on other families, like
+    model.quantize before them."""
+    sets = [f"model.family={family}", f"model.source={source.format(dir=tmp_path)}", f"model.{key}={value}"]
+    with pytest.raises(ConfigError) as exc:
+        load_config("ar", sets)
+    message = str(exc.value)
+    assert message.startswith(f"model.{key}: ") and f"model.family={family}" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["ssd", "ctc_greedy", "ctc_beam", "default"])
+def test_a_named_configs_ctc_head_is_dropped_where_set_moves_off_whisper(tmp_path, name):
+    """The shipped configs' ctc_head: embedded belongs to the Whisper model they name; a
+    job moved to another family by --set loses it (as --model does) instead of being refused."""
+    for sets in (["model.family=granite_speech", f"model.source={tmp_path}", "model.ctc_vocab=/x.json"],
+                 ["model.family=ctc", f"model.source={tmp_path}", "decoder.pack_windows=false"]):
+        try:
+            cfg = load_config(name, sets)
+        except ConfigError as exc:  # a decoder the family cannot run, not the head
+            assert "ctc_head" not in str(exc)
+        else:
+            assert cfg.model.ctc_head is None
+    # the ctc family's embedded model is Whisper's encoder: its head stays
+    assert load_config(name, ["model.family=ctc", "decoder.kind=ctc_greedy"]).model.ctc_head == "embedded"
+    assert load_config("ar", ["model.family=whisper", "model.ctc_head=/some/head"]).model.ctc_head == "/some/head"
