@@ -218,3 +218,62 @@ def test_cli_transcribes_with_a_ctc_checkpoint(checkpoint, manifest, tmp_path):
             part = audio[int(round(seg["start"] * 16000)):int(round(seg["end"] * 16000))]
             refs.append(_reference(model, processor, part)[1].strip())
         assert row["text"] == " ".join(t for t in refs if t), line["id"]
+
+
+def _config_only(path, arch: str, model_type: str):
+    """A checkpoint folder whose config names ``arch`` (a weights file beside it, never read:
+    the family check comes before anything is loaded)."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": model_type}))
+    (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+@pytest.mark.parametrize("conf, arch, model_type, family", [
+    ("ctc_model_greedy", "WhisperForConditionalGeneration", "whisper", "whisper"),
+    ("transducer_greedy", "Wav2Vec2ForCTC", "wav2vec2", "ctc"),
+    ("ctc_model_greedy", "ParakeetForTDT", "parakeet_tdt", "transducer"),
+])
+def test_preflight_refuses_a_checkpoint_of_another_family(tmp_path, conf, arch, model_type, family):
+    """model.family set by hand to a family that cannot load the checkpoint: one line naming
+    both before any worker starts, not transformers' error (or a wrong model) in every worker."""
+    from pipeline.models.preflight import ModelError, check_model
+
+    root = _config_only(tmp_path / "ck", arch, model_type)
+    cfg = load_config(conf, [f"model.source={root}"])
+    with pytest.raises(ModelError) as exc:
+        check_model(cfg.model)
+    text = str(exc.value)
+    assert f"model.source={root} holds a {arch} checkpoint (model_type {model_type})" in text, text
+    assert f"model.family={cfg.model.family} loads" in text and f"set model.family={family}" in text, text
+    assert len(text.splitlines()) == 1
+
+
+def test_the_loader_names_the_path_of_a_checkpoint_it_cannot_load(tmp_path):
+    """transformers raises ValueError for a model type without a CTC class: the loader turns
+    it into ModelError naming the checkpoint."""
+    from pipeline.models.preflight import ModelError
+
+    root = _config_only(tmp_path / "whisper", "WhisperForConditionalGeneration", "whisper")
+    with pytest.raises(ModelError, match=f"cannot load a CTC model from {root}"):
+        load_ctc_adapter(str(root))
+
+
+@pytest.mark.parametrize("checkpoint, removed, says", [
+    ("wav2vec2", ["vocab.json"], "has no tokenizer files"),
+    ("wav2vec2", ["vocab.json", "tokenizer_config.json"], "has no tokenizer files"),
+    ("wav2vec2", ["processor_config.json"], "has no feature extractor files"),
+    ("parakeet", ["tokenizer.json", "tokenizer_config.json"], "has no tokenizer files"),
+], indirect=["checkpoint"])
+def test_preflight_names_a_missing_tokenizer_or_feature_extractor(checkpoint, tmp_path, removed, says):
+    """The checkpoint without part of its processor: one line from the driver's preflight,
+    and ModelError (not a TypeError about a None path) from the loader."""
+    from pipeline.models.preflight import ModelError, check_model
+
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint[1], bad, ignore=shutil.ignore_patterns(*removed))
+    with pytest.raises(ModelError, match=f"model.source={bad}: the checkpoint {says}") as exc:
+        check_model(load_config("ctc_model_greedy", [f"model.source={bad}"]).model)
+    assert len(str(exc.value).splitlines()) == 1
+    with pytest.raises(ModelError, match=str(bad)):
+        load_ctc_adapter(str(bad))

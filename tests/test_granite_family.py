@@ -151,3 +151,32 @@ def test_ssd_on_granite_without_a_ctc_vocabulary_fails_before_any_worker(checkpo
     assert "model.ctc_vocab" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "x").exists()
     assert torch.get_num_threads() >= 1
+
+
+def test_preflight_refuses_a_whisper_checkpoint_and_a_missing_tokenizer(checkpoint, tmp_path):
+    """model.family=granite_speech on a Whisper checkpoint is refused from its config.json
+    (the loader would build a default-sized random granite model from it), and a granite
+    checkpoint without its tokenizer is named as such, not as a missing sentencepiece."""
+    import shutil
+
+    from pipeline.config import load_config
+    from pipeline.models.granite_speech.adapter import load_granite_adapter
+    from pipeline.models.preflight import ModelError, check_model
+
+    root, _, _ = checkpoint
+    whisper = tmp_path / "whisper"
+    whisper.mkdir()
+    (whisper / "config.json").write_text(json.dumps({"architectures": ["WhisperForConditionalGeneration"],
+                                                     "model_type": "whisper"}))
+    (whisper / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelError, match="holds a WhisperForConditionalGeneration checkpoint .*"
+                                         "model.family=granite_speech loads GraniteSpeech"):
+        check_model(load_config("ar", ["model.family=granite_speech", f"model.source={whisper}"]).model)
+    bad = tmp_path / "bad"
+    shutil.copytree(root, bad, ignore=shutil.ignore_patterns("tokenizer*"))
+    with pytest.raises(ModelError, match=f"model.source={bad}: the checkpoint has no tokenizer files") as exc:
+        check_model(load_config("ar", ["model.family=granite_speech", f"model.source={bad}"]).model)
+    assert len(str(exc.value).splitlines()) == 1
+    with pytest.raises(ModelError, match=str(bad)):
+        load_granite_adapter(str(bad), None)
+    check_model(load_config("ar", ["model.family=granite_speech", f"model.source={root}"]).model)

@@ -90,3 +90,22 @@ def test_a_bad_source_is_a_clear_error(tmp_path):
     saved_checkpoint("parakeet", tmp_path / "ctc")
     with pytest.raises(ValueError, match="not a transducer"):
         load_transducer_adapter(str(tmp_path / "ctc"))
+
+
+def test_preflight_names_a_missing_tokenizer_before_any_worker(tmp_path):
+    """A Parakeet transducer without its tokenizer: one line from the driver's preflight and
+    a ModelError naming the folder from the loader."""
+    import shutil
+
+    from pipeline.config import load_config
+    from pipeline.models.preflight import ModelError, check_model
+
+    build("tdt", tmp_path / "tdt")
+    shutil.copytree(tmp_path / "tdt", tmp_path / "bad", ignore=shutil.ignore_patterns("tokenizer*"))
+    bad = tmp_path / "bad"
+    with pytest.raises(ModelError, match=f"model.source={bad}: the checkpoint has no tokenizer files") as exc:
+        check_model(load_config("transducer_greedy", [f"model.source={bad}"]).model)
+    assert len(str(exc.value).splitlines()) == 1
+    with pytest.raises(ModelError, match=str(bad)):
+        load_transducer_adapter(str(bad))
+    check_model(load_config("transducer_greedy", [f"model.source={tmp_path / 'tdt'}"]).model)

@@ -37,9 +37,22 @@ class ModelFamily:
     # ``--model DIR`` finds the family from the checkpoint's config.json
     architectures: tuple[str, ...] = ()
     has_embedded: bool = False      # model.source: embedded names a model shipped with the package
+    # "module:function": (model config) -> None, raising pipeline.models.preflight.ModelError
+    # where the checkpoint's tokenizer or feature extractor cannot be loaded. The driver runs
+    # it before any worker starts, so a checkpoint missing them is one line, not a worker's
+    # traceback; it loads what the family's loader loads, without the weights.
+    components: str | None = None
 
     def load(self, model_config, device: str, dtype):
         return importlib.import_module(self.module).load(model_config, device=device, dtype=dtype)
+
+    def loads_architecture(self, arch: str) -> bool:
+        return any(arch == a or (a.startswith("*") and arch.endswith(a[1:])) for a in self.architectures)
+
+    def check_components(self, model_config) -> None:
+        if self.components is not None:
+            module, attr = self.components.split(":")
+            getattr(importlib.import_module(module), attr)(model_config)
 
     def ctc_vocabulary(self, model_config):
         """The CTC vocabulary of ``model_config``'s model, without loading the model."""
@@ -96,7 +109,8 @@ register_family(ModelFamily(
     hint=lambda cap: ("set model.ctc_vocab (a JSON list naming the encoder's CTC outputs, blank first)"
                       if cap == CTC else _BEAM_VOCAB_HINT if cap == BEAM_VOCABULARY
                       else "it cannot pack encoder windows: --set ssd.pack_gate=false" if cap == PACKABLE else ""),
-    architectures=("GraniteSpeechForConditionalGeneration",)))
+    architectures=("GraniteSpeechForConditionalGeneration",),
+    components="pipeline.models.granite_speech:check_components"))
 # Any transformers CTC checkpoint. Frame rates differ per model (wav2vec2: 320 samples,
 # Parakeet: 1280), but the window rule must be known before a model is loaded: the segment
 # cost is priced at the finest common stride, wav2vec2's 20 ms, so 30 s cost 1500 frames
@@ -109,7 +123,7 @@ register_family(ModelFamily(
     hint=lambda cap: ("use --config ctc_model_greedy or ctc_model_beam, or --set decoder.pack_windows=false"
                       if cap == PACKABLE else ""),
     vocabulary="pipeline.models.ctc:ctc_vocabulary",
-    architectures=("*ForCTC",), has_embedded=True))
+    architectures=("*ForCTC",), has_embedded=True, components="pipeline.models.ctc:check_components"))
 # transformers' ParakeetForRNNT / ParakeetForTDT ("Pushing the Limits of Beam Search Decoding
 # for Transducer-based ASR models"): encoder frames, predictor step and joint; and the
 # embedded TDT over Whisper tiny.en. Parakeet's frames are 80 ms (30 s: 375 frames), the
@@ -119,4 +133,5 @@ register_family(ModelFamily(
     capabilities=lambda m: frozenset({TRANSDUCER}),
     max_segment_s=30.0, max_segment_cost=750,
     hint=lambda cap: "use --config transducer_greedy or transducer_beam" if cap != TRANSDUCER else "",
-    architectures=("ParakeetForRNNT", "ParakeetForTDT", "ShardscribeWhisperTDT"), has_embedded=True))
+    architectures=("ParakeetForRNNT", "ParakeetForTDT", "ShardscribeWhisperTDT"), has_embedded=True,
+    components="pipeline.models.transducer:check_components"))

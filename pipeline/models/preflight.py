@@ -160,6 +160,7 @@ def check_model(model_config) -> None:
                                             "alignment_heads": [[1, 0]]})
         return
     config = checkpoint_config(model_config.source)
+    check_family(model_config, config)
     if model_config.family == "whisper":
         _whisper_components(model_config, config)
         _whisper_options(model_config, checkpoint_json(model_config.source, "generation_config.json"))
@@ -168,6 +169,51 @@ def check_model(model_config) -> None:
     if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise ModelError(f"model.source={model_config.source}: the directory has a config.json but no weights "
                          f"({' or '.join(WEIGHT_FILES[::2])})")
+    from pipeline.models import model_family
+
+    model_family(model_config.family).check_components(model_config)
+
+
+def check_family(model_config, config: dict) -> None:
+    """The checkpoint's architecture against what ``model.family`` loads: a family's loader
+    given another family's checkpoint fails only in the workers, or (granite_speech) builds
+    a default-sized random model from a config it does not understand."""
+    from pipeline.models import FAMILIES, model_family
+
+    family = model_family(model_config.family)
+    archs = [str(a) for a in config.get("architectures") or []]
+    # A config that names no architecture cannot be judged here; the loaders check its model_type.
+    if not archs or not family.architectures or any(family.loads_architecture(a) for a in archs):
+        return
+    kind = config.get("model_type")
+    others = [f.name for f in FAMILIES.values() if any(f.loads_architecture(a) for a in archs)]
+    hint = (f"; set model.family={others[0]} (or use --model {model_config.source})" if others
+            else "; no model family loads it")
+    raise ModelError(f"model.source={model_config.source} holds a {', '.join(archs)} checkpoint"
+                     f"{f' (model_type {kind})' if kind else ''}; model.family={family.name} loads "
+                     f"{', '.join(family.architectures)} checkpoints{hint}")
+
+
+# Files a transformers tokenizer reads its vocabulary from, one of which nearly every
+# tokenizer has (tokenizer_config.json alone names a class, not its tokens).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model")
+# Where a feature extractor's settings are: its own file, or inside the processor's.
+FEATURE_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
+def component_error(source: str, what: str, exc: BaseException) -> ModelError:
+    """The one-line ModelError for a tokenizer or feature extractor that transformers could
+    not load from ``source``. A local directory without the files is named as such:
+    transformers' own message for it can mislead ("install sentencepiece or tiktoken", or a
+    TypeError about a None path)."""
+    folder = Path(source).expanduser()
+    wanted = TOKENIZER_FILES if what == "tokenizer" else FEATURE_FILES
+    if folder.is_dir() and not any((folder / n).is_file() for n in wanted):
+        return ModelError(f"model.source={source}: the checkpoint has no {what} files (none of "
+                          f"{', '.join(wanted)})")
+    detail = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())[:300]
+    return ModelError(f"model.source={source}: cannot load its {what} offline: {type(exc).__name__}: {detail}")
 
 
 def check_transducer_search(cfg) -> None:
@@ -202,8 +248,7 @@ def family_of_checkpoint(source: str) -> str:
 
     archs = checkpoint_architectures(source)
     for family in FAMILIES.values():
-        for arch in archs:
-            if any(arch == a or (a.startswith("*") and arch.endswith(a[1:])) for a in family.architectures):
-                return family.name
+        if any(family.loads_architecture(arch) for arch in archs):
+            return family.name
     raise ValueError(f"--model: no model family loads {source} (architectures {archs or 'not named'}; "
                      f"known families: {', '.join(sorted(FAMILIES))})")

@@ -32,6 +32,15 @@ def load(model_config, device: str, dtype):
     return load_ctc_adapter(model_config.source, device=device, dtype=dtype)
 
 
+def check_components(model_config) -> None:
+    """The checkpoint's feature extractor and tokenizer load (preflight; ModelError if not)."""
+    if model_config.source == EMBEDDED:
+        return
+    from pipeline.models.ctc.adapter import load_processing
+
+    load_processing(model_config.source)
+
+
 def ctc_vocabulary(model_config):
     """The checkpoint's CTC vocabulary from its config and tokenizer alone (no weights):
     what the beam pool, which loads no model, needs."""

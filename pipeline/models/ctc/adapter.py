@@ -141,28 +141,44 @@ def load_ctc_adapter(source: str, device: str = "cpu", dtype: torch.dtype = torc
     """An ``AutoModelForCTC`` checkpoint from a local directory or a Hugging Face id already
     in the local cache (nothing is downloaded), with its processor, or its feature
     extractor and tokenizer where it ships no processor."""
-    from transformers import AutoFeatureExtractor, AutoModelForCTC, AutoProcessor, AutoTokenizer
+    from transformers import AutoModelForCTC
+
+    from pipeline.models.preflight import ModelError
 
     if _looks_local(source) and not Path(source).expanduser().is_dir():
-        raise ValueError(f"model.source: no CTC model at {source} (not a directory)")
+        raise ModelError(f"model.source: no CTC model at {source} (not a directory)")
     try:
         model = AutoModelForCTC.from_pretrained(source, dtype=dtype, local_files_only=True)
-    except OSError as exc:
-        raise ValueError(f"model.source: cannot load a CTC model from {source} offline: "
+    # transformers raises ValueError for a model type without a CTC class, OSError for
+    # missing files: both are the checkpoint's problem, named with its path
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelError(f"model.source: cannot load a CTC model from {source} offline: "
                          f"{str(exc).splitlines()[0]}") from None
-    processor = None
+    extractor, tokenizer, processor = load_processing(source)
+    return CTCModelAdapter(model.to(device), extractor, tokenizer, processor=processor, device=device)
+
+
+def load_processing(source: str):
+    """(feature extractor, tokenizer, processor or None) of a CTC checkpoint: its processor
+    where it has one, else its feature extractor and tokenizer; ModelError naming the part
+    that cannot be loaded. The driver's preflight calls this too (no weights are read)."""
+    from transformers import AutoFeatureExtractor, AutoProcessor, AutoTokenizer
+
+    from pipeline.models.preflight import component_error
+
     try:
         processor = AutoProcessor.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError, TypeError):
-        pass
-    if processor is not None and hasattr(processor, "feature_extractor") and hasattr(processor, "tokenizer"):
-        extractor, tokenizer = processor.feature_extractor, processor.tokenizer
-    else:   # AutoProcessor gave a lone tokenizer or extractor, or nothing
         processor = None
-        try:
-            extractor = AutoFeatureExtractor.from_pretrained(source, local_files_only=True)
-            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"model.source: {source} lacks a feature extractor or tokenizer: "
-                             f"{str(exc).splitlines()[0]}") from None
-    return CTCModelAdapter(model.to(device), extractor, tokenizer, processor=processor, device=device)
+    if processor is not None and hasattr(processor, "feature_extractor") and hasattr(processor, "tokenizer"):
+        return processor.feature_extractor, processor.tokenizer, processor
+    # AutoProcessor gave a lone tokenizer or extractor, or nothing
+    try:
+        extractor = AutoFeatureExtractor.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise component_error(source, "feature extractor", exc) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise component_error(source, "tokenizer", exc) from None
+    return extractor, tokenizer, None

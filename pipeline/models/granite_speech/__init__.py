@@ -26,3 +26,10 @@ def load(model_config, device: str, dtype):
 
     vocab = read_ctc_vocab(model_config.ctc_vocab) if model_config.ctc_vocab else None
     return load_granite_adapter(model_config.source, vocab, device=device, dtype=dtype)
+
+
+def check_components(model_config) -> None:
+    """The checkpoint's tokenizer and features load (preflight; ModelError if not)."""
+    from pipeline.models.granite_speech.adapter import load_processing
+
+    load_processing(model_config.source)

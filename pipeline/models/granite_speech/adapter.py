@@ -233,17 +233,50 @@ def load_granite_adapter(source: str, ctc_vocab: Sequence[str] | None, ctc_blank
     ``ctc_vocab`` names the CTC head's outputs (the checkpoint does not; None: no CTC
     draft). Features come from transformers' extractor where torchaudio is installed, else
     from the same computation in plain torch (features.GraniteFeatures)."""
-    from transformers import AutoTokenizer, GraniteSpeechForConditionalGeneration
+    from transformers import AutoConfig, GraniteSpeechForConditionalGeneration
 
-    model = GraniteSpeechForConditionalGeneration.from_pretrained(source, dtype=dtype, use_safetensors=True)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    from pipeline.models.preflight import ModelError
+
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelError(f"model.source: cannot load a granite-speech config from {source} offline: "
+                         f"{str(exc).splitlines()[0]}") from None
+    # Given another model's config, from_pretrained would build a default-sized (billions of
+    # parameters) random granite-speech model instead of failing.
+    if getattr(config, "model_type", None) != "granite_speech":
+        raise ModelError(f"model.source: {source} is a {getattr(config, 'model_type', None)!r} model, "
+                         "not granite_speech")
+    try:
+        model = GraniteSpeechForConditionalGeneration.from_pretrained(source, dtype=dtype, use_safetensors=True,
+                                                                      local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelError(f"model.source: cannot load the granite-speech model at {source} offline: "
+                         f"{str(exc).splitlines()[0]}") from None
+    tokenizer, extractor = load_processing(source)
+    return GraniteSpeechAdapter(model.to(device), tokenizer, ctc_vocab, ctc_blank=ctc_blank, device=device,
+                                feature_extractor=extractor, **prompt)
+
+
+def load_processing(source: str):
+    """(tokenizer, feature extractor) of a granite-speech checkpoint; ModelError where the
+    tokenizer cannot be loaded. The features fall back to the same computation in plain
+    torch (features.GraniteFeatures) where torchaudio or the preprocessor config is missing.
+    The driver's preflight calls this too (no weights are read)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.models.preflight import component_error
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise component_error(source, "tokenizer", exc) from None
     try:
         from transformers import GraniteSpeechFeatureExtractor
 
-        extractor = GraniteSpeechFeatureExtractor.from_pretrained(source)
+        extractor = GraniteSpeechFeatureExtractor.from_pretrained(source, local_files_only=True)
     except (ImportError, OSError):  # torchaudio missing, or no preprocessor config
         from pipeline.models.granite_speech.features import GraniteFeatures
 
         extractor = GraniteFeatures.from_checkpoint(source)
-    return GraniteSpeechAdapter(model.to(device), tokenizer, ctc_vocab, ctc_blank=ctc_blank, device=device,
-                                feature_extractor=extractor, **prompt)
+    return tokenizer, extractor

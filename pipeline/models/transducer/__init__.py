@@ -24,3 +24,15 @@ def load(model_config, device: str, dtype):
     from pipeline.models.transducer.adapter import load_transducer_adapter
 
     return load_transducer_adapter(model_config.source, device=device, dtype=dtype)
+
+
+def check_components(model_config) -> None:
+    """A Parakeet checkpoint's feature extractor and tokenizer load (preflight; ModelError
+    if not). The shipped transducers and train-transducer outputs carry their own."""
+    from pipeline.models.transducer.embedded import EMBEDDED, EMBEDDED_RNNT, is_embedded_transducer_dir
+
+    if model_config.source in (EMBEDDED, EMBEDDED_RNNT) or is_embedded_transducer_dir(model_config.source):
+        return
+    from pipeline.models.transducer.adapter import load_processing
+
+    load_processing(model_config.source)

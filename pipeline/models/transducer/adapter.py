@@ -171,25 +171,44 @@ def load_transducer_adapter(source: str, device: str = "cpu", dtype: torch.dtype
     """A ParakeetForRNNT / ParakeetForTDT checkpoint from a local directory or a Hugging Face
     id already in the local cache (nothing is downloaded), with its feature extractor and
     tokenizer."""
-    from transformers import AutoConfig, AutoFeatureExtractor, AutoTokenizer, ParakeetForRNNT, ParakeetForTDT
+    from transformers import AutoConfig, ParakeetForRNNT, ParakeetForTDT
+
+    from pipeline.models.preflight import ModelError
 
     if _looks_local(source) and not Path(source).expanduser().is_dir():
-        raise ValueError(f"model.source: no transducer model at {source} (not a directory)")
+        raise ModelError(f"model.source: no transducer model at {source} (not a directory)")
     try:
         config = AutoConfig.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"model.source: cannot load a transducer config from {source} offline: "
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelError(f"model.source: cannot load a transducer config from {source} offline: "
                          f"{str(exc).splitlines()[0]}") from None
     classes = {"parakeet_rnnt": ParakeetForRNNT, "parakeet_tdt": ParakeetForTDT}
     cls = classes.get(getattr(config, "model_type", None))
     if cls is None:
-        raise ValueError(f"model.source: {source} is a {config.model_type!r} model, not a transducer "
+        raise ModelError(f"model.source: {source} is a {config.model_type!r} model, not a transducer "
                          f"({', '.join(sorted(classes))})")
     try:
         model = cls.from_pretrained(source, dtype=dtype, local_files_only=True)
-        extractor = AutoFeatureExtractor.from_pretrained(source, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"model.source: cannot load the transducer at {source} offline: "
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelError(f"model.source: cannot load the transducer at {source} offline: "
                          f"{str(exc).splitlines()[0]}") from None
+    extractor, tokenizer = load_processing(source)
     return TransducerAdapter(model.to(device), extractor, tokenizer, device=device)
+
+
+def load_processing(source: str):
+    """(feature extractor, tokenizer) of a Parakeet transducer checkpoint; ModelError naming
+    the part that cannot be loaded. The driver's preflight calls this too (no weights)."""
+    from transformers import AutoFeatureExtractor, AutoTokenizer
+
+    from pipeline.models.preflight import component_error
+
+    try:
+        extractor = AutoFeatureExtractor.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise component_error(source, "feature extractor", exc) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise component_error(source, "tokenizer", exc) from None
+    return extractor, tokenizer
