@@ -192,6 +192,10 @@ class BeamConfig:
             path = getattr(self, name)
             if path and not Path(path).exists():
                 raise ConfigError(f"{key}.{name}: {path} does not exist")
+        if self.lm_path:
+            _check_lm_path(f"{key}.lm_path", self.lm_path)
+        if self.key_phrases_file:
+            _check_text_file(f"{key}.key_phrases_file", self.key_phrases_file)
 
 
 @dataclass
@@ -630,6 +634,27 @@ class JobConfig:
         if m.timestamps and self.decoder.token_map is not None:
             raise ConfigError("decoder.token_map: token-map drafting does not apply Whisper's timestamp rules; "
                               "set decoder.token_map=null with model.timestamps")
+
+
+def _check_lm_path(key: str, path: str) -> None:
+    """The LM tensors a beam decoder loads are there: a build-lm output directory without
+    them (an --arpa-only build, a wrong folder) would fail in every beam worker."""
+    from pipeline.lm import TENSORS_NAME, lm_tensors_path
+
+    tensors = lm_tensors_path(path)
+    if not tensors.is_file():
+        raise ConfigError(f"{key}: {path} has no {TENSORS_NAME} (a shardscribe build-lm output directory, "
+                          "or that file, is expected)")
+
+
+def _check_text_file(key: str, path: str) -> None:
+    """A file the workers read as UTF-8 text can be: otherwise each would stop the job."""
+    try:
+        Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{key}: {path} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {path} ({exc.strerror or type(exc).__name__})") from None
 
 
 def _check_token_map(key: str, path: str) -> None:

@@ -289,3 +289,19 @@ def test_a_named_configs_ctc_head_is_dropped_where_set_moves_off_whisper(tmp_pat
     # the ctc family's embedded model is Whisper's encoder: its head stays
     assert load_config(name, ["model.family=ctc", "decoder.kind=ctc_greedy"]).model.ctc_head == "embedded"
     assert load_config("ar", ["model.family=whisper", "model.ctc_head=/some/head"]).model.ctc_head == "/some/head"
+
+
+def test_beam_files_the_workers_read_are_checked_with_the_config(tmp_path):
+    """A build-lm folder without its tensors, or a phrase file that is not UTF-8, is one
+    line before any worker starts, not a FileNotFoundError / UnicodeDecodeError in each."""
+    (tmp_path / "lm").mkdir()
+    (tmp_path / "lm" / "lm.arpa").write_text("\\data\\\n")
+    with pytest.raises(ConfigError, match=r"^beam.lm_path: .* has no lm.ngpu.safetensors") as exc:
+        load_config("ctc_beam", [f"beam.lm_path={tmp_path / 'lm'}"])
+    assert len(str(exc.value).splitlines()) == 1
+    phrases = tmp_path / "phrases.txt"
+    phrases.write_bytes("pump filter\nca\xf1on\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"^beam.key_phrases_file: .* is not UTF-8 text \(byte 14\)"):
+        load_config("ctc_beam", [f"beam.key_phrases_file={phrases}"])
+    phrases.write_text("pump filter\ncañon\n", encoding="utf-8")
+    assert load_config("ctc_beam", [f"beam.key_phrases_file={phrases}"]).beam.key_phrases_file == str(phrases)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -47,12 +46,10 @@ class CTCLogProbsDecoder(CTCGreedySegmentDecoder):
 
 
 def load_lm(path: str, device):
+    from pipeline.lm import lm_tensors_path
     from pipeline.lm.ngpu_lm import NGramLM
 
-    p = Path(path)
-    if p.is_dir():
-        p = p / "lm.ngpu.safetensors"
-    return NGramLM.load(str(p), device=device)
+    return NGramLM.load(str(lm_tensors_path(path)), device=device)
 
 
 class CTCBeamFinisher:

@@ -26,11 +26,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.lm import TENSORS_NAME
 from pipeline.lm.arpa import MAX_VOCAB, tokens_line
 from pipeline.lm.ngpu_lm import NGramLM
 
 ARPA_NAME = "lm.arpa"
-TENSORS_NAME = "lm.ngpu.safetensors"
 INFO_NAME = "lm.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
