@@ -175,9 +175,23 @@ def _manifest_row(source: Source, item: dict, base: str, protocol: str, where: s
         raise SourceError(f"{where}: key_phrases must be a list of strings")
     reference = item.get(text_key) if text_key else None
     rid = item.get("id")
+    for name, value in ((key, audio), ("id", rid), (text_key, reference), ("key_phrases", key_phrases)):
+        _check_encodable(where, name, value)
     return {"id": default_id if rid is None else str(rid), "audio": _join(base, audio, protocol),
             "audio_bytes": None, "reference": None if reference is None else str(reference),
             "key_phrases": key_phrases, "offset_s": offset, "duration_s": duration}
+
+
+def _check_encodable(where: str, key: str, value) -> None:
+    """JSON's \\uXXXX escapes can spell a lone UTF-16 surrogate, which no UTF-8 text (an
+    Arrow string, the Parquet output) can hold: refuse the line instead of failing later."""
+    for text in value if isinstance(value, list) else [value]:
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise SourceError(f"{where}: {key!r} holds a lone surrogate "
+                                  f"({text[exc.start]!r} at character {exc.start}), not UTF-8 text") from None
 
 
 def _manifest_lines(file: str, start: int = 0, stop: int | None = None, first_line: int = 1):

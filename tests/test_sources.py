@@ -134,3 +134,17 @@ def test_tables_in_split_folders_get_distinct_ids(tmp_path, samples_dir):
     assert [r["id"] for r in read_source(str(tmp_path / "ds" / "train"))] == ["0000.parquet:0", "0000.parquet:1"]
     assert [r["id"] for r in read_source(str(tmp_path / "ds" / "train" / "0000.parquet"))] == \
         ["0000.parquet:0", "0000.parquet:1"]
+
+
+def test_a_lone_surrogate_in_a_manifest_is_refused_naming_the_line(tmp_path):
+    """JSON can escape a lone UTF-16 surrogate, which no Arrow string or Parquet output can
+    hold: the scan refuses the line instead of raising UnicodeEncodeError."""
+    from pipeline.sources import open_source, scan
+
+    man = tmp_path / "m.jsonl"
+    for line in ('{"id": "x\\ud800", "audio": "a.wav"}', '{"audio": "a.wav", "text": "t\\udcff"}',
+                 '{"audio": "a.wav", "key_phrases": ["ok", "\\ud800"]}'):
+        man.write_text('{"audio": "b.wav"}\n' + line + "\n")
+        with pytest.raises(SourceError, match=r"m.jsonl:2: '(id|text|key_phrases)' holds a lone surrogate") as exc:
+            scan(open_source(str(man)))
+        assert len(str(exc.value).splitlines()) == 1
