@@ -109,3 +109,24 @@ def test_preflight_names_a_missing_tokenizer_before_any_worker(tmp_path):
     with pytest.raises(ModelError, match=str(bad)):
         load_transducer_adapter(str(bad))
     check_model(load_config("transducer_greedy", [f"model.source={tmp_path / 'tdt'}"]).model)
+
+
+def test_greedy_decoder_honours_the_configured_max_symbols(tmp_path, sample_audio):
+    """``transducer.max_symbols`` bounds the tokens per frame of ``transducer_greedy``, as it
+    does the beam search's: on an RNN-T biased against blank, which emits several tokens per
+    frame by default, a cap of 1 leaves at most one token on each frame it read."""
+    from pipeline.config import load_config
+    from pipeline.decoders.transducer_greedy import build as build_greedy
+
+    build("rnnt", tmp_path, max_symbols=3, blank_bias=-3.0)
+    adapter = load_transducer_adapter(str(tmp_path))
+    audio = sample_audio["fox_flite_slt"][:16000]
+    frames = adapter.segment_cost(len(audio))
+    cfg = load_config(None, ["decoder.kind=transducer_greedy", "model.family=transducer",
+                             f"model.source={tmp_path}"])
+    default = build_greedy(adapter, cfg).decode([audio])[0]
+    assert default.tokens > frames                       # the default does emit several per frame
+    cfg = load_config(None, ["decoder.kind=transducer_greedy", "model.family=transducer",
+                             f"model.source={tmp_path}", "transducer.max_symbols=1"])
+    capped = build_greedy(adapter, cfg).decode([audio])[0]
+    assert 0 < capped.tokens <= frames

@@ -12,9 +12,10 @@ from pipeline.decoding.transducer.words import best_path_words
 class TransducerGreedyDecoder:
     name = "transducer_greedy"
 
-    def __init__(self, adapter, confidence: bool = False):
+    def __init__(self, adapter, confidence: bool = False, max_symbols: int | None = None):
         self.adapter = adapter
         self.confidence = confidence
+        self.max_symbols = max_symbols      # tokens per frame; None: the model's
 
     def segment_cost(self, audio: np.ndarray) -> int:
         return self.adapter.segment_cost(len(audio))
@@ -22,7 +23,7 @@ class TransducerGreedyDecoder:
     def _greedy(self, enc):
         from pipeline.decoding.transducer.greedy import transducer_greedy
 
-        out = transducer_greedy(self.adapter, enc.states, enc.valid_frames)
+        out = transducer_greedy(self.adapter, enc.states, enc.valid_frames, self.max_symbols)
         if not self.confidence:
             return out, None
         from pipeline.confidence.features import transducer_words
@@ -43,4 +44,5 @@ class TransducerGreedyDecoder:
 
 
 def build(adapter, cfg) -> TransducerGreedyDecoder:
-    return TransducerGreedyDecoder(adapter, confidence=cfg.confidence.enabled)
+    return TransducerGreedyDecoder(adapter, confidence=cfg.confidence.enabled,
+                                   max_symbols=cfg.transducer.max_symbols)

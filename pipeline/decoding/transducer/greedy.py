@@ -31,8 +31,11 @@ class GreedyResult:
 
 
 @torch.inference_mode()
-def transducer_greedy(model, frames: torch.Tensor, lengths: torch.Tensor) -> GreedyResult:
-    """Greedy decoding of encoder ``frames`` [B, T, H] with valid ``lengths`` [B]."""
+def transducer_greedy(model, frames: torch.Tensor, lengths: torch.Tensor,
+                      max_symbols: int | None = None) -> GreedyResult:
+    """Greedy decoding of encoder ``frames`` [B, T, H] with valid ``lengths`` [B];
+    ``max_symbols``: tokens per frame (default: the model's)."""
+    max_symbols = int(max_symbols or model.max_symbols)
     b, t_max, _ = frames.shape
     device = frames.device
     lengths = lengths.to(device=device, dtype=torch.long)
@@ -44,7 +47,7 @@ def transducer_greedy(model, frames: torch.Tensor, lengths: torch.Tensor) -> Gre
     score = torch.zeros(b, dtype=torch.float32, device=device)
     done = t >= lengths
     emitted, at_frame, masks = [], [], []
-    for _ in range(max(t_max, 1) * model.max_symbols + 1):
+    for _ in range(max(t_max, 1) * max_symbols + 1):
         if bool(done.all()):
             break
         frame = frames[rows, t.clamp(max=max(t_max - 1, 0))]
@@ -61,7 +64,7 @@ def transducer_greedy(model, frames: torch.Tensor, lengths: torch.Tensor) -> Gre
             advance = torch.where(blank & (advance == 0), 1, advance)
             step_lp = tok_best + dur_best
         symbols = torch.where(blank, 0, symbols + 1)
-        advance = torch.where((symbols >= model.max_symbols) & (advance == 0), 1, advance)
+        advance = torch.where((symbols >= max_symbols) & (advance == 0), 1, advance)
         symbols = torch.where(advance > 0, 0, symbols)
         emit = live & ~blank
         emitted.append(token)
