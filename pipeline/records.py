@@ -102,17 +102,28 @@ def segment_dict(start: float, end: float, res) -> dict:
     return {"start": start, "end": end, "text": res.text, "stage": res.stage,
             "tokens": res.tokens, "max_entropy": res.max_entropy, "min_prob": res.min_prob,
             "prefix_len": res.prefix_len, "drafted": res.drafted, "generated": res.generated,
-            "error": res.error, "words": shift_words(res.words, start), "spans": shift_words(res.spans, start),
+            "error": res.error, "words": shift_words(res.words, start, end),
+            "spans": shift_words(res.spans, start, end),
             "language": res.language, "language_prob": res.language_prob,
             "confidence": getattr(res, "confidence", None)}
 
 
-def shift_words(words: list[dict] | None, offset: float) -> list[dict] | None:
-    """Segment-relative word (or span) times -> recording times (null times stay null)."""
+def shift_words(words: list[dict] | None, offset: float, end: float) -> list[dict] | None:
+    """Segment-relative word (or span) times -> recording times (null times stay null),
+    kept inside the segment [``offset``, ``end``]: a decoder times a word in model frames,
+    and the model's last frame also covers the padding after the audio, so a last word's
+    end (or a word in that frame) can fall past the segment and the recording."""
     if words is None:
         return None
-    return [{**w, "start": None if w.get("start") is None else round(w["start"] + offset, 3),
-             "end": None if w.get("end") is None else round(w["end"] + offset, 3)} for w in words]
+    return [{**w, "start": _recording_time(w.get("start"), offset, end),
+             "end": _recording_time(w.get("end"), offset, end)} for w in words]
+
+
+def _recording_time(t: float | None, offset: float, end: float) -> float | None:
+    if t is None:
+        return None
+    # clamped after rounding, so that rounding cannot step outside the segment either
+    return min(max(round(t + offset, 3), offset), end)
 
 
 def recording_language(segments: list[dict]) -> tuple[str | None, float | None]:

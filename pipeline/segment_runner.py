@@ -136,7 +136,7 @@ def complete_pending(rows: list[dict], finisher, max_tokens: int, confidence=Non
                 seg = rows[r]["segments"][s]
                 seg.update(text=res.text, stage=res.stage, tokens=res.tokens, prefix_len=res.prefix_len,
                            generated=res.generated, error=res.error,
-                           words=shift_words(res.words, seg["start"]), confidence=res.confidence)
+                           words=shift_words(res.words, seg["start"], seg["end"]), confidence=res.confidence)
                 rows[r]["t_fallback_s"] = (rows[r].get("t_fallback_s") or 0.0) + seconds / len(part)
     for row in rows:
         clear_pending(row)

@@ -185,7 +185,7 @@ def test_cli_beam_with_lm_on_a_ctc_checkpoint(checkpoint, lm_dir, manifest, tmp_
             for seg in row["segments"]:
                 assert seg["stage"] == "beam"
                 assert " ".join(w["word"] for w in seg["words"]) == " ".join(seg["text"].split())
-                assert all(seg["start"] <= w["start"] < w["end"] <= seg["end"] + 0.08 for w in seg["words"])
+                assert all(seg["start"] <= w["start"] < w["end"] <= seg["end"] for w in seg["words"])
 
 
 def test_the_embedded_vocabulary_is_the_charset():

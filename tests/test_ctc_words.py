@@ -123,3 +123,39 @@ def test_embedded_model_greedy_words(sample_audio):
     clips = sorted(sample_audio)
     for clip, res in zip(clips, decoder.decode([sample_audio[c] for c in clips])):
         _assert_timed_words(res.words, res.text, len(sample_audio[clip]) / 16000, 0.02)
+
+
+def _two_segment_recording(audio) -> dict:
+    """A prepared recording (records.PREPARED_SCHEMA) holding ``audio`` twice: a segment at
+    its start, and one 40 s in, as VAD cuts a long file (or a NeMo span at an offset)."""
+    d = len(audio) / 16000
+    return {"id": "rec", "audio": "rec.wav", "offset_s": None, "duration_s": 40.0 + d,
+            "seg_start": [0.0, 40.0], "seg_end": [d, 40.0 + d], "seg_audio": [audio, audio], "error": None}
+
+
+@pytest.mark.parametrize("kind", ["ctc_greedy", "ctc_beam"])
+def test_output_words_stay_inside_their_segment_and_the_recording(kind, sample_audio):
+    """The model's last frame also covers padding past the audio (Whisper's 20-ms frames
+    over 2.965 s here), so a decoder's last word can end after the audio; in the output
+    every word lies inside its own segment, and so inside the recording."""
+    from pipeline.config import load_config
+    from pipeline.decoders import decoder_kind
+    from pipeline.models import load_model
+    from pipeline.segment_runner import complete_pending, transcribe_prepared
+
+    audio = sample_audio["fox_flite_slt"]
+    assert (len(audio) / 16000 / 0.02) % 1 > 0            # a partial last frame: the case at hand
+    cfg = load_config(kind)
+    spec = decoder_kind(kind)
+    first = spec.build_first_stage(load_model(cfg.model), cfg)
+    rows = transcribe_prepared([_two_segment_recording(audio)], first, cfg.batching.max_tokens,
+                               pending_as_bytes=False)
+    if spec.two_stage:
+        rows = complete_pending(rows, spec.build_second_stage(cfg, first), cfg.batching.max_tokens)
+    row = rows[0]
+    assert row["error"] is None and row["text"]
+    for seg in row["segments"]:
+        assert seg["words"]
+        for w in seg["words"]:
+            assert seg["start"] <= w["start"] <= w["end"] <= seg["end"], (seg["start"], seg["end"], w)
+            assert 0.0 <= w["start"] <= w["end"] <= row["duration_s"], w
