@@ -277,3 +277,36 @@ def test_preflight_names_a_missing_tokenizer_or_feature_extractor(checkpoint, tm
     assert len(str(exc.value).splitlines()) == 1
     with pytest.raises(ModelError, match=str(bad)):
         load_ctc_adapter(str(bad))
+
+
+@pytest.mark.parametrize("kind", ["ctc_greedy", "ctc_beam"])
+def test_a_clip_shorter_than_one_frame_is_empty_text_in_any_batch(checkpoint, sample_audio, kind):
+    """100 samples are less than the model's shortest input (wav2vec2's conv stack needs
+    400 for one frame): alone, beside a longer clip, or beside another such clip, the clip
+    gets empty text and no error, and the longer clip the text it gets alone."""
+    import numpy as np
+
+    from pipeline.decoders import decoder_kind
+    from pipeline.segment_runner import complete_pending, transcribe_prepared
+
+    _, root, _, _, adapter = checkpoint
+    short = (np.random.default_rng(0).standard_normal(100) * 0.1).astype(np.float32)
+    assert adapter.segment_cost(len(short)) == 0
+    cfg = load_config("ctc_model_beam" if kind == "ctc_beam" else "ctc_model_greedy", [f"model.source={root}"])
+    spec = decoder_kind(kind)
+    first = spec.build_first_stage(adapter, cfg)
+    second = spec.build_second_stage(cfg, first) if spec.two_stage else None
+
+    def texts(*audios):
+        rows = [{"id": str(i), "audio": str(i), "seg_start": [0.0], "seg_end": [len(a) / 16000], "seg_audio": [a],
+                 "error": None} for i, a in enumerate(audios)]
+        rows = transcribe_prepared(rows, first, 10 ** 6, pending_as_bytes=False)
+        if second is not None:
+            rows = complete_pending(rows, second, 10 ** 6)
+        return [(r["text"], r["error"]) for r in rows]
+
+    long = sample_audio["fox_flite_slt"]
+    alone = texts(long)[0]
+    assert texts(short) == [("", None)]
+    assert texts(short, short) == [("", None)] * 2
+    assert texts(short, long) == [("", None), alone]

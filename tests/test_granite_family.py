@@ -180,3 +180,32 @@ def test_preflight_refuses_a_whisper_checkpoint_and_a_missing_tokenizer(checkpoi
     with pytest.raises(ModelError, match=str(bad)):
         load_granite_adapter(str(bad), None)
     check_model(load_config("ar", ["model.family=granite_speech", f"model.source={root}"]).model)
+
+
+@pytest.mark.parametrize("kind", ["ar", "ctc_greedy"])
+def test_a_clip_shorter_than_one_frame_is_empty_text_in_any_batch(checkpoint, sample_audio, kind):
+    """100 samples: less than one FFT window (the centred spectrogram cannot reflect-pad
+    them alone) and no encoder frame (two 10-ms mel frames each). Alone, beside another such
+    clip or beside a longer clip, it gets empty text and no error (the LLM is not left to
+    continue a prompt with no audio), and the longer clip the text it gets alone."""
+    from pipeline.config import load_config
+    from pipeline.decoders import decoder_kind
+    from pipeline.models import load_model
+    from pipeline.segment_runner import transcribe_prepared
+
+    root, _, _ = checkpoint
+    short = (np.random.default_rng(0).standard_normal(100) * 0.1).astype(np.float32)
+    cfg = load_config(kind, ["model.family=granite_speech", f"model.source={root}", f"decoder.max_new_tokens={MAX_NEW}",
+                             f"model.ctc_vocab={root / 'ctc_vocab.json'}", "decoder.pack_windows=false"])
+    decoder = decoder_kind(kind).build_first_stage(load_model(cfg.model), cfg)
+
+    def texts(*audios):
+        rows = [{"id": str(i), "audio": str(i), "seg_start": [0.0], "seg_end": [len(a) / 16000], "seg_audio": [a],
+                 "error": None} for i, a in enumerate(audios)]
+        return [(r["text"], r["error"]) for r in transcribe_prepared(rows, decoder, 10 ** 6)]
+
+    long = sample_audio["fox_flite_slt"]
+    alone = texts(long)[0]
+    assert texts(short) == [("", None)]
+    assert texts(short, short) == [("", None)] * 2
+    assert texts(short, long) == [("", None), alone]

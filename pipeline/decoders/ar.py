@@ -51,6 +51,7 @@ class ARSegmentDecoder:
         cross = []
         tokens = greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens,
                                map_drafting=self.drafting, cross_out=cross if self.confidence else None)
+        tokens = _unheard_rows_empty(tokens, enc.valid_frames)
         return tokens, self._confidence_words(enc, tokens, cross_kv=cross) if self.confidence else None
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
@@ -121,6 +122,13 @@ class ARSegmentDecoder:
         words = words_of(toks, times, adapter.tokenizer.decode, special)
         # encoder frames are 20 ms: the last one may reach past the audio's end
         return [{**w, "start": round(min(w["start"], last), 3), "end": round(min(w["end"], last), 3)} for w in words]
+
+
+def _unheard_rows_empty(tokens: list[list[int]], valid_frames) -> list[list[int]]:
+    """No tokens for a row with no encoder frame (a clip shorter than one model frame): the
+    decoder would only continue the bare prompt, so its text would be whatever the LM says
+    without audio."""
+    return [t if int(n) > 0 else [] for t, n in zip(tokens, valid_frames.tolist())]
 
 
 def build(adapter, cfg) -> ARSegmentDecoder:

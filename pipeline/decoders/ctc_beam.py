@@ -82,6 +82,24 @@ class CTCBeamFinisher:
 
     def finish(self, results: list[SegmentResult]) -> float:
         t0 = time.perf_counter()
+        heard = [r for r in results if r.pending.log_probs.shape[0]]
+        for r in results:
+            if not r.pending.log_probs.shape[0]:
+                self._finish_frameless(r)
+        if heard:
+            self._search(heard)
+        return time.perf_counter() - t0
+
+    def _finish_frameless(self, r: SegmentResult) -> None:
+        """A segment too short for one model frame: the empty path, as the search gives it
+        beside longer rows, without searching (a batch of only such rows has no frame)."""
+        r.text, r.stage, r.tokens = "", BEAM, 0
+        r.words = None if r.pending.frame_stride_s is None and not self.confidence else []
+        if self.confidence:
+            r.word_features = []
+        r.pending = None
+
+    def _search(self, results: list[SegmentResult]) -> None:
         arrays = [r.pending.log_probs for r in results]
         lengths = torch.tensor([a.shape[0] for a in arrays])
         C = arrays[0].shape[1]
@@ -100,7 +118,6 @@ class CTCBeamFinisher:
             if self.confidence:
                 r.words, r.word_features = self._confidence(lp[b][:n], path[:n], out, b, stride)
             r.pending = None
-        return time.perf_counter() - t0
 
 
     def _confidence(self, lp: torch.Tensor, path: list[int], out, b: int, stride):

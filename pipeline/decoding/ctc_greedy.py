@@ -44,4 +44,6 @@ def ctc_greedy(log_probs: torch.Tensor, lengths: torch.Tensor | None = None,
         idx = [i for i, m in enumerate(mask) if m]
         frames.append(idx)
         tokens.append([row[i] for i in idx])
-    return CTCGreedy(tokens=tokens, frames=frames, entropy=entropy, max_entropy=entropy.amax(dim=1))
+    # a batch of clips too short for a single frame has nothing to take a maximum over
+    max_entropy = entropy.amax(dim=1) if t else entropy.new_zeros(b)
+    return CTCGreedy(tokens=tokens, frames=frames, entropy=entropy, max_entropy=max_entropy)

@@ -16,6 +16,10 @@ ParakeetForCTC, ...). Everything model-specific comes from the checkpoint itself
 - valid frames: the model's own output-length rule applied to each clip's input length
   (``_get_feat_extract_output_lengths`` for the wav2vec2-style models,
   ``_get_subsampling_output_length`` for Parakeet, the rule its ``generate`` masks with);
+- the shortest input: a clip shorter than the model's minimum (wav2vec2's conv stack needs
+  400 samples for one frame) is zero-padded up to it, alone or in a batch of such clips,
+  and keeps its own valid frame count (none): it gets empty text in any batch instead
+  of an error when alone;
 - blank: the model config's ``pad_token_id`` (the id its CTC loss uses as blank);
 - text: the processor's (or tokenizer's) ``batch_decode`` of each row's frame-wise argmax
   over its valid frames, i.e. the model's own CTC decoding rules (grouping, blank removal,
@@ -55,6 +59,7 @@ class CTCModelAdapter:
         # Batch only where the model masks the padding; otherwise padding changes the output.
         self.batched = "attention_mask" in names and bool(getattr(feature_extractor, "return_attention_mask", True))
         self._input_length = lru_cache(maxsize=4096)(self._input_length_uncached)
+        self.min_input_length = self._shortest_input()
 
     # --- lengths ------------------------------------------------------------------------------
     def output_lengths(self, input_lengths: torch.Tensor) -> torch.Tensor:
@@ -66,6 +71,12 @@ class CTCModelAdapter:
         if hasattr(self.model, "_get_subsampling_output_length"):        # parakeet
             return self.model._get_subsampling_output_length(lengths).long()
         return lengths
+
+    def _shortest_input(self, longest: int = 1 << 16) -> int:
+        """The shortest input (samples or feature frames) the length rule gives a frame."""
+        lengths = torch.arange(1, longest)
+        first = (self.output_lengths(lengths) >= 1).nonzero()
+        return int(lengths[first[0, 0]]) if len(first) else 1
 
     def _input_length_uncached(self, num_samples: int) -> int:
         if self.input_name == "input_values":       # the raw waveform is the input
@@ -100,9 +111,18 @@ class CTCModelAdapter:
         return self.feature_extractor.pad(rows, padding="longest", return_attention_mask=True,
                                           return_tensors="pt")
 
+    def _at_least_shortest(self, inputs: dict) -> dict:
+        """``inputs`` zero-padded on the time axis (a masked-out tail where there is a mask)
+        to the model's shortest input: the model runs, and the clip's own length still
+        sets its valid frames."""
+        short = self.min_input_length - inputs[self.input_name].shape[1]
+        if short <= 0:
+            return inputs
+        return {k: torch.cat([v, v.new_zeros((v.shape[0], short, *v.shape[2:]))], 1) for k, v in inputs.items()}
+
     @torch.inference_mode()
     def _logits(self, inputs) -> torch.Tensor:
-        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        inputs = {k: v.to(self.device) for k, v in self._at_least_shortest(inputs).items()}
         inputs[self.input_name] = inputs[self.input_name].to(self.dtype)
         return self.model(**inputs).logits.float()
 

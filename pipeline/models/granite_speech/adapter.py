@@ -178,7 +178,9 @@ class GraniteSpeechAdapter:
         if self.feature_extractor is None:
             raise ValueError("granite-speech needs its feature extractor (torchaudio) to read audio; "
                              "pass feature_extractor= or call encode_features with precomputed features")
-        feats = self.feature_extractor([np.asarray(a, dtype=np.float32) for a in audios], device="cpu")
+        shortest = _shortest_clip(self.feature_extractor)
+        feats = self.feature_extractor([_zero_padded(np.asarray(a, dtype=np.float32), shortest) for a in audios],
+                                       device="cpu")
         frames = torch.tensor([(len(a) // HOP_SAMPLES + 1) // 2 for a in audios], dtype=torch.long)
         features = feats["input_features"]
         return self.encode_features(features, frames.clamp(max=features.shape[1]))
@@ -225,6 +227,19 @@ class GraniteSpeechAdapter:
     def tokenize(self, text: str) -> list[int]:
         # The assistant turn starts right after <|end_of_role|>: no leading space.
         return self.tokenizer.encode(text.strip(), add_special_tokens=False)
+
+
+def _shortest_clip(extractor) -> int:
+    """Samples the log-mel spectrogram needs (one FFT window: its centred frames reflect-pad
+    by half a window, which a shorter clip alone cannot give)."""
+    n_fft = getattr(extractor, "n_fft", None) or getattr(extractor, "melspec_kwargs", {}).get("n_fft", 512)
+    return int(n_fft)
+
+
+def _zero_padded(audio: np.ndarray, length: int) -> np.ndarray:
+    """``audio`` with zeros after it up to ``length`` samples, the zeros a batch with a
+    longer clip pads it with anyway; its valid frames still come from its own length."""
+    return audio if len(audio) >= length else np.pad(audio, (0, length - len(audio)))
 
 
 def load_granite_adapter(source: str, ctc_vocab: Sequence[str] | None, ctc_blank: int = 0, device: str = "cpu",
