@@ -200,8 +200,7 @@ def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_has
         progress = Progress(len(todo), console, interval_s=args.progress_interval) if todo else None
         try:
             if todo:
-                with _sigterm_as_interrupt():
-                    _run(args.runner, rows, items, cfg, args.output, progress, job_id)
+                _run(args.runner, rows, items, cfg, args.output, progress, job_id)
         except KeyboardInterrupt:
             print(f"\nshardscribe: interrupted: the rows committed so far stay in {redact_uri(args.output)}; "
                   "the same command resumes after them", file=console, flush=True)
@@ -265,7 +264,8 @@ def _run(runner: str, rows, items, cfg, dst: str, progress, job_id: str) -> None
                 totals[i] += v
             progress.update(*totals)
 
-        run_local(rows, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id, items=items)
+        with _sigterm_as_interrupt():
+            run_local(rows, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id, items=items)
         return
     from actors.plan import init_ray, run_ray
     from actors.progress import RayTally
@@ -283,7 +283,10 @@ def _run(runner: str, rows, items, cfg, dst: str, progress, job_id: str) -> None
     watcher = threading.Thread(target=poll, name="progress", daemon=True)
     watcher.start()
     try:
-        run_ray(rows, cfg, dst, items=items, tally=tally, job_id=job_id)
+        # After init_ray: ray.init installs its own SIGTERM handler, which ends the driver
+        # where it stands and leaves the local instance's agents running.
+        with _sigterm_as_interrupt():
+            run_ray(rows, cfg, dst, items=items, tally=tally, job_id=job_id)
     finally:
         stop.set()
         watcher.join()
