@@ -147,11 +147,12 @@ def test_report_of_an_output_on_an_s3_compatible_store(monkeypatch, capsys):
             monkeypatch.setenv(key, value)
         options = {"endpoint_url": f"http://{host}:{port}"}
         fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
-        fs.mkdir("bucket")
-        write_part(table(_rows(), OUTPUT_SCHEMA), "s3://bucket/out", "job", options)
-        assert main(["report", "s3://bucket/out", "--set", f"storage.options={{endpoint_url: 'http://{host}:{port}'}}"]) == 0
+        # moto's backend is per process: another test's server may have made "bucket" already
+        fs.mkdir("report-bucket")
+        write_part(table(_rows(), OUTPUT_SCHEMA), "s3://report-bucket/out", "job", options)
+        assert main(["report", "s3://report-bucket/out", "--set", f"storage.options={{endpoint_url: 'http://{host}:{port}'}}"]) == 0
         assert "report.html" in capsys.readouterr().out
-        page = fs.cat(f"bucket/out/{SIDECAR_DIR}/report.html").decode()
-        assert "<html" in page.lower() and fs.ls(f"bucket/out/{SIDECAR_DIR}")
+        page = fs.cat(f"report-bucket/out/{SIDECAR_DIR}/report.html").decode()
+        assert "<html" in page.lower() and fs.ls(f"report-bucket/out/{SIDECAR_DIR}")
     finally:
         server.stop()

@@ -163,7 +163,7 @@ def load_ctc_adapter(source: str, device: str = "cpu", dtype: torch.dtype = torc
     extractor and tokenizer where it ships no processor."""
     from transformers import AutoModelForCTC
 
-    from pipeline.models.preflight import ModelError
+    from pipeline.models.errors import ModelError
 
     if _looks_local(source) and not Path(source).expanduser().is_dir():
         raise ModelError(f"model.source: no CTC model at {source} (not a directory)")
@@ -184,7 +184,7 @@ def load_processing(source: str):
     that cannot be loaded. The driver's preflight calls this too (no weights are read)."""
     from transformers import AutoFeatureExtractor, AutoProcessor, AutoTokenizer
 
-    from pipeline.models.preflight import component_error
+    from pipeline.models.errors import component_error
 
     try:
         processor = AutoProcessor.from_pretrained(source, local_files_only=True)

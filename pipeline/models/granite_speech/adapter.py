@@ -250,7 +250,7 @@ def load_granite_adapter(source: str, ctc_vocab: Sequence[str] | None, ctc_blank
     from the same computation in plain torch (features.GraniteFeatures)."""
     from transformers import AutoConfig, GraniteSpeechForConditionalGeneration
 
-    from pipeline.models.preflight import ModelError
+    from pipeline.models.errors import ModelError
 
     try:
         config = AutoConfig.from_pretrained(source, local_files_only=True)
@@ -280,7 +280,7 @@ def load_processing(source: str):
     The driver's preflight calls this too (no weights are read)."""
     from transformers import AutoTokenizer
 
-    from pipeline.models.preflight import component_error
+    from pipeline.models.errors import component_error
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)

@@ -173,7 +173,7 @@ def load_transducer_adapter(source: str, device: str = "cpu", dtype: torch.dtype
     tokenizer."""
     from transformers import AutoConfig, ParakeetForRNNT, ParakeetForTDT
 
-    from pipeline.models.preflight import ModelError
+    from pipeline.models.errors import ModelError
 
     if _looks_local(source) and not Path(source).expanduser().is_dir():
         raise ModelError(f"model.source: no transducer model at {source} (not a directory)")
@@ -201,7 +201,7 @@ def load_processing(source: str):
     the part that cannot be loaded. The driver's preflight calls this too (no weights)."""
     from transformers import AutoFeatureExtractor, AutoTokenizer
 
-    from pipeline.models.preflight import component_error
+    from pipeline.models.errors import component_error
 
     try:
         extractor = AutoFeatureExtractor.from_pretrained(source, local_files_only=True)
