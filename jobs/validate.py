@@ -9,6 +9,8 @@ usable; 1: some are not (listed); 2: the source or config is unusable.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 import tempfile
 
@@ -48,7 +50,13 @@ def run(args: argparse.Namespace) -> int:
             + (["--text-column", args.text_column] if args.text_column else [])
             + (["--overwrite"] if args.overwrite else []) + (["--resume"] if args.resume else [])
             + [a for o in list(args.overrides) + ["decoder.kind=audit", "model.device=cpu"] for a in ("--set", o)])
-        code = transcribe.run(job)
+        if args.output:
+            code = transcribe.run(job)
+        else:
+            # The job's table and "Output: ..." lines would name a temporary folder that is
+            # gone when this returns; the audit's own lines below say what it found.
+            with contextlib.redirect_stdout(io.StringIO()):
+                code = transcribe.run(job)
         if code == 2 or (code and not summary_exists(output)):
             # Refused before it started, or stopped (its own message said why): there is
             # no audit to report.

@@ -204,3 +204,7 @@ def test_validate_reports_only_its_own_source(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "validate: 1 recordings" in captured.err and "0 unusable" in captured.err, captured.err
     assert "bad" not in captured.err and "WER" not in captured.out + captured.err
+    # Without --output the rows live in a temporary folder: no line points into it.
+    assert main(["validate", str(second), "--runner", "local"]) == 0
+    captured = capsys.readouterr()
+    assert "Output:" not in captured.out and "validate: 1 recordings" in captured.err
