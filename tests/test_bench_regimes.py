@@ -24,7 +24,10 @@ def test_quick_regimes_bench_runs_with_its_checks(tmp_path):
     by = {(r["section"], r["regime"]): r for r in rows}
     for model in ("whisper toy", "granite-speech toy"):
         ha = by[(f"ssd {model}", "high_accuracy")]
-        assert ha["fallback_s"] > 0 and ha["verify_s"] > 0          # rows were verified and some rejected
+        assert ha["verify_s"] > 0
+        # Some rows were rejected and continued exactly as AR (None when none was). Not
+        # fallback_s > 0: the fallback's time is a difference of two timings, which a toy
+        # model's few steps can bring to 0 on a loaded machine (seen once in CI).
         assert ha["fallback_equals_ar"] == 1.0, model
         assert by[(f"ssd {model}", "high_rtfx")]["verify_s"] < ha["verify_s"]   # nearly every row gated
     for key in ("ssd_high_accuracy_vs_ar_whisper", "ssd_high_rtfx_vs_ar_granite", "ctc_beam_eager_vs_greedy",
