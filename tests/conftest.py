@@ -176,6 +176,24 @@ def pytest_configure_node(node):
 
 
 @pytest.fixture
+def s3_endpoint(monkeypatch):
+    """A moto S3 server on loopback with test credentials in the environment; yields its
+    endpoint URL. Its backend is per process: pick bucket names no other test uses."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        for key, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
+                           ("AWS_DEFAULT_REGION", "us-east-1")):
+            monkeypatch.setenv(key, value)
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
 def fault_report():
     def add(case: str, rows_in: int, rows_out: int, duplicates: int, errors: int) -> None:
         with open(os.environ[FAULT_REPORT_ENV], "a") as fh:

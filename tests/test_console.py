@@ -95,28 +95,18 @@ def test_a_head_the_model_cannot_feed_is_one_line(tmp_path, samples_dir):
     assert "has 768" in proc.stderr
 
 
-def test_the_log_of_a_remote_output_is_uploaded(monkeypatch):
+def test_the_log_of_a_remote_output_is_uploaded(monkeypatch, s3_endpoint):
     import fsspec
-    from moto.server import ThreadedMotoServer
 
     from jobs.console import JobLog
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        for key, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
-                           ("AWS_DEFAULT_REGION", "us-east-1")):
-            monkeypatch.setenv(key, value)
-        monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": f"http://{host}:{port}"})
-        fs = fsspec.filesystem("s3", skip_instance_cache=True)
-        fs.mkdir("bucket")
-        with JobLog("s3://bucket/out", "job.log", verbose=True) as log:
-            assert not log.local
-            log.write("a line of the job")
-            local = Path(log.path)
-            assert local.exists()
-        assert fs.cat("bucket/out/__shardscribe__/job.log").decode() == "a line of the job\n"
-        assert not local.parent.exists()     # the local copy of an uploaded log is gone
-    finally:
-        server.stop()
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": s3_endpoint})
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    fs.mkdir("bucket")
+    with JobLog("s3://bucket/out", "job.log", verbose=True) as log:
+        assert not log.local
+        log.write("a line of the job")
+        local = Path(log.path)
+        assert local.exists()
+    assert fs.cat("bucket/out/__shardscribe__/job.log").decode() == "a line of the job\n"
+    assert not local.parent.exists()     # the local copy of an uploaded log is gone

@@ -130,29 +130,18 @@ def test_page_renders_in_headless_chromium(report, tmp_path):
     assert dark > 0.02 * image.size[0] * image.size[1]
 
 
-def test_report_of_an_output_on_an_s3_compatible_store(monkeypatch, capsys):
+def test_report_of_an_output_on_an_s3_compatible_store(s3_endpoint, capsys):
     """An output on a store reached through storage.options (a moto server on loopback):
     `report` takes the job's --config/--set like the job did."""
     import fsspec
-    from moto.server import ThreadedMotoServer
 
     from pipeline.output import write_part
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        for key, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
-                           ("AWS_DEFAULT_REGION", "us-east-1")):
-            monkeypatch.setenv(key, value)
-        options = {"endpoint_url": f"http://{host}:{port}"}
-        fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
-        # moto's backend is per process: another test's server may have made "bucket" already
-        fs.mkdir("report-bucket")
-        write_part(table(_rows(), OUTPUT_SCHEMA), "s3://report-bucket/out", "job", options)
-        assert main(["report", "s3://report-bucket/out", "--set", f"storage.options={{endpoint_url: 'http://{host}:{port}'}}"]) == 0
-        assert "report.html" in capsys.readouterr().out
-        page = fs.cat(f"report-bucket/out/{SIDECAR_DIR}/report.html").decode()
-        assert "<html" in page.lower() and fs.ls(f"report-bucket/out/{SIDECAR_DIR}")
-    finally:
-        server.stop()
+    options = {"endpoint_url": s3_endpoint}
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)
+    fs.mkdir("report-bucket")
+    write_part(table(_rows(), OUTPUT_SCHEMA), "s3://report-bucket/out", "job", options)
+    assert main(["report", "s3://report-bucket/out", "--set", f"storage.options={{endpoint_url: '{s3_endpoint}'}}"]) == 0
+    assert "report.html" in capsys.readouterr().out
+    page = fs.cat(f"report-bucket/out/{SIDECAR_DIR}/report.html").decode()
+    assert "<html" in page.lower() and fs.ls(f"report-bucket/out/{SIDECAR_DIR}")

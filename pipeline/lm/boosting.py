@@ -25,6 +25,7 @@ utterance of a batch can boost its own list (``init_states(..., lists=...)``).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections import deque
@@ -230,18 +231,20 @@ def configured_phrases(beam_cfg) -> list[str]:
     return phrases
 
 
-def batch_boosting_tree(shared: list[str], per_row: list, vocabulary, beam_cfg, device):
+def batch_boosting_tree(shared: list[str], per_row: list, vocabulary, beam_cfg, device, spell=None):
     """The boosting tree of one search batch: ``shared`` phrases plus each row's key
     phrases, spelt in ``vocabulary``'s LM token ids (``phrase_token_ids``: a phrase it
     cannot spell exactly is left out, never boosted misspelt), or None when there are none.
     A vocabulary with one case spells both first-letter variants alike (it folds phrases to
-    its case), so the variants are added only where it is cased."""
+    its case), so the variants are added only where it is cased. ``spell``: the
+    vocabulary's ``phrase_token_ids``, or a cache of it."""
     if not shared and not any(per_row):
         return None
     lists, rows = batch_phrase_lists(shared, per_row)
     if beam_cfg.boost_case_variants and vocabulary.cased:
         lists = [case_variants(phrases) for phrases in lists]
-    spelt = [[ids for ids in map(vocabulary.phrase_token_ids, phrases) if ids is not None] for phrases in lists]
+    spell = spell or vocabulary.phrase_token_ids
+    spelt = [[ids for ids in map(spell, phrases) if ids is not None] for phrases in lists]
     if not any(spelt):
         return None
     tree = BoostingTree.from_phrases(spelt, vocabulary.size - 1, context_score=beam_cfg.context_score,
@@ -249,9 +252,14 @@ def batch_boosting_tree(shared: list[str], per_row: list, vocabulary, beam_cfg, 
     return tree.to(device).with_lists(rows)
 
 
-def unspellable(phrases, vocabulary) -> list[str]:
-    """The phrases ``vocabulary`` cannot spell exactly (``phrase_token_ids`` is None)."""
-    return [p for p in dict.fromkeys(phrases) if vocabulary.phrase_token_ids(p) is None]
+def unspellable(phrases, spell) -> list[str]:
+    """The phrases ``spell`` (a vocabulary's ``phrase_token_ids``) cannot spell exactly."""
+    return [p for p in dict.fromkeys(phrases) if spell(p) is None]
+
+
+# Spellings a beam pool keeps: its shared phrases are spelt for every batch, and a row's
+# phrases are spelt twice (checked, then in the tree).
+SPELLING_CACHE = 4096
 
 
 class KeyPhrases:
@@ -265,8 +273,9 @@ class KeyPhrases:
 
     def __init__(self, beam_cfg, vocabulary):
         self.cfg, self.vocab = beam_cfg, vocabulary
+        self._spell = functools.lru_cache(maxsize=SPELLING_CACHE)(vocabulary.phrase_token_ids)
         shared = configured_phrases(beam_cfg)
-        dropped = set(unspellable(shared, vocabulary))
+        dropped = set(unspellable(shared, self._spell))
         if dropped:
             log.warning("beam.key_phrases / beam.key_phrases_file: %d of %d phrases cannot be spelt by the "
                         "model's vocabulary and are not boosted: %s", len(dropped), len(set(shared)),
@@ -276,10 +285,10 @@ class KeyPhrases:
 
     def tree(self, per_row: list, device):
         """The boosting tree of a batch whose rows have ``per_row`` key phrases (or None)."""
-        dropped = unspellable((p for own in per_row for p in own or []), self.vocab)
+        dropped = unspellable((p for own in per_row for p in own or []), self._spell)
         if dropped:
             self.dropped_row_phrases += len(dropped)
             log.warning("%d key phrases of this batch's rows cannot be spelt by the model's vocabulary and are "
                         "not boosted (%d so far): %s", len(dropped), self.dropped_row_phrases,
                         ", ".join(map(repr, dropped[:10])))
-        return batch_boosting_tree(self.shared, per_row, self.vocab, self.cfg, device)
+        return batch_boosting_tree(self.shared, per_row, self.vocab, self.cfg, device, self._spell)

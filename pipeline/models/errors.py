@@ -30,3 +30,12 @@ def component_error(source: str, what: str, exc: BaseException) -> ModelError:
                           f"{', '.join(wanted)})")
     detail = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())[:300]
     return ModelError(f"model.source={source}: cannot load its {what} offline: {type(exc).__name__}: {detail}")
+
+
+def load_component(loader, source: str, what: str):
+    """``loader.from_pretrained(source)`` offline (a transformers tokenizer or feature
+    extractor class), its failure raised as :func:`component_error`."""
+    try:
+        return loader.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise component_error(source, what, exc) from None

@@ -184,7 +184,7 @@ def load_processing(source: str):
     that cannot be loaded. The driver's preflight calls this too (no weights are read)."""
     from transformers import AutoFeatureExtractor, AutoProcessor, AutoTokenizer
 
-    from pipeline.models.errors import component_error
+    from pipeline.models.errors import load_component
 
     try:
         processor = AutoProcessor.from_pretrained(source, local_files_only=True)
@@ -193,12 +193,5 @@ def load_processing(source: str):
     if processor is not None and hasattr(processor, "feature_extractor") and hasattr(processor, "tokenizer"):
         return processor.feature_extractor, processor.tokenizer, processor
     # AutoProcessor gave a lone tokenizer or extractor, or nothing
-    try:
-        extractor = AutoFeatureExtractor.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError, TypeError) as exc:
-        raise component_error(source, "feature extractor", exc) from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError, TypeError) as exc:
-        raise component_error(source, "tokenizer", exc) from None
-    return extractor, tokenizer, None
+    return (load_component(AutoFeatureExtractor, source, "feature extractor"),
+            load_component(AutoTokenizer, source, "tokenizer"), None)

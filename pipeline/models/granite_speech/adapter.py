@@ -280,12 +280,9 @@ def load_processing(source: str):
     The driver's preflight calls this too (no weights are read)."""
     from transformers import AutoTokenizer
 
-    from pipeline.models.errors import component_error
+    from pipeline.models.errors import load_component
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError, TypeError) as exc:
-        raise component_error(source, "tokenizer", exc) from None
+    tokenizer = load_component(AutoTokenizer, source, "tokenizer")
     try:
         from transformers import GraniteSpeechFeatureExtractor
 

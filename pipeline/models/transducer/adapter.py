@@ -201,14 +201,7 @@ def load_processing(source: str):
     the part that cannot be loaded. The driver's preflight calls this too (no weights)."""
     from transformers import AutoFeatureExtractor, AutoTokenizer
 
-    from pipeline.models.errors import component_error
+    from pipeline.models.errors import load_component
 
-    try:
-        extractor = AutoFeatureExtractor.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError, TypeError) as exc:
-        raise component_error(source, "feature extractor", exc) from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
-    except (OSError, ValueError, TypeError) as exc:
-        raise component_error(source, "tokenizer", exc) from None
-    return extractor, tokenizer
+    return (load_component(AutoFeatureExtractor, source, "feature extractor"),
+            load_component(AutoTokenizer, source, "tokenizer"))
