@@ -38,6 +38,12 @@ from pipeline.timing import timed
 
 SUMMARY_BEAM = 8
 SUMMARY_BATCH = 32
+# FLToP's (N, R) of its own paper (section 4.3: N = 4 tokens, R = 0.007), taken as
+# published, not tuned here. ln(0.007) = -4.96: it keeps a token within the same 5 nats
+# of the frame's best that pyctcdecode's default token_min_logp (-5) keeps, so at this
+# point both decoders prune a frame alike. The shipped conf keeps the more conservative
+# (8, 5e-4), which holds the exact search's WER (docs/ctc_beam.md).
+FLTOP_PAPER = (4, 0.007)
 
 
 def add_arguments(parser) -> None:
@@ -235,8 +241,9 @@ def _run(args, work: Path) -> dict:
 
     reps_default = args.reps or (2 if quick else 3)
 
-    def ours(beam, batch, lm_on, n_phr=0, flop=False, reps=None, native=True):
+    def ours(beam, batch, lm_on, n_phr=0, flop=False, reps=None, native=True, flop_setting=None):
         reps = reps or reps_default
+        top_n, ratio = flop_setting or (args.flop_top_n, args.flop_ratio)
         kw = dict(beam_size=beam, beta=args.beta if lm_on else 0.0, prune_threshold=args.prune_threshold,
                   track_beams=True, native=native)
         if lm_on:
@@ -244,12 +251,14 @@ def _run(args, work: Path) -> dict:
         if n_phr:
             kw.update(boost=trees[n_phr], alpha_boost=args.alpha_boost)
         if flop:
-            kw.update(flop_top_n=args.flop_top_n, flop_ratio=args.flop_ratio)
+            kw.update(flop_top_n=top_n, flop_ratio=ratio)
         search = CTCBeamSearch(**kw)
         decode_ours(search, log_probs[:batch], lengths[:batch], batch)  # warm-up (+ dense tables)
         (toks, beams), best = best_of(reps, lambda: decode_ours(search, log_probs, lengths, batch))
-        kept = float(surviving_tokens(log_probs, lengths, args.flop_top_n, args.flop_ratio).mean()) if flop else None
+        kept = float(surviving_tokens(log_probs, lengths, top_n, ratio).mean()) if flop else None
         name = "ours" if native or device != "cpu" else "ours (torch step)"
+        if flop_setting is not None:
+            name += f" (FLToP N {top_n}, R {ratio:g})"
         return add(name, beam, batch, lm_on, n_phr, flop, [text_of(t) for t in toks], best, n, beams, kept)
 
     beams_grid = ([4, 8] if from_audio else [4, 8, 16]) if quick else [4, 8, 16, 64]
@@ -267,6 +276,7 @@ def _run(args, work: Path) -> dict:
     # headline pair, timed again back to back (the machine is shared)
     flop_off = ours(SUMMARY_BEAM, SUMMARY_BATCH, True, reps=reps_default + 2)
     flop_on = ours(SUMMARY_BEAM, SUMMARY_BATCH, True, flop=True, reps=reps_default + 2)
+    flop_paper = ours(SUMMARY_BEAM, SUMMARY_BATCH, True, flop=True, reps=reps_default + 2, flop_setting=FLTOP_PAPER)
     # the same search with the torch frame step (what a GPU runs, in CUDA graphs): the
     # native CPU loop's speed-up at identical settings
     torch_step = {flop: ours(SUMMARY_BEAM, SUMMARY_BATCH, True, flop=flop, native=False) for flop in (False, True)}
@@ -327,17 +337,21 @@ def _run(args, work: Path) -> dict:
     flop_search = CTCBeamSearch(SUMMARY_BEAM, beta=args.beta, lm=lm, alpha_lm=args.alpha,
                                 prune_threshold=args.prune_threshold, flop_top_n=args.flop_top_n,
                                 flop_ratio=args.flop_ratio)
+    paper_search = CTCBeamSearch(SUMMARY_BEAM, beta=args.beta, lm=lm, alpha_lm=args.alpha,
+                                 prune_threshold=args.prune_threshold, flop_top_n=FLTOP_PAPER[0],
+                                 flop_ratio=FLTOP_PAPER[1])
     fl_lm = FlashlightCTC(charset.NUM_CLASSES, 0, SUMMARY_BEAM, space=charset.encode(" ")[0], arpa_path=arpa,
                           lm_weight=args.alpha, beam_threshold=args.prune_threshold)
     contenders = {
         "ours": (n, lambda: decode_ours(exact_search, log_probs, lengths, SUMMARY_BATCH, rows=views)),
         "ours_flop": (n, lambda: decode_ours(flop_search, log_probs, lengths, SUMMARY_BATCH, rows=views)),
+        "ours_flop_paper": (n, lambda: decode_ours(paper_search, log_probs, lengths, SUMMARY_BATCH, rows=views)),
         "flashlight": (n, lambda: [fl_lm.decode(x) for x in np_lp]),
         "pyctcdecode": (n_py, lambda: [py_lm.decode(x, SUMMARY_BEAM, beam_prune_logp=-args.prune_threshold,
                                                     token_min_logp=-5.0) for x in np_lp[:n_py]]),
     }
     headline = interleaved_ms_per_utt(contenders, rounds=reps_default + 2)
-    summary = _summary(rows, flop_off, flop_on, source, headline)
+    summary = _summary(rows, flop_off, flop_on, flop_paper, source, headline)
     if device == "cpu":
         summary["native_speedup_vs_torch_step"] = torch_step[False]["ms_per_utt"] / flop_off["ms_per_utt"]
         summary["native_speedup_vs_torch_step_flop"] = torch_step[True]["ms_per_utt"] / flop_on["ms_per_utt"]
@@ -358,7 +372,7 @@ def _find(rows, **kw):
     return None
 
 
-def _summary(rows, flop_off, flop_on, source, ms: dict) -> dict:
+def _summary(rows, flop_off, flop_on, flop_paper, source, ms: dict) -> dict:
     """``ms``: interleaved ms/utterance of ours (exact and FLToP), flashlight and
     pyctcdecode at beam 8 with LM; every speed ratio here comes from it."""
     greedy = _find(rows, decoder="greedy")
@@ -381,6 +395,11 @@ def _summary(rows, flop_off, flop_on, source, ms: dict) -> dict:
         # the shipped configuration (conf/ctc_beam.yaml) has FLToP on
         "speedup_vs_pyctcdecode_flop": ms["pyctcdecode"] / ms["ours_flop"],
         "speedup_vs_flashlight_flop": ms["flashlight"] / ms["ours_flop"],
+        # FLToP at its paper's (N, R) (FLTOP_PAPER), with its WER on these frames
+        "flop_paper": {"top_n": FLTOP_PAPER[0], "ratio": FLTOP_PAPER[1]},
+        "speedup_vs_pyctcdecode_flop_paper": ms["pyctcdecode"] / ms["ours_flop_paper"],
+        "speedup_vs_flashlight_flop_paper": ms["flashlight"] / ms["ours_flop_paper"],
+        "wer_beam_lm_flop_paper": flop_paper["wer"],
         "headline_ms_per_utt": ms,
         "wer_pyctcdecode": py["wer"],
         "wer_beam_lm_flop": flop_on["wer"],

@@ -120,7 +120,7 @@ def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float
                      refs: list[str] | None = None) -> dict:
     """ms/utterance (and WER against ``refs``) of ours, flashlight-text and pyctcdecode at
     beam 8 with the token LM (pyctcdecode: the word LM), timed in turn."""
-    from jobs.bench_ctc_beam import decode_ours, utterance_rows
+    from jobs.bench_ctc_beam import FLTOP_PAPER, decode_ours, utterance_rows
     from jobs.benchmark_data import interleaved_ms_per_utt
     from pipeline.decoding.ctc_beam import CTCBeamSearch
     from pipeline.decoding.ctc_greedy import ctc_greedy
@@ -138,6 +138,7 @@ def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float
         "ours_dense": CTCBeamSearch(BEAM, dense_fusion_max_bytes=4 * 2 ** 30, **common),
         "ours_flop": CTCBeamSearch(BEAM, **common, **flop),
         "ours_flop_dense": CTCBeamSearch(BEAM, dense_fusion_max_bytes=4 * 2 ** 30, **common, **flop),
+        "ours_flop_paper": CTCBeamSearch(BEAM, flop_top_n=FLTOP_PAPER[0], flop_ratio=FLTOP_PAPER[1], **common),
         "ours_flop_100_phrases": CTCBeamSearch(BEAM, beta=beam_cfg.beta, alpha_boost=beam_cfg.alpha_boost,
                                                **common, **flop),
     }
@@ -176,7 +177,9 @@ def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float
            "speedup_vs_pyctcdecode_dense": ms["pyctcdecode"] / ms["ours_dense"],
            "speedup_vs_flashlight_dense": ms["flashlight"] / ms["ours_dense"],
            "speedup_vs_pyctcdecode_flop_dense": ms["pyctcdecode"] / ms["ours_flop_dense"],
-           "speedup_vs_flashlight_flop_dense": ms["flashlight"] / ms["ours_flop_dense"]}
+           "speedup_vs_flashlight_flop_dense": ms["flashlight"] / ms["ours_flop_dense"],
+           "speedup_vs_pyctcdecode_flop_paper": ms["pyctcdecode"] / ms["ours_flop_paper"],
+           "speedup_vs_flashlight_flop_paper": ms["flashlight"] / ms["ours_flop_paper"]}
     if refs is not None:
         text = {k: ([vocab.decode(t) for t in v] if k != "pyctcdecode" else v) for k, v in outputs.items()}
         out["wer"] = {k: corpus_wer_lowercase(refs[:len(v)], v) for k, v in text.items()}

@@ -84,6 +84,14 @@ def test_quick_bench_runs_end_to_end_with_the_contract_keys(tmp_path, capsys, mo
     ms = s["headline_ms_per_utt"]
     assert s["speedup_vs_pyctcdecode"] == ms["pyctcdecode"] / ms["ours"]
     assert s["flop_speedup"] == ms["ours"] / ms["ours_flop"]
+    assert s["speedup_vs_pyctcdecode_flop_paper"] == ms["pyctcdecode"] / ms["ours_flop_paper"]
+    # the FLToP paper's point is a search of its own: at most N = 4 tokens a frame, where
+    # the shipped (8, 5e-4) keeps more on these frames
+    paper = next(r for r in result["rows"] if r["decoder"] == "ours (FLToP N 4, R 0.007)")
+    shipped = next(r for r in result["rows"] if r["decoder"] == "ours" and r["flop"] and r["beam"] == 8
+                   and r["lm"] and not r["phrases"] and r["batch"] == 32)
+    assert paper["avg_tokens"] <= 4 < shipped["avg_tokens"]
+    assert s["wer_beam_lm_flop_paper"] == paper["wer"]
     assert s["wer_beam_lm"] <= s["wer_greedy"]
     assert s["boost_fscore"] >= s["boost_fscore_without"]
     assert out.with_suffix(".png").stat().st_size > 10_000
@@ -126,7 +134,7 @@ def test_model_bench_on_a_tiny_checkpoint(tmp_path, sample_audio):
                       alpha=0.5, beam_cfg=load_config("ctc_beam").beam)
     assert out["vocab_size"] == 35 and out["blank"] == 34 and out["frame_stride_s"] == 0.08
     for part in ("own_frames", "simulated_frames"):
-        for key in ("ours", "ours_dense", "ours_flop", "flashlight", "pyctcdecode", "greedy"):
+        for key in ("ours", "ours_dense", "ours_flop", "ours_flop_paper", "flashlight", "pyctcdecode", "greedy"):
             assert out[part]["ms_per_utt"][key] > 0
         assert out[part]["loops"]["ours_dense"] == "native"
     wer = out["simulated_frames"]["wer"]
