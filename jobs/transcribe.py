@@ -5,8 +5,9 @@ fsspec filesystem. DST gets one Parquet row per recording; the summary, the succ
 marker, the lock, the job log and any `--format` files go to DST/__shardscribe__/, a
 folder every Parquet reader skips (pipeline.output: the folder's commit protocol). A rerun
 into the same DST skips recordings that already have a row; a rerun with another config
-is refused unless --overwrite (redo all) or --resume (keep the rows, add the rest); a
-second job into a DST that a live job holds is refused.
+is refused unless --overwrite (redo all) or --resume (keep the rows, add the rest);
+--retry-errors also redoes the recordings whose rows hold an error; a second job into a
+DST that a live job holds is refused.
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="remove DST's rows and transcribe everything again")
     rerun.add_argument("--resume", action="store_true",
                        help="keep DST's rows even if another config made them; add the missing ones")
+    parser.add_argument("--retry-errors", action="store_true",
+                        help="transcribe again the recordings whose row in DST has an error (a mount or "
+                             "bucket that was down, a timeout); their old rows are replaced")
     parser.add_argument("--verbose", action="store_true",
                         help="show Ray's and the workers' output on the console instead of only in the log")
     parser.add_argument("--progress-interval", type=float, default=10.0, metavar="S",
@@ -61,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.storage import StorageError
 
     where = f"input {args.input}"    # what an OSError below is about
+    if args.retry_errors and args.overwrite:
+        print("shardscribe: error: --retry-errors and --overwrite: --overwrite already transcribes every "
+              "recording again", file=sys.stderr)
+        return 2
     try:
         formats = parse_formats(args.format)
         cfg = load_config(args.config, args.overrides, model=args.model)
@@ -143,7 +151,7 @@ def commit(dst: str, cfg, summary: dict) -> bool:
 
 def _run_locked(args, cfg, source, scanned, job_id: str, formats: list[str]) -> int:
     from pipeline.config import config_hash
-    from pipeline.output import begin_job, clear_output, existing_config_hashes, existing_ids
+    from pipeline.output import begin_job, clear_output, drop_error_rows, existing_config_hashes, existing_ids
     from pipeline.sources import unfinished_ids
     from pipeline.storage import redact_uri
 
@@ -158,6 +166,10 @@ def _run_locked(args, cfg, source, scanned, job_id: str, formats: list[str]) -> 
     # Only now the folder is about to change: a refused run leaves a finished job's
     # success marker where a scheduler waits for it.
     begin_job(args.output, job_id, cfg.storage.options)
+    if args.retry_errors:
+        retried = drop_error_rows(args.output, scanned.ids, job_id, cfg.storage.options)
+        print(f"shardscribe: retrying {retried} recordings whose rows in {redact_uri(args.output)} had an error",
+              file=sys.stderr)
     ids = scanned.ids.to_pylist()
     done = existing_ids(args.output, job_id, cfg.storage.options)
     todo = unfinished_ids(scanned.ids, done)

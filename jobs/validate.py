@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="--output holds another job's rows: remove them and audit everything")
     existing.add_argument("--resume", action="store_true",
                           help="--output holds another job's rows: keep them (they count as audited)")
+    parser.add_argument("--retry-errors", action="store_true",
+                        help="audit again the recordings that failed in --output (after fixing them)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
             + (["--audio-column", args.audio_column] if args.audio_column else [])
             + (["--text-column", args.text_column] if args.text_column else [])
             + (["--overwrite"] if args.overwrite else []) + (["--resume"] if args.resume else [])
+            + (["--retry-errors"] if args.retry_errors else [])
             + [a for o in list(args.overrides) + ["decoder.kind=audit", "model.device=cpu"] for a in ("--set", o)])
         if args.output:
             code = transcribe.run(job)

@@ -14,6 +14,9 @@
   a dead job are removed only by the job that took its lock over.
 - The job commit writes the summary and then the success marker, last; a job starting in
   the folder removes the marker first, so it never outlives a change.
+- ``--retry-errors`` removes the error rows of the job's input before it looks for what
+  is done, by rewriting their parts whole (:func:`drop_error_rows`), so those recordings
+  are transcribed again and never have two rows.
 
 Everything that is not a part (summary, success marker, lock, quarantine, the job log,
 subtitles, the report) lives in one folder, ``SIDECAR_DIR``, and temporary parts start
@@ -135,11 +138,17 @@ def write_part(table: pa.Table, dst: str, job_id: str, options: dict | None = No
     fs, path = url_to_fs(dst, options)
     name = part_name(table.column("id").to_pylist())
     fs.makedirs(path, exist_ok=True)
+    _put_part(fs, path, name, table, job_id)
+    return name
+
+
+def _put_part(fs, path: str, name: str, table: pa.Table, job_id: str) -> None:
+    """``table`` as the part ``name`` of the folder ``path``: written under this job's
+    temporary name, then renamed over any part of that name."""
     tmp = posixpath.join(path, f"{TMP_PREFIX}{job_id}-{name}")
     with fs.open(tmp, "wb") as fh:
         pq.write_table(table, fh, write_page_checksum=True)
     fs.mv(tmp, posixpath.join(path, name))
-    return name
 
 
 def read_part(fs, part: str) -> pa.Table:
@@ -180,6 +189,42 @@ def existing_ids(dst: str, job_id: str | None = None, options: dict | None = Non
             continue
         ids.update(table.column("id").to_pylist())
     return ids
+
+
+def drop_error_rows(dst: str, ids: pa.Array, job_id: str, options: dict | None = None) -> int:
+    """Remove the committed rows of ``ids`` that hold an ``error`` (``--retry-errors``), so
+    that the job finds those recordings missing and transcribes them again; returns how
+    many were removed. Call it only while holding the folder's lock.
+
+    A part that loses rows is rewritten whole under its own name (temporary name, then
+    rename, as any part), so a crash leaves either the old part or the new one: its error
+    rows are retried by the next run, or they are gone and the recordings are missing,
+    which a rerun redoes. A recording never has two rows. The rewritten part keeps its
+    name, the hash of the ids it was written with: no later block can hold those ids again
+    (they are done), so no write can collide with it. A part that fails to read is left
+    for :func:`existing_ids` to quarantine."""
+    import pyarrow.compute as pc
+
+    fs, path = url_to_fs(dst, options)
+    removed = 0
+    for part in _parts(fs, path):
+        try:
+            table = read_part(fs, part)
+        except Exception:
+            continue
+        if "error" not in table.column_names:
+            continue
+        retry = pc.and_(pc.is_valid(table.column("error")), pc.is_in(table.column("id"), value_set=ids))
+        count = pc.sum(retry).as_py() or 0
+        if not count:
+            continue
+        kept = table.filter(pc.invert(retry))
+        if kept.num_rows:
+            _put_part(fs, path, posixpath.basename(part), kept, job_id)
+        else:
+            fs.rm(part)
+        removed += count
+    return removed
 
 
 def _part_tables(dst: str, columns: list[str], options: dict | None, batch_rows: int | None = None):

@@ -201,3 +201,41 @@ def test_a_run_where_every_recording_fails_exits_4(tmp_path):
     assert proc.returncode == 4, proc.stderr[-3000:]
     assert "every one of the 3 recordings" in proc.stderr and len(_rows(dst)) == 3
     assert (dst / SUMMARY_NAME).exists()
+
+
+def test_retry_errors_redoes_the_failed_recordings_once_the_mount_is_back(tmp_path, samples_dir, sample_manifest):
+    """A mount that was down for part of a job: a plain rerun keeps the error rows (they
+    are rows), --retry-errors transcribes those recordings again and replaces their rows,
+    one row per recording; --overwrite with it is refused in one line."""
+    import shutil
+
+    mount = tmp_path / "mount"
+    present = samples_dir / sample_manifest[0]["audio"]
+    lines = [{"id": "here", "audio": str(present)}] + [
+        {"id": f"m{i}", "audio": str(mount / f"{i}{present.suffix}")} for i in range(3)]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    dst = tmp_path / "out"
+    job = ["transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
+           "--set", "decoder.kind=audit"]
+    assert _run_cli(*job).returncode == 0
+    assert sorted(r["id"] for r in _rows(dst) if r["error"]) == ["m0", "m1", "m2"]
+
+    mount.mkdir()
+    for i in range(3):
+        shutil.copy(present, mount / f"{i}{present.suffix}")
+    plain = _run_cli(*job)
+    assert plain.returncode == 0 and "resuming: 4 of 4" in plain.stderr
+    assert sum(1 for r in _rows(dst) if r["error"]) == 3
+
+    refused = _run_cli(*job, "--retry-errors", "--overwrite")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+
+    retry = _run_cli(*job, "--retry-errors")
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    assert "retrying 3 recordings" in retry.stderr and "resuming: 1 of 4" in retry.stderr
+    rows = _rows(dst)
+    assert sorted(r["id"] for r in rows) == ["here", "m0", "m1", "m2"]     # one row each
+    assert all(r["error"] is None and r["duration_s"] > 0 for r in rows), rows
+    summary = json.loads((dst / SUMMARY_NAME).read_text())
+    assert summary["rows_in"] == summary["rows_out"] == 4 and summary["errors"] == 0

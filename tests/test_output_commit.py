@@ -87,6 +87,34 @@ def test_a_part_from_before_a_column_was_added_is_kept_and_reads(tmp_path):
         ["a", "b", "c"]
 
 
+def test_drop_error_rows_removes_only_the_inputs_error_rows(tmp_path):
+    """--retry-errors: the error rows of the given ids leave their parts; a part keeps its
+    name and its other rows, a part of nothing but such rows is removed, and the error rows
+    of ids outside the input (an earlier job's) stay."""
+    def rows(spec):
+        t = _rows([i for i, _ in spec])
+        return t.set_column(t.schema.get_field_index("error"), "error",
+                            pa.array([e for _, e in spec], pa.string()))
+
+    mixed = output.write_part(rows([("a", None), ("b", "file not found: b"), ("c", None),
+                                    ("other", "cannot decode: other")]), str(tmp_path), "j1")
+    failed = output.write_part(rows([("d", "read timeout: d")]), str(tmp_path), "j1")
+    clean = output.write_part(rows([("e", None)]), str(tmp_path), "j1")
+    before = {r["id"]: r for r in pq.read_table(tmp_path / mixed).to_pylist()}
+    clean_bytes = (tmp_path / clean).read_bytes()
+
+    removed = output.drop_error_rows(str(tmp_path), pa.array(list("abcde")), "j2")
+
+    assert removed == 2
+    assert sorted(os.listdir(tmp_path)) == sorted([mixed, clean])   # no temporary file left
+    after = pq.read_table(tmp_path / mixed).to_pylist()
+    assert [r["id"] for r in after] == ["a", "c", "other"]
+    assert after == [before[i] for i in ("a", "c", "other")]
+    assert (tmp_path / clean).read_bytes() == clean_bytes            # untouched
+    assert output.existing_ids(str(tmp_path), "j3") == {"a", "c", "e", "other"}
+    assert output.drop_error_rows(str(tmp_path), pa.array(list("abcde")), "j3") == 0
+
+
 def test_a_half_written_part_is_quarantined(tmp_path):
     part = output.write_part(_rows(["a", "b", "c"]), str(tmp_path), "j")
     data = (tmp_path / part).read_bytes()
