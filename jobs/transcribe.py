@@ -259,7 +259,8 @@ def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_has
         # The rows stand (rows in = rows out), but a scheduler must not read this as done.
         kinds = ", ".join(f"{k} {n}" for k, n in list(summary["errors_by_kind"].items())[:3])
         print(f"shardscribe: error: every one of the {summary['run_rows_out']} recordings this run read failed "
-              f"({kinds}); their error rows are in {redact_uri(args.output)}", file=sys.stderr)
+              f"({kinds}); their error rows are in {redact_uri(args.output)}; once the input is reachable, "
+              "the same command with --retry-errors transcribes them again", file=sys.stderr)
         return 4
     return 0
 

@@ -200,6 +200,7 @@ def test_a_run_where_every_recording_fails_exits_4(tmp_path):
                     "--set", "decoder.kind=audit")
     assert proc.returncode == 4, proc.stderr[-3000:]
     assert "every one of the 3 recordings" in proc.stderr and len(_rows(dst)) == 3
+    assert "--retry-errors" in proc.stderr
     assert (dst / SUMMARY_NAME).exists()
 
 
