@@ -249,6 +249,77 @@ def test_preflight_refuses_a_checkpoint_of_another_family(tmp_path, conf, arch, 
     assert len(text.splitlines()) == 1
 
 
+@pytest.fixture(scope="module")
+def saved_dir(tmp_path_factory):
+    """name of BUILDERS, or "whisper" -> the folder of that checkpoint, built on first use."""
+    from whisper_tiny import build_tiny_whisper
+
+    dirs = {}
+
+    def get(name):
+        if name not in dirs:
+            root = tmp_path_factory.mktemp(f"saved-{name}")
+            build_tiny_whisper(root) if name == "whisper" else saved_checkpoint(name, root)
+            dirs[name] = root
+        return dirs[name]
+    return get
+
+
+def _rewritten(src, dst, **changes):
+    """A copy of checkpoint ``src`` whose config.json has ``changes`` (None: key removed)."""
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text()) | changes
+    (dst / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return dst
+
+
+@pytest.mark.parametrize("name, conf, family, model_type, loader", [
+    ("wav2vec2", "transducer_greedy", "transducer", "wav2vec2", "ctc"),
+    ("wav2vec2", "ar", "granite_speech", "wav2vec2", "ctc"),
+    ("wav2vec2", "ar", "whisper", "wav2vec2", "ctc"),
+    ("parakeet", "transducer_greedy", "transducer", "parakeet_ctc", "ctc"),
+    ("whisper", "ctc_model_greedy", "ctc", "whisper", "whisper"),
+    ("whisper", "transducer_greedy", "transducer", "whisper", "whisper"),
+    ("wav2vec2", "ctc_model_greedy", "ctc", "bert", None),
+    ("wav2vec2", "ctc_model_greedy", "ctc", None, None),
+])
+def test_preflight_judges_a_config_without_architectures_by_its_model_type(saved_dir, tmp_path, name, conf, family,
+                                                                           model_type, loader):
+    """A whole checkpoint whose config.json names no architecture is judged by its model_type
+    against what model.family loads: one line naming the source and the family before any
+    worker starts, not the loader's error (or a wrong model) in every worker."""
+    from pipeline.models.preflight import ModelError, check_model
+
+    root = _rewritten(saved_dir(name), tmp_path / "ck", architectures=None, model_type=model_type)
+    cfg = load_config(conf, [f"model.family={family}", f"model.source={root}"])
+    with pytest.raises(ModelError) as exc:
+        check_model(cfg.model)
+    text = str(exc.value)
+    assert text.startswith(f"model.source={root}: its config.json names no architecture"), text
+    assert f"model.family={family} loads" in text and len(text.splitlines()) == 1, text
+    assert (f"set model.family={loader}" in text) if loader else "set model.family" not in text, text
+
+
+@pytest.mark.parametrize("name, conf", [("wav2vec2", "ctc_model_greedy"), ("parakeet", "ctc_model_greedy"),
+                                        ("whisper", "ar")])
+def test_a_config_without_architectures_of_the_familys_model_type_passes(saved_dir, tmp_path, name, conf):
+    from pipeline.models.preflight import check_model
+
+    root = _rewritten(saved_dir(name), tmp_path / "ck", architectures=None)
+    check_model(load_config(conf, [f"model.source={root}"]).model)
+
+
+def test_the_cli_refuses_a_config_without_architectures_of_another_family(saved_dir, tmp_path, samples_dir, capsys):
+    from jobs.cli import main
+
+    root = _rewritten(saved_dir("wav2vec2"), tmp_path / "ck", architectures=None)
+    code = main(["transcribe", "--input", str(samples_dir / "samples.jsonl"), "--output", str(tmp_path / "o"),
+                 "--runner", "local", "--config", "transducer_greedy", "--set", f"model.source={root}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "set model.family=ctc" in err, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_the_loader_names_the_path_of_a_checkpoint_it_cannot_load(tmp_path):
     """transformers raises ValueError for a model type without a CTC class: the loader turns
     it into ModelError naming the checkpoint."""

@@ -36,6 +36,10 @@ class ModelFamily:
     # transformers architecture names (or, starting with "*", name suffixes) it loads, so
     # ``--model DIR`` finds the family from the checkpoint's config.json
     architectures: tuple[str, ...] = ()
+    # config.json ``model_type`` values it loads (what the loader accepts), by which the
+    # driver judges a checkpoint whose config names no architecture; or "module:attribute" of
+    # a mapping keyed by them, imported only then, like ``module``
+    model_types: tuple[str, ...] | str = ()
     has_embedded: bool = False      # model.source: embedded names a model shipped with the package
     # "module:function": (model config) -> None, raising pipeline.models.preflight.ModelError
     # where the checkpoint's tokenizer or feature extractor cannot be loaded. The driver runs
@@ -49,20 +53,29 @@ class ModelFamily:
     def loads_architecture(self, arch: str) -> bool:
         return any(arch == a or (a.startswith("*") and arch.endswith(a[1:])) for a in self.architectures)
 
+    def loads_model_type(self, model_type) -> bool:
+        return model_type in self.known_model_types()
+
+    def known_model_types(self) -> tuple[str, ...]:
+        types = self.model_types
+        return tuple(_named(types) if isinstance(types, str) else types)
+
     def check_components(self, model_config) -> None:
         if self.components is not None:
-            module, attr = self.components.split(":")
-            getattr(importlib.import_module(module), attr)(model_config)
+            _named(self.components)(model_config)
 
     def ctc_vocabulary(self, model_config):
         """The CTC vocabulary of ``model_config``'s model, without loading the model."""
         if self.vocabulary is None:
             raise ValueError(f"model family {self.name!r} names no CTC vocabulary")
         factory = self.vocabulary
-        if not callable(factory):
-            module, attr = factory.split(":")
-            factory = getattr(importlib.import_module(module), attr)
-        return factory(model_config)
+        return (factory if callable(factory) else _named(factory))(model_config)
+
+
+def _named(ref: str):
+    """The object a "module:attribute" string names."""
+    module, attr = ref.split(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 FAMILIES: dict[str, ModelFamily] = {}
@@ -101,7 +114,7 @@ register_family(ModelFamily(
     hint=lambda cap: "set model.ctc_head (embedded, or a head directory)" if cap in (CTC, BEAM_VOCABULARY) else "",
     # every head this family loads, embedded or a directory, is over the character set
     vocabulary="pipeline.text.ctc_vocabulary:embedded_vocabulary",
-    architectures=("WhisperForConditionalGeneration",), has_embedded=True))
+    architectures=("WhisperForConditionalGeneration",), model_types=("whisper",), has_embedded=True))
 register_family(ModelFamily(
     "granite_speech", "pipeline.models.granite_speech",
     capabilities=lambda m: frozenset({ATTENTION_DECODER} | ({CTC} if m.ctc_vocab else set())),
@@ -109,7 +122,7 @@ register_family(ModelFamily(
     hint=lambda cap: ("set model.ctc_vocab (a JSON list naming the encoder's CTC outputs, blank first)"
                       if cap == CTC else _BEAM_VOCAB_HINT if cap == BEAM_VOCABULARY
                       else "it cannot pack encoder windows: --set ssd.pack_gate=false" if cap == PACKABLE else ""),
-    architectures=("GraniteSpeechForConditionalGeneration",),
+    architectures=("GraniteSpeechForConditionalGeneration",), model_types=("granite_speech",),
     components="pipeline.models.granite_speech:check_components"))
 # Any transformers CTC checkpoint. Frame rates differ per model (wav2vec2: 320 samples,
 # Parakeet: 1280), but the window rule must be known before a model is loaded: the segment
@@ -123,7 +136,9 @@ register_family(ModelFamily(
     hint=lambda cap: ("use --config ctc_model_greedy or ctc_model_beam, or --set decoder.pack_windows=false"
                       if cap == PACKABLE else ""),
     vocabulary="pipeline.models.ctc:ctc_vocabulary",
-    architectures=("*ForCTC",), has_embedded=True, components="pipeline.models.ctc:check_components"))
+    # AutoModelForCTC loads the model types of this mapping
+    architectures=("*ForCTC",), model_types="transformers.models.auto.modeling_auto:MODEL_FOR_CTC_MAPPING_NAMES",
+    has_embedded=True, components="pipeline.models.ctc:check_components"))
 # transformers' ParakeetForRNNT / ParakeetForTDT ("Pushing the Limits of Beam Search Decoding
 # for Transducer-based ASR models"): encoder frames, predictor step and joint; and the
 # embedded TDT over Whisper tiny.en. Parakeet's frames are 80 ms (30 s: 375 frames), the
@@ -133,5 +148,6 @@ register_family(ModelFamily(
     capabilities=lambda m: frozenset({TRANSDUCER}),
     max_segment_s=30.0, max_segment_cost=750,
     hint=lambda cap: "use --config transducer_greedy or transducer_beam" if cap != TRANSDUCER else "",
-    architectures=("ParakeetForRNNT", "ParakeetForTDT", "ShardscribeWhisperTDT"), has_embedded=True,
+    architectures=("ParakeetForRNNT", "ParakeetForTDT", "ShardscribeWhisperTDT"),
+    model_types=("parakeet_rnnt", "parakeet_tdt"), has_embedded=True,
     components="pipeline.models.transducer:check_components"))

@@ -173,23 +173,40 @@ def check_model(model_config) -> None:
 
 
 def check_family(model_config, config: dict) -> None:
-    """The checkpoint's architecture against what ``model.family`` loads: a family's loader
-    given another family's checkpoint fails only in the workers, or (granite_speech) builds
-    a default-sized random model from a config it does not understand."""
+    """The checkpoint's architecture (or, where its config names none, its model_type)
+    against what ``model.family`` loads: a family's loader given another family's checkpoint
+    fails only in the workers, or (granite_speech) builds a default-sized random model from
+    a config it does not understand."""
     from pipeline.models import FAMILIES, model_family
 
     family = model_family(model_config.family)
     archs = [str(a) for a in config.get("architectures") or []]
-    # A config that names no architecture cannot be judged here; the loaders check its model_type.
-    if not archs or not family.architectures or any(family.loads_architecture(a) for a in archs):
-        return
     kind = config.get("model_type")
+    if not archs:
+        _check_model_type(model_config, family, kind if isinstance(kind, str) else None)
+        return
+    if not family.architectures or any(family.loads_architecture(a) for a in archs):
+        return
     others = [f.name for f in FAMILIES.values() if any(f.loads_architecture(a) for a in archs)]
     hint = (f"; set model.family={others[0]} (or use --model {model_config.source})" if others
             else "; no model family loads it")
     raise ModelError(f"model.source={model_config.source} holds a {', '.join(archs)} checkpoint"
                      f"{f' (model_type {kind})' if kind else ''}; model.family={family.name} loads "
                      f"{', '.join(family.architectures)} checkpoints{hint}")
+
+
+def _check_model_type(model_config, family, kind: str | None) -> None:
+    """A config that names no architecture, judged by its ``model_type``: the key the
+    family's loader goes by (``ModelFamily.model_types``)."""
+    from pipeline.models import FAMILIES
+
+    if not family.model_types or (kind and family.loads_model_type(kind)):
+        return
+    others = [f.name for f in FAMILIES.values() if kind and f is not family and f.loads_model_type(kind)]
+    hint = (f"; set model.family={others[0]}" if others else "; no model family loads it" if kind else "")
+    raise ModelError(f"model.source={model_config.source}: its config.json names no architecture and "
+                     f"{f'model_type {kind}' if kind else 'no model_type'}; model.family={family.name} loads "
+                     f"model_type {', '.join(sorted(family.known_model_types()))}{hint}")
 
 
 def check_transducer_search(cfg) -> None:

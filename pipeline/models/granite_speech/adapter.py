@@ -250,6 +250,7 @@ def load_granite_adapter(source: str, ctc_vocab: Sequence[str] | None, ctc_blank
     from the same computation in plain torch (features.GraniteFeatures)."""
     from transformers import AutoConfig, GraniteSpeechForConditionalGeneration
 
+    from pipeline.models import model_family
     from pipeline.models.errors import ModelError
 
     try:
@@ -259,7 +260,7 @@ def load_granite_adapter(source: str, ctc_vocab: Sequence[str] | None, ctc_blank
                          f"{str(exc).splitlines()[0]}") from None
     # Given another model's config, from_pretrained would build a default-sized (billions of
     # parameters) random granite-speech model instead of failing.
-    if getattr(config, "model_type", None) != "granite_speech":
+    if not model_family("granite_speech").loads_model_type(getattr(config, "model_type", None)):
         raise ModelError(f"model.source: {source} is a {getattr(config, 'model_type', None)!r} model, "
                          "not granite_speech")
     try:

@@ -173,6 +173,7 @@ def load_transducer_adapter(source: str, device: str = "cpu", dtype: torch.dtype
     tokenizer."""
     from transformers import AutoConfig, ParakeetForRNNT, ParakeetForTDT
 
+    from pipeline.models import model_family
     from pipeline.models.errors import ModelError
 
     if _looks_local(source) and not Path(source).expanduser().is_dir():
@@ -182,11 +183,11 @@ def load_transducer_adapter(source: str, device: str = "cpu", dtype: torch.dtype
     except (OSError, ValueError, TypeError) as exc:
         raise ModelError(f"model.source: cannot load a transducer config from {source} offline: "
                          f"{str(exc).splitlines()[0]}") from None
-    classes = {"parakeet_rnnt": ParakeetForRNNT, "parakeet_tdt": ParakeetForTDT}
-    cls = classes.get(getattr(config, "model_type", None))
-    if cls is None:
+    family = model_family("transducer")
+    if not family.loads_model_type(getattr(config, "model_type", None)):
         raise ModelError(f"model.source: {source} is a {config.model_type!r} model, not a transducer "
-                         f"({', '.join(sorted(classes))})")
+                         f"({', '.join(sorted(family.known_model_types()))})")
+    cls = {"parakeet_rnnt": ParakeetForRNNT, "parakeet_tdt": ParakeetForTDT}[config.model_type]
     try:
         model = cls.from_pretrained(source, dtype=dtype, local_files_only=True)
     except (OSError, ValueError, TypeError) as exc:
