@@ -254,6 +254,45 @@ def test_embedded_head_on_another_model_fails_up_front(tmp_path, samples_dir, mu
         assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("removed, says", [
+    (["tokenizer.json"], "has no tokenizer files"),
+    (["processor_config.json", "preprocessor_config.json"], "has no feature extractor files"),
+])
+def test_preflight_names_a_missing_tokenizer_or_feature_extractor(multilingual_dir, tmp_path, removed, says):
+    """A Whisper checkpoint without part of its processor: one line from the driver's
+    preflight, and ModelError from the loader (without tokenizer.json transformers builds a
+    one-token tokenizer instead of failing: every transcript would be empty)."""
+    import shutil
+
+    from pipeline.config import load_config
+    from pipeline.models.preflight import ModelError, check_model
+    from pipeline.models.whisper.loader import load_whisper
+
+    bad = tmp_path / "bad"
+    shutil.copytree(multilingual_dir, bad, ignore=shutil.ignore_patterns(*removed))
+    with pytest.raises(ModelError, match=f"model.source={bad}: the checkpoint {says}") as exc:
+        check_model(load_config("ar", [f"model.source={bad}"]).model)
+    assert len(str(exc.value).splitlines()) == 1
+    with pytest.raises(ModelError, match=str(bad)):
+        load_whisper(str(bad))
+    check_model(load_config("ar", [f"model.source={multilingual_dir}"]).model)
+
+
+def test_the_cli_refuses_a_whisper_checkpoint_without_its_feature_extractor(multilingual_dir, tmp_path,
+                                                                           samples_dir, capsys):
+    import shutil
+
+    from jobs.cli import main
+
+    bad = tmp_path / "bad"
+    shutil.copytree(multilingual_dir, bad, ignore=shutil.ignore_patterns("processor_config.json"))
+    code = main(["transcribe", "--input", str(samples_dir / "samples.jsonl"), "--output", str(tmp_path / "o"),
+                 "--runner", "local", "--config", "ar", "--set", f"model.source={bad}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "has no feature extractor files" in err, err
+    assert not (tmp_path / "o").exists()
+
+
 def test_row_language_is_the_one_decoded_longest():
     from pipeline.decoders.base import SegmentResult
     from pipeline.records import OUTPUT_SCHEMA, finalize_row, segment_dict, table

@@ -114,7 +114,8 @@ register_family(ModelFamily(
     hint=lambda cap: "set model.ctc_head (embedded, or a head directory)" if cap in (CTC, BEAM_VOCABULARY) else "",
     # every head this family loads, embedded or a directory, is over the character set
     vocabulary="pipeline.text.ctc_vocabulary:embedded_vocabulary",
-    architectures=("WhisperForConditionalGeneration",), model_types=("whisper",), has_embedded=True))
+    architectures=("WhisperForConditionalGeneration",), model_types=("whisper",), has_embedded=True,
+    components="pipeline.models.whisper:check_components"))
 register_family(ModelFamily(
     "granite_speech", "pipeline.models.granite_speech",
     capabilities=lambda m: frozenset({ATTENTION_DECODER} | ({CTC} if m.ctc_vocab else set())),

@@ -33,3 +33,13 @@ def load(model_config, device: str, dtype):
                                 quantize=model_config.quantize, encoder_dtype=encoder_dtype,
                                 screened_argmax=model_config.screened_argmax,
                                 cross_kv_dtype=torch_dtype(cross) if cross else None)
+
+
+def check_components(model_config) -> None:
+    """The checkpoint's feature extractor and tokenizer load (preflight; ModelError if not).
+    The embedded model is converted with its own."""
+    if model_config.source == "embedded":
+        return
+    from pipeline.models.whisper.loader import load_processor
+
+    load_processor(model_config.source)

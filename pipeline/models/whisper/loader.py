@@ -180,9 +180,27 @@ def resolve_checkpoint(source: str = EMBEDDED, cache_dir: str | Path | None = No
 def load_whisper(source: str = EMBEDDED, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None):
     """Return ``(WhisperForConditionalGeneration, WhisperProcessor)`` in eval mode."""
-    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+    from transformers import WhisperForConditionalGeneration
 
     path = resolve_checkpoint(source, cache_dir)
     model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype)
-    processor = WhisperProcessor.from_pretrained(path)
+    processor = load_processor(path)
     return model.to(device).eval(), processor
+
+
+def load_processor(source: str):
+    """The ``WhisperProcessor`` of a checkpoint, offline: what ``WhisperProcessor.from_pretrained``
+    loads (AutoFeatureExtractor, AutoTokenizer), with ModelError naming the part that cannot
+    be loaded. The driver's preflight calls this too (no weights are read)."""
+    from transformers import AutoFeatureExtractor, AutoTokenizer, WhisperProcessor
+
+    from pipeline.models.errors import component_error, load_component
+
+    extractor = load_component(AutoFeatureExtractor, source, "feature extractor")
+    tokenizer = load_component(AutoTokenizer, source, "tokenizer")
+    # Without its vocabulary file transformers builds a one-token tokenizer rather than
+    # failing, and every transcript would decode to nothing.
+    if "<|startoftranscript|>" not in tokenizer.get_vocab():
+        raise component_error(source, "tokenizer", ValueError(
+            f"its {type(tokenizer).__name__} of {len(tokenizer)} tokens has no <|startoftranscript|>"))
+    return WhisperProcessor(extractor, tokenizer)
