@@ -278,6 +278,25 @@ def test_preflight_names_a_missing_tokenizer_or_feature_extractor(multilingual_d
     check_model(load_config("ar", [f"model.source={multilingual_dir}"]).model)
 
 
+def test_preflight_refuses_a_feature_extractor_of_other_mel_bins(multilingual_dir, tmp_path):
+    """A feature extractor saved the transformers 5 way (inside processor_config.json) is
+    checked against the encoder's mel bins too: 128-bin features into an 80-bin encoder is
+    one line before any worker, not a shape error in every one."""
+    import shutil
+
+    from pipeline.config import load_config
+    from pipeline.models.preflight import ModelError, check_model
+
+    bad = tmp_path / "bad"
+    shutil.copytree(multilingual_dir, bad)
+    assert not (bad / "preprocessor_config.json").exists()
+    config = json.loads((bad / "processor_config.json").read_text())
+    config["feature_extractor"]["feature_size"] = 128
+    (bad / "processor_config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="its feature extractor makes 128 mel bins, its encoder reads 80"):
+        check_model(load_config("ar", [f"model.source={bad}"]).model)
+
+
 def test_the_cli_refuses_a_whisper_checkpoint_without_its_feature_extractor(multilingual_dir, tmp_path,
                                                                            samples_dir, capsys):
     import shutil

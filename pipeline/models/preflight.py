@@ -101,7 +101,11 @@ def _whisper_components(model_config, config: dict) -> None:
     """The feature extractor must make the mel bins the encoder reads; a CTC head reads
     the encoder's states: its width must be the model's, and the embedded head fits the
     encoder it was trained on (tiny.en) only."""
-    features = checkpoint_json(model_config.source, "preprocessor_config.json") or {}
+    # transformers 5 saves the feature extractor inside processor_config.json, older
+    # versions beside it as preprocessor_config.json
+    features = (checkpoint_json(model_config.source, "preprocessor_config.json")
+                or (checkpoint_json(model_config.source, "processor_config.json") or {}).get("feature_extractor")
+                or {})
     bins, size = config.get("num_mel_bins"), features.get("feature_size")
     if bins is not None and size is not None and bins != size:
         raise ModelError(f"model.source={model_config.source}: its feature extractor makes {size} mel bins, "
