@@ -2,7 +2,8 @@
 
 Serves benchmarks, debugging and machines without Ray (the lent GPU machine). Output
 parts go through the same commit protocol as the Ray path (pipeline.output.write_part:
-``output.rows_per_part`` rows per part, temporary name then rename).
+``output.rows_per_part`` rows per part, temporary name then rename), and are also
+committed once their oldest row has waited ``output.commit_interval_s``.
 """
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
     fs.makedirs(path, exist_ok=True)
     job_id = job_id or new_job_id()
     rows_per_part = rows_per_part or cfg.output.rows_per_part
+    interval = cfg.output.commit_interval_s
     pending: list[pa.Table] = []
+    pending_since = 0.0     # when the oldest pending row was finished
     written = 0
     step = cfg.batching.recordings_per_batch
     start = time.perf_counter()
@@ -71,11 +74,14 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
                 # no packed bytes, between two stages of one process.
                 out = second.finish_rows(model.rows(prep(batch), pending_as_bytes=False))
             assert out.schema == OUTPUT_SCHEMA
+            if not pending:
+                pending_since = time.monotonic()
             pending.append(out)
             written += out.num_rows
             if on_batch is not None:
                 on_batch(out)
-            if sum(t.num_rows for t in pending) >= rows_per_part:
+            if sum(t.num_rows for t in pending) >= rows_per_part or (
+                    interval is not None and time.monotonic() - pending_since >= interval):
                 flush()
             if progress:
                 rate = written / max(time.perf_counter() - start, 1e-9)

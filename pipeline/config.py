@@ -443,9 +443,16 @@ class OutputConfig:
     # renamed), so a crash redoes at most this many rows per writer; tens of thousands
     # keep a million-row job at tens of files.
     rows_per_part: int = 20000
+    # The in-process runner also commits its finished rows once the oldest of them has
+    # waited this long, so a killed job (SIGKILL, a lost machine) loses at most this much
+    # work, not rows_per_part rows (hours at CPU speed). Ray Data bundles a write task's rows
+    # by count only, so the Ray runner keeps the row bound alone. null: by count only.
+    commit_interval_s: float | None = 300.0
 
     def validate(self, key: str) -> None:
         _at_least(f"{key}.rows_per_part", self.rows_per_part, 1)
+        if self.commit_interval_s is not None:
+            _at_least(f"{key}.commit_interval_s", self.commit_interval_s, 0.0)
 
 
 @dataclass

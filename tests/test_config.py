@@ -29,6 +29,8 @@ def test_default_is_ssd_high_accuracy_and_ar_stays_available():
     (["justakey"], "--set 'justakey'"),
     (["transducer.expansion_gamma=2.3"], "transducer.expansion_gamma"),   # ALSD++ has no expansion beam
     (["transducer.algorithm=aes", "transducer.expansion_gamma=-1"], "transducer.expansion_gamma"),
+    (["output.commit_interval_s=-5"], "output.commit_interval_s"),
+    (["output.commit_interval_s=.inf"], "output.commit_interval_s"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
@@ -126,6 +128,7 @@ def test_config_hash_names_what_decides_the_transcripts():
     assert len(base) == 12
     same = ["ray.num_cpus=3", "batching.max_tokens=30000", "model.cache_dir=/x", "model.device=cpu",
             "model.num_threads=2", "model.screened_argmax=false", "output.rows_per_part=5",
+            "output.commit_interval_s=30",
             "audio.read_timeout_s=900", "storage.options={endpoint_url: 'http://127.0.0.1:9000'}"]
     assert config_hash(load_config("ar", same)) == base
     # A worker rebuilds the config from its dict and must stamp the driver's hash.

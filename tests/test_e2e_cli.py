@@ -240,3 +240,23 @@ def test_retry_errors_redoes_the_failed_recordings_once_the_mount_is_back(tmp_pa
     assert all(r["error"] is None and r["duration_s"] > 0 for r in rows), rows
     summary = json.loads((dst / SUMMARY_NAME).read_text())
     assert summary["rows_in"] == summary["rows_out"] == 4 and summary["errors"] == 0
+
+
+def test_the_local_runner_commits_rows_that_waited_commit_interval_s(tmp_path, samples_dir, sample_manifest):
+    """Far fewer rows than output.rows_per_part: by default one part at the end; with
+    output.commit_interval_s=0 every batch is committed as soon as it is finished (what a
+    killed job keeps), the same rows either way."""
+    lines = [{"id": f"r{i}", "audio": str(samples_dir / sample_manifest[i % len(sample_manifest)]["audio"])}
+             for i in range(6)]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    parts = {}
+    for name, extra in (("default", []), ("every_batch", ["--set", "output.commit_interval_s=0"])):
+        dst = tmp_path / name
+        proc = _run_cli("transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
+                        "--set", "decoder.kind=audit", "--set", "batching.recordings_per_batch=2", *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        parts[name] = sorted(dst.glob("part-*.parquet"))
+        assert sorted(r["id"] for r in _rows(dst)) == [x["id"] for x in lines]
+    assert len(parts["default"]) == 1 and len(parts["every_batch"]) == 3
+    assert [pq.read_metadata(p).num_rows for p in parts["every_batch"]] == [2, 2, 2]
