@@ -180,6 +180,12 @@ def test_the_model_flag_reads_the_family_from_the_checkpoint(checkpoint, tmp_pat
     (tmp_path / "other" / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
     with pytest.raises(ConfigError, match="no model family loads"):
         load_config("ctc_beam", model=str(tmp_path / "other"))
+    # A config that names no architecture: the family comes from its model_type.
+    shutil.copytree(root, tmp_path / "unnamed")
+    config = json.loads((root / "config.json").read_text())
+    del config["architectures"]
+    (tmp_path / "unnamed" / "config.json").write_text(json.dumps(config))
+    assert load_config("ctc_beam", model=str(tmp_path / "unnamed")).model.family == "ctc"
     # The checkpoint's config without its weights, or a config.json that is not an object:
     # one line before any worker starts, not an error from every worker.
     from pipeline.models.preflight import ModelError, check_model

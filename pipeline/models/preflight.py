@@ -230,22 +230,29 @@ def check_transducer_search(cfg) -> None:
                          "model.source=embedded_rnnt (the shipped RNN-T)")
 
 
-def checkpoint_architectures(source: str) -> list[str]:
-    """The ``architectures`` of a checkpoint's config (a local directory, or a Hugging Face
-    id in the local cache: nothing is downloaded)."""
+def _checkpoint_config_for_flag(source: str) -> dict:
+    """The checkpoint's config.json for ``--model`` (a local directory, or a Hugging Face id
+    in the local cache: nothing is downloaded); ValueError naming the flag."""
     try:
-        return list(checkpoint_config(source).get("architectures") or [])
+        return checkpoint_config(source)
     except (ModelError, ValueError) as exc:
         raise ValueError(f"--model: {str(exc).removeprefix(f'model.source={source}: ')} ({source})") from None
 
 
 def family_of_checkpoint(source: str) -> str:
-    """The registered family whose ``architectures`` name the checkpoint's."""
+    """The registered family whose ``architectures`` name the checkpoint's or, for a config
+    that names no architecture, whose ``model_types`` hold its model_type."""
     from pipeline.models import FAMILIES
 
-    archs = checkpoint_architectures(source)
+    config = _checkpoint_config_for_flag(source)
+    archs = [str(a) for a in config.get("architectures") or []]
+    kind = config.get("model_type")
     for family in FAMILIES.values():
         if any(family.loads_architecture(arch) for arch in archs):
             return family.name
-    raise ValueError(f"--model: no model family loads {source} (architectures {archs or 'not named'}; "
-                     f"known families: {', '.join(sorted(FAMILIES))})")
+    if not archs and isinstance(kind, str):
+        for family in FAMILIES.values():
+            if family.model_types and family.loads_model_type(kind):
+                return family.name
+    raise ValueError(f"--model: no model family loads {source} (architectures {archs or 'not named'}, "
+                     f"model_type {kind or 'not named'}; known families: {', '.join(sorted(FAMILIES))})")
