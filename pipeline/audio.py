@@ -30,6 +30,45 @@ class AudioError(ValueError):
     """The bytes are not decodable audio (or hold no samples)."""
 
 
+WAV_HEAD_BYTES = 4096   # where a WAV's fmt and data chunk headers are looked for
+
+
+def wav_shortfall(head: bytes, size: int) -> tuple[float, float] | None:
+    """``(declared, held)`` seconds of a RIFF/WAVE file (``head``: its first bytes, ``size``:
+    its length) whose data chunk declares more audio than the file holds; None for any other
+    file, a length left open by a streaming writer (0 or 0xFFFFFFFF), or a data chunk beyond
+    ``head``. libsndfile reads such a file without complaint, as long as what is there."""
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    pos, byte_rate = 12, 0
+    while pos + 8 <= len(head):
+        chunk, n = head[pos:pos + 4], int.from_bytes(head[pos + 4:pos + 8], "little")
+        if chunk == b"fmt " and pos + 20 <= len(head):
+            byte_rate = int.from_bytes(head[pos + 16:pos + 20], "little")
+        elif chunk == b"data":
+            held = size - (pos + 8)
+            if not byte_rate or n in (0, 0xFFFFFFFF) or held >= n:
+                return None
+            return n / byte_rate, max(held, 0) / byte_rate
+        pos += 8 + n + (n & 1)
+    return None
+
+
+def _check_wav_length(head: bytes, size: int, offset_s: float | None = None,
+                      duration_s: float | None = None) -> None:
+    """AudioError where the part of a WAV that is asked for (the whole file, or a span) runs
+    past what the file holds by more than the short-read tolerance."""
+    short = wav_shortfall(head, size)
+    if short is None:
+        return
+    declared, held = short
+    start = offset_s or 0.0
+    end = declared if duration_s is None else min(declared, start + duration_s)
+    if end - held > max(SHORT_READ_S, SHORT_READ_SHARE * (end - start)):
+        raise AudioError(f"truncated or corrupt: the file holds {held:.2f} s of the {declared:.2f} s "
+                         "its header declares")
+
+
 def _libsndfile_reason(exc: "sf.LibsndfileError") -> str:
     reason = getattr(exc, "error_string", "") or str(exc)
     # libsndfile says "not a regular file" when it recognises no container in memory.
@@ -49,6 +88,7 @@ def decode_audio(data: bytes | None, quality: str = "HQ") -> tuple[np.ndarray, i
         raise AudioError("no audio bytes (the file could not be read)")
     if len(data) == 0:
         raise AudioError("empty file (0 bytes)")
+    _check_wav_length(data[:WAV_HEAD_BYTES], len(data))
     try:
         with sf.SoundFile(io.BytesIO(data)) as f:
             rate, channels = f.samplerate, f.channels
@@ -81,8 +121,16 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
 
     Returns ``(samples, original_rate, original_channels)``; raises AudioError."""
     pos = fh.tell()
-    if not fh.read(1):
+    head = fh.read(WAV_HEAD_BYTES)
+    if not head:
         raise AudioError("empty file (0 bytes)")
+    if head[:4] == b"RIFF":
+        try:
+            size = fh.seek(0, io.SEEK_END) - pos
+        except (OSError, ValueError):   # a stream of unknown length: nothing to compare
+            size = None
+        if size is not None:
+            _check_wav_length(head, size, offset_s, duration_s)
     fh.seek(pos)
     try:
         with sf.SoundFile(fh) as f:

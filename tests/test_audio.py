@@ -59,15 +59,28 @@ def test_zero_sample_wav():
         decode_audio(_encode(np.zeros(0, dtype=np.float32), 16000, "WAV", "PCM_16"))
 
 
-def test_truncated_wav_decodes_what_is_there_or_fails_clearly():
-    full = _encode(_tone(16000, 2.0), 16000, "WAV", "PCM_16")
-    cut = full[: len(full) // 2]
-    try:
-        samples, _, _ = decode_audio(cut)
-    except AudioError as exc:
-        assert "cannot decode" in str(exc)
-    else:
-        assert 0 < len(samples) <= 16000
+def test_a_wav_cut_short_is_an_error_not_a_shorter_recording():
+    """A WAV whose data chunk declares more audio than the file holds (a copy or an upload
+    cut short): libsndfile reads what is there without complaint, so it is checked against
+    the header, in both decoders; a cut inside the tolerance, a span inside what is there and
+    a length left open by a streaming writer still decode."""
+    from pipeline.audio import decode_stream
+
+    full = _encode(_tone(16000, 10.0), 16000, "WAV", "PCM_16")
+    header = len(full) - 16000 * 10 * 2
+    for decode in (decode_audio, lambda b: _stream(b)):
+        with pytest.raises(AudioError, match=r"truncated or corrupt: the file holds 5\.00 s of the 10\.00 s"):
+            decode(full[: header + 16000 * 5 * 2])
+        samples, _, _ = decode(full[: header + int(16000 * 9.5) * 2])     # 0.5 s short: tolerated
+        assert len(samples) == int(16000 * 9.5)
+    cut = full[: header + 16000 * 5 * 2]
+    samples, _, _ = decode_stream(io.BytesIO(cut), offset_s=1.0, duration_s=3.0)
+    assert len(samples) == 16000 * 3
+    with pytest.raises(AudioError, match="truncated"):
+        decode_stream(io.BytesIO(cut), offset_s=4.0, duration_s=5.0)
+    open_length = bytearray(cut)
+    open_length[header - 4:header] = (0xFFFFFFFF).to_bytes(4, "little")
+    assert len(_stream(bytes(open_length))[0]) == 16000 * 5
 
 
 def _stream(data: bytes):

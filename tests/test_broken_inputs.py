@@ -20,7 +20,8 @@ from conftest import ROOT
 # default.yaml is ssd.yaml under another name (checked below), so it runs once, as ssd.
 CONFIGS = sorted(p.stem for p in (ROOT / "conf").glob("*.yaml") if p.stem != "default")
 BROKEN = {"empty.wav": "empty file", "random.wav": "cannot decode", "text_renamed.flac": "cannot decode",
-          "zero_samples.wav": "zero samples", "missing.wav": "file not found", "fifo.wav": "FIFO"}
+          "zero_samples.wav": "zero samples", "missing.wav": "file not found", "fifo.wav": "FIFO",
+          "truncated.wav": "truncated or corrupt"}
 
 
 def _wav(samples, rate=16000):
@@ -35,7 +36,9 @@ def manifest(tmp_path_factory, samples_dir, sample_manifest):
     files = {"empty.wav": b"", "random.wav": bytes(np.random.default_rng(1).integers(0, 256, 4000, dtype=np.uint8)),
              "text_renamed.flac": b"just some text, not audio\n" * 10,
              "zero_samples.wav": _wav(np.zeros(0, dtype=np.float32)),
-             "silence.wav": _wav(np.zeros(24000, dtype=np.float32))}
+             "silence.wav": _wav(np.zeros(24000, dtype=np.float32)),
+             # a copy cut short: its header declares 3 s, the file holds 1
+             "truncated.wav": _wav(0.3 * np.sin(np.arange(48000) / 5.0))[:44 + 32000]}
     for name, data in files.items():
         (root / name).write_bytes(data)
     os.mkfifo(root / "fifo.wav")
