@@ -261,6 +261,8 @@ def scan(source: Source, rows_per_item: int = ROWS_PER_ITEM) -> Scan:
         for start in range(0, len(ids), rows_per_item):
             items.append({"kind": "files", "start": start, "stop": min(len(ids), start + rows_per_item)})
     elif source.kind == "manifest":
+        # a --text-column no line holds is a typo, not rows without references
+        text_seen, first_keys = source.text_column is None, None
         for file in source.files:
             fs, path = fsspec.core.url_to_fs(file)
             base, protocol = posixpath.dirname(path), _protocol(fs)
@@ -272,9 +274,14 @@ def scan(source: Source, rows_per_item: int = ROWS_PER_ITEM) -> Scan:
                     count, item_start, item_line = 0, offset, lineno
                 ids.append(_manifest_row(source, obj, base, protocol, f"{redact_uri(file)}:{lineno}")["id"])
                 count += 1
+                text_seen = text_seen or source.text_column in obj
+                first_keys = first_keys if first_keys is not None else sorted(obj)
             if count:
                 items.append({"kind": "manifest", "file": file, "start": item_start, "stop": None,
                               "line": item_line})
+        if ids and not text_seen:
+            raise SourceError(f"input {redact_uri(source.uri)!r}: no manifest line has the text key "
+                              f"{source.text_column!r} (--text-column; the first line's keys: {first_keys})")
     else:
         import pyarrow.parquet as pq
 

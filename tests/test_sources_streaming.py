@@ -86,6 +86,19 @@ def test_hf_table_columns_by_common_names_or_flags(tmp_path):
     assert row["audio_bytes"] == data and row["reference"] == "z"
 
 
+def test_a_manifest_text_key_no_line_has_is_refused(tmp_path):
+    """--text-column on a JSONL manifest: a key no line holds is a typo, refused when the
+    source is scanned (before any worker), as a Parquet table's missing column is; lines
+    that lack it beside lines that have it are rows without a reference."""
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps({"audio": "a.wav", "label": "one"}) + "\n" + json.dumps({"audio": "b.wav"}) + "\n")
+    with pytest.raises(SourceError, match=r"no manifest line has the text key 'labl'.*\['audio', 'label'\]"):
+        scan(open_source(str(path), text_column="labl"))
+    assert len(scan(open_source(str(path), text_column="label")).ids) == 2
+    assert [r["reference"] for r in read_source(str(path), text_column="label")] == ["one", None]
+    assert len(scan(open_source(str(path))).ids) == 2
+
+
 def test_pieces_are_bounded_and_exclusions_left_out(tmp_path):
     """Many row groups and manifest lines: every work item yields tables of at most the
     batch size, all rows come back once, in order, less the excluded ids."""
