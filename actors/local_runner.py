@@ -3,7 +3,7 @@
 Serves benchmarks, debugging and machines without Ray (the lent GPU machine). Output
 parts go through the same commit protocol as the Ray path (pipeline.output.write_part:
 ``output.rows_per_part`` rows per part, temporary name then rename), and are also
-committed once their oldest row has waited ``output.commit_interval_s``.
+committed once ``output.commit_interval_s`` has passed since the last commit.
 """
 from __future__ import annotations
 
@@ -53,16 +53,19 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
     rows_per_part = rows_per_part or cfg.output.rows_per_part
     interval = cfg.output.commit_interval_s
     pending: list[pa.Table] = []
-    pending_since = 0.0     # when the oldest pending row was finished
+    # from the last commit, not from when a batch arrived: a batch that takes longer than
+    # the interval is committed as soon as it is finished, not with the next one
+    committed_at = time.monotonic()
     written = 0
     step = cfg.batching.recordings_per_batch
     start = time.perf_counter()
 
     def flush():
-        nonlocal pending
+        nonlocal pending, committed_at
         if pending:
             write_part(pa.concat_tables(pending), dst, job_id, cfg.storage.options)
             pending = []
+        committed_at = time.monotonic()
 
     total = f"/{len(rows)}" if isinstance(rows, list) else ""
     try:
@@ -74,14 +77,12 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
                 # no packed bytes, between two stages of one process.
                 out = second.finish_rows(model.rows(prep(batch), pending_as_bytes=False))
             assert out.schema == OUTPUT_SCHEMA
-            if not pending:
-                pending_since = time.monotonic()
             pending.append(out)
             written += out.num_rows
             if on_batch is not None:
                 on_batch(out)
             if sum(t.num_rows for t in pending) >= rows_per_part or (
-                    interval is not None and time.monotonic() - pending_since >= interval):
+                    interval is not None and time.monotonic() - committed_at >= interval):
                 flush()
             if progress:
                 rate = written / max(time.perf_counter() - start, 1e-9)

@@ -259,3 +259,30 @@ def test_the_local_runner_commits_rows_that_waited_commit_interval_s(tmp_path, s
         assert sorted(r["id"] for r in _rows(dst)) == [x["id"] for x in lines]
     assert len(parts["default"]) == 1 and len(parts["every_batch"]) == 3
     assert [pq.read_metadata(p).num_rows for p in parts["every_batch"]] == [2, 2, 2]
+
+
+def test_a_batch_slower_than_commit_interval_s_is_committed_when_it_is_finished(tmp_path, samples_dir,
+                                                                               sample_manifest):
+    """The interval runs from the last commit: when each batch takes longer than it, every
+    batch is its own part at once, not held until the next one finishes."""
+    import time
+
+    from actors.local_runner import build_stages, run_local
+    from pipeline.config import load_config
+
+    rows = [{"id": f"r{i}", "audio": str(samples_dir / sample_manifest[i]["audio"]), "audio_bytes": None}
+            for i in range(3)]
+    cfg = load_config("ar", ["decoder.kind=audit", "batching.recordings_per_batch=1",
+                             "output.commit_interval_s=0.2"])
+    prep, model, second = build_stages(cfg)
+
+    def slow(batch):
+        time.sleep(0.3)
+        return model(batch)
+
+    parts_when = []
+    run_local(rows, cfg, str(tmp_path), progress=False, stages=(prep, slow, second),
+              on_batch=lambda out: parts_when.append(len(list(tmp_path.glob("part-*.parquet")))))
+    # before each batch's own commit: the parts of the batches before it, all committed
+    assert parts_when == [0, 1, 2]
+    assert len(list(tmp_path.glob("part-*.parquet"))) == 3
