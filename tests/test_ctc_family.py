@@ -315,6 +315,18 @@ def test_a_config_without_architectures_of_the_familys_model_type_passes(saved_d
     check_model(load_config(conf, [f"model.source={root}"]).model)
 
 
+def test_a_whisper_config_that_names_neither_architecture_nor_model_type_passes(saved_dir, tmp_path):
+    """Whisper's loader reads such a config (it builds WhisperConfig itself), so the
+    preflight has nothing to refuse; the CTC family's AutoModelForCTC needs the model_type
+    (the last case of the refusal test above)."""
+    from pipeline.models.preflight import check_model
+    from pipeline.models.whisper.loader import load_whisper
+
+    root = _rewritten(saved_dir("whisper"), tmp_path / "ck", architectures=None, model_type=None)
+    check_model(load_config("ar", [f"model.source={root}"]).model)
+    assert type(load_whisper(str(root))[0]).__name__ == "WhisperForConditionalGeneration"
+
+
 def test_the_cli_refuses_a_config_without_architectures_of_another_family(saved_dir, tmp_path, samples_dir, capsys):
     from jobs.cli import main
 

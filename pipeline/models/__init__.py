@@ -40,6 +40,9 @@ class ModelFamily:
     # driver judges a checkpoint whose config names no architecture; or "module:attribute" of
     # a mapping keyed by them, imported only then, like ``module``
     model_types: tuple[str, ...] | str = ()
+    # False where the loader reads a config that names no model_type at all (it builds
+    # its own config class instead of transformers' Auto* lookup by model_type)
+    needs_model_type: bool = True
     has_embedded: bool = False      # model.source: embedded names a model shipped with the package
     # "module:function": (model config) -> None, raising pipeline.models.preflight.ModelError
     # where the checkpoint's tokenizer or feature extractor cannot be loaded. The driver runs
@@ -114,7 +117,8 @@ register_family(ModelFamily(
     hint=lambda cap: "set model.ctc_head (embedded, or a head directory)" if cap in (CTC, BEAM_VOCABULARY) else "",
     # every head this family loads, embedded or a directory, is over the character set
     vocabulary="pipeline.text.ctc_vocabulary:embedded_vocabulary",
-    architectures=("WhisperForConditionalGeneration",), model_types=("whisper",), has_embedded=True,
+    architectures=("WhisperForConditionalGeneration",), model_types=("whisper",), needs_model_type=False,
+    has_embedded=True,
     components="pipeline.models.whisper:check_components"))
 register_family(ModelFamily(
     "granite_speech", "pipeline.models.granite_speech",

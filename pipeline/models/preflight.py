@@ -204,7 +204,8 @@ def _check_model_type(model_config, family, kind: str | None) -> None:
     family's loader goes by (``ModelFamily.model_types``)."""
     from pipeline.models import FAMILIES
 
-    if not family.model_types or (kind and family.loads_model_type(kind)):
+    if not family.model_types or (kind and family.loads_model_type(kind)) or (kind is None
+                                                                             and not family.needs_model_type):
         return
     others = [f.name for f in FAMILIES.values() if kind and f is not family and f.loads_model_type(kind)]
     hint = (f"; set model.family={others[0]}" if others else "; no model family loads it" if kind else "")
