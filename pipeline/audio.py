@@ -26,6 +26,10 @@ MAX_FLOAT_PEAK = 1.5
 SHORT_READ_S, SHORT_READ_SHARE = 1.0, 0.05
 
 
+def _too_short(missing_s: float, wanted_s: float) -> bool:
+    return missing_s > max(SHORT_READ_S, SHORT_READ_SHARE * wanted_s)
+
+
 class AudioError(ValueError):
     """The bytes are not decodable audio (or hold no samples)."""
 
@@ -54,6 +58,23 @@ def wav_shortfall(head: bytes, size: int) -> tuple[float, float] | None:
     return None
 
 
+def _check_mp3_length(fh, pos: int, decoded_s: float, offset_s: float | None = None,
+                      duration_s: float | None = None) -> None:
+    """AudioError where an MP3 without a length header holds more audio than libsndfile
+    decodes (it stops at an estimate from the first frame's bitrate; pipeline.mp3_frames)
+    within the part asked for, past the short-read tolerance."""
+    from pipeline.mp3_frames import untagged_seconds
+
+    held = untagged_seconds(fh, pos)
+    if held is None:
+        return
+    start = offset_s or 0.0
+    end = held if duration_s is None else min(held, start + duration_s)
+    if _too_short(end - decoded_s, end - start):
+        raise AudioError(f"MP3 without a length header (Xing/VBRI): the decoder reads {decoded_s:.2f} s of the "
+                         f"{held:.2f} s its frames hold; re-encode it (or restore its header) to transcribe it whole")
+
+
 def _check_wav_length(head: bytes, size: int, offset_s: float | None = None,
                       duration_s: float | None = None) -> None:
     """AudioError where the part of a WAV that is asked for (the whole file, or a span) runs
@@ -64,7 +85,7 @@ def _check_wav_length(head: bytes, size: int, offset_s: float | None = None,
     declared, held = short
     start = offset_s or 0.0
     end = declared if duration_s is None else min(declared, start + duration_s)
-    if end - held > max(SHORT_READ_S, SHORT_READ_SHARE * (end - start)):
+    if _too_short(end - held, end - start):
         raise AudioError(f"truncated or corrupt: the file holds {held:.2f} s of the {declared:.2f} s "
                          "its header declares")
 
@@ -91,12 +112,14 @@ def decode_audio(data: bytes | None, quality: str = "HQ") -> tuple[np.ndarray, i
     _check_wav_length(data[:WAV_HEAD_BYTES], len(data))
     try:
         with sf.SoundFile(io.BytesIO(data)) as f:
-            rate, channels = f.samplerate, f.channels
+            rate, channels, mp3 = f.samplerate, f.channels, f.format == "MP3"
             samples = f.read(dtype="float32", always_2d=True)
     except sf.LibsndfileError as exc:
         raise AudioError(f"cannot decode audio: {_libsndfile_reason(exc)}") from None
     except (RuntimeError, TypeError, ValueError) as exc:
         raise AudioError(f"cannot decode audio: {exc}") from None
+    if mp3:
+        _check_mp3_length(io.BytesIO(data), 0, samples.shape[0] / rate)
     if samples.shape[0] == 0:
         raise AudioError("audio has zero samples")
     mono = samples.mean(axis=1) if channels > 1 else samples[:, 0]
@@ -157,11 +180,14 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
                 if len(mono):
                     peak = max(peak, float(np.abs(mono).max()))
                 out.add(stream.resample_chunk(mono, last=left <= 0) if stream else mono)
-            if left > max(SHORT_READ_S * rate, SHORT_READ_SHARE * want):
+            if _too_short(left / rate, want / rate):
                 raise AudioError(f"truncated or corrupt: decoded {(want - left) / rate:.2f} s of the "
                                  f"{want / rate:.2f} s its header declares")
             if stream is not None and left > 0:  # a short read: flush the resampler
                 out.add(stream.resample_chunk(np.zeros(0, np.float32), last=True))
+            mp3 = f.format == "MP3"
+        if mp3:
+            _check_mp3_length(fh, pos, total / rate, offset_s, duration_s)
     except AudioError:
         raise
     except sf.LibsndfileError as exc:

@@ -101,6 +101,51 @@ def test_an_mp3_cut_short_is_an_error_not_a_shorter_recording():
         _stream(full[: len(full) // 2])
 
 
+def _vbr_mp3(seconds: float = 20.0):
+    """A variable-bitrate MP3 (loud noise and near-silence in turn, so frames differ in
+    size) and the same file without its first frame, the Xing length header."""
+    rng = np.random.default_rng(0)
+    t = np.arange(int(16000 * seconds)) / 16000
+    signal = np.where(t % 4 < 2, 0.3 * rng.standard_normal(t.size), 0.001 * np.sin(2 * np.pi * 200 * t))
+    buf = io.BytesIO()
+    sf.write(buf, signal.astype(np.float32), 16000, format="MP3", subtype="MPEG_LAYER_III",
+             bitrate_mode="VARIABLE", compression_level=0.5)
+    data = buf.getvalue()
+    assert b"Xing" in data[:64]
+    return data, data[data.index(b"\xff\xf3", 4):]
+
+
+def test_mp3_frames_hold_what_the_encoder_wrote():
+    """The frame walk against the encoder's own count: a tagged file defers to its header,
+    an untagged one is counted frame by frame (an ID3 tag before the frames is skipped)."""
+    from pipeline.mp3_frames import untagged_seconds
+
+    tagged, untagged = _vbr_mp3()
+    assert untagged_seconds(io.BytesIO(tagged)) is None
+    held = untagged_seconds(io.BytesIO(untagged))
+    assert 20.0 <= held < 20.2           # the encoder's priming and padding frames
+    id3 = b"ID3\x04\x00\x00\x00\x00\x02\x00" + bytes(256)
+    assert untagged_seconds(io.BytesIO(id3 + untagged)) == held
+
+
+def test_an_mp3_without_its_length_header_is_an_error_not_a_shorter_recording():
+    """libsndfile decodes an MP3 without a Xing/VBRI header only as far as its first frame's
+    bitrate makes it (a quarter of this VBR file): both decoders say so instead of returning
+    that quarter; the tagged file decodes whole, and a span inside what is decoded is fine."""
+    from pipeline.audio import decode_stream
+
+    tagged, untagged = _vbr_mp3()
+    with sf.SoundFile(io.BytesIO(untagged)) as f:
+        estimate = f.frames / f.samplerate
+    assert estimate < 10                          # what the decoder would have returned
+    for decode in (decode_audio, _stream):
+        assert abs(len(decode(tagged)[0]) - 320000) < 4000
+        with pytest.raises(AudioError, match=r"MP3 without a length header .* reads \d+\.\d+ s of the 20\.\d+ s"):
+            decode(untagged)
+    samples, _, _ = decode_stream(io.BytesIO(untagged), offset_s=1.0, duration_s=3.0)
+    assert len(samples) == 48000
+
+
 def test_float_samples_stored_unscaled_are_scaled_back():
     """A float WAV written as int16 values (peaks near 32768): the same signal as the
     scaled file, not garbage; both decoders agree."""
