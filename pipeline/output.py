@@ -206,24 +206,38 @@ def drop_error_rows(dst: str, ids: pa.Array, job_id: str, options: dict | None =
     import pyarrow.compute as pc
 
     fs, path = url_to_fs(dst, options)
-    removed = 0
+    # First the id and error columns of every part (a few bytes a row), then one lookup of
+    # all error ids among the input's, then whole reads of only the parts that hold them.
+    failed: dict[str, list] = {}
     for part in _parts(fs, path):
+        try:
+            with fs.open(part, "rb") as fh:
+                table = pq.read_table(fh, columns=["id", "error"])
+        except Exception:
+            continue
+        ids_with_error = table.filter(pc.is_valid(table.column("error"))).column("id")
+        if len(ids_with_error):
+            failed[part] = ids_with_error.to_pylist()
+    if not failed:
+        return 0
+    candidates = pa.array([i for found in failed.values() for i in found], pa.string())
+    retry = set(candidates.filter(pc.is_in(candidates, value_set=ids)).to_pylist())
+    removed = 0
+    for part, found in failed.items():
+        if not retry.intersection(found):
+            continue
         try:
             table = read_part(fs, part)
         except Exception:
             continue
-        if "error" not in table.column_names:
-            continue
-        retry = pc.and_(pc.is_valid(table.column("error")), pc.is_in(table.column("id"), value_set=ids))
-        count = pc.sum(retry).as_py() or 0
-        if not count:
-            continue
-        kept = table.filter(pc.invert(retry))
+        drop = pc.and_(pc.is_valid(table.column("error")), pc.is_in(table.column("id"), value_set=pa.array(
+            sorted(retry.intersection(found)), pa.string())))
+        kept = table.filter(pc.invert(drop))
         if kept.num_rows:
             _put_part(fs, path, posixpath.basename(part), kept, job_id)
         else:
             fs.rm(part)
-        removed += count
+        removed += table.num_rows - kept.num_rows
     return removed
 
 
