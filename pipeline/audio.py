@@ -35,12 +35,15 @@ class AudioError(ValueError):
 
 
 WAV_HEAD_BYTES = 4096   # where a WAV's fmt and data chunk headers are looked for
+# A data size this large is a writer's "length unknown" (a pipe it could not seek back
+# on): SoX writes 0x7ffff000, ffmpeg 0xffffffff; others write 0.
+OPEN_WAV_LENGTH = 0x7FFFF000
 
 
 def wav_shortfall(head: bytes, size: int) -> tuple[float, float] | None:
     """``(declared, held)`` seconds of a RIFF/WAVE file (``head``: its first bytes, ``size``:
     its length) whose data chunk declares more audio than the file holds; None for any other
-    file, a length left open by a streaming writer (0 or 0xFFFFFFFF), or a data chunk beyond
+    file, a length left open by a streaming writer (``OPEN_WAV_LENGTH``), or a data chunk beyond
     ``head``. libsndfile reads such a file without complaint, as long as what is there."""
     if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
         return None
@@ -51,7 +54,7 @@ def wav_shortfall(head: bytes, size: int) -> tuple[float, float] | None:
             byte_rate = int.from_bytes(head[pos + 16:pos + 20], "little")
         elif chunk == b"data":
             held = size - (pos + 8)
-            if not byte_rate or n in (0, 0xFFFFFFFF) or held >= n:
+            if not byte_rate or n == 0 or n >= OPEN_WAV_LENGTH or held >= n:
                 return None
             return n / byte_rate, max(held, 0) / byte_rate
         pos += 8 + n + (n & 1)
