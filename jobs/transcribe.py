@@ -42,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="remove DST's rows and transcribe everything again")
     rerun.add_argument("--resume", action="store_true",
                        help="keep DST's rows even if another config made them; add the missing ones")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="run every check a job runs before its workers start (config, model, "
+                             "storage, the source's ids, the output's lock and config), say what the job "
+                             "would do, and stop: exit 0, or 2 with the reason; nothing is written")
     parser.add_argument("--retry-errors", action="store_true",
                         help="transcribe again the recordings whose row in DST has an error (a mount or "
                              "bucket that was down, a timeout); their old rows are replaced")
@@ -80,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         check_apart(source, args.output)
         scanned = scan(source)
         where = f"output {args.output}"
+        if args.dry_run:
+            return dry_run(args, cfg, scanned)
         lock = hold_output(args.output, cfg)
     except (ConfigError, FormatError, ModelError, SourceError, StorageError, OutputBusy) as exc:
         print(f"shardscribe: error: {exc}", file=sys.stderr)
@@ -130,6 +136,39 @@ def use_storage(cfg, args) -> None:
     use_options(cfg.storage.options, [args.input, args.output])
     for url in (args.input, args.output):
         check_reachable(url, cfg.storage.options)
+
+
+def dry_run(args, cfg, scanned) -> int:
+    """What the job would do with ``scanned`` (the source's ids) in ``args.output``, from
+    reads alone: OutputBusy where a live job holds the folder; 2 where the folder's rows
+    were made by another config and neither --overwrite nor --resume says what to do."""
+    import pyarrow.compute as pc
+
+    from pipeline.config import config_hash
+    from pipeline.output import OutputLock, existing_config_hashes, new_job_id, peek_rows
+    from pipeline.storage import redact_uri
+
+    OutputLock(args.output, new_job_id(), cfg.storage.options).check_free()
+    job_hash = config_hash(cfg)
+    refusal = None if args.overwrite else _other_config(existing_config_hashes(args.output, cfg.storage.options),
+                                                        job_hash, args)
+    if refusal:
+        print(f"shardscribe: error: {refusal}", file=sys.stderr)
+        return 2
+    ids = scanned.ids
+    held, unreadable = (None, 0) if args.overwrite else peek_rows(args.output, ["id", "error"], cfg.storage.options)
+    mine = held.filter(pc.is_in(held.column("id"), value_set=ids)) if held is not None else None
+    done = 0 if mine is None else mine.num_rows
+    failed = 0 if mine is None else pc.sum(pc.is_valid(mine.column("error"))).as_py() or 0
+    redo = failed if args.retry_errors else 0
+    print(f"shardscribe: dry run: config {cfg.name} ({job_hash}), model {cfg.model.family} {cfg.model.source}, "
+          f"decoder {cfg.decoder.kind}, {args.runner} runner; {len(ids)} recordings in the input, {done} already "
+          f"in {redact_uri(args.output)} ({failed} with an error"
+          + (", retried" if args.retry_errors else "") + f"); {len(ids) - done + redo} to transcribe"
+          + ("; --overwrite would remove the folder's rows first" if args.overwrite else "")
+          + (f"; {unreadable} unreadable parts would be quarantined and their rows redone" if unreadable else "")
+          + "; nothing was started or written")
+    return 0
 
 
 def hold_output(dst: str, cfg):

@@ -261,6 +261,20 @@ def _part_tables(dst: str, columns: list[str], options: dict | None, batch_rows:
                 yield table.select([c for c in columns if c in table.column_names])
 
 
+def peek_rows(dst: str, columns: list[str], options: dict | None = None) -> tuple[pa.Table | None, int]:
+    """``columns`` of DST's committed rows, read only (a dry run: nothing is moved), and
+    how many parts failed to read (a job would quarantine them and redo their rows)."""
+    fs, path = url_to_fs(dst, options)
+    tables, unreadable = [], 0
+    for part in _parts(fs, path):
+        try:
+            with fs.open(part, "rb") as fh:
+                tables.append(pq.read_table(fh, columns=columns))
+        except Exception:
+            unreadable += 1
+    return (pa.concat_tables(tables, promote_options="default") if tables else None), unreadable
+
+
 def read_output(dst: str, columns: list[str], options: dict | None = None):
     tables = list(_part_tables(dst, columns, options))
     return pa.concat_tables(tables, promote_options="default") if tables else None
@@ -327,6 +341,19 @@ class OutputLock:
         with self.fs.open(self.lock, "wb") as fh:
             fh.write(data)
 
+    def _busy(self, info: dict) -> OutputBusy:
+        age = time.time() - float(info.get("heartbeat", 0))
+        return OutputBusy(
+            f"output {redact_uri(self.dst)} is in use by job {info.get('job')} (pid {info.get('pid')} "
+            f"on {info.get('host')}, heartbeat {age:.0f} s ago); wait for it to finish, or write elsewhere "
+            f"(a lock whose heartbeat is over {STALE_AFTER_S:g} s old is taken over)")
+
+    def check_free(self) -> None:
+        """OutputBusy where a live job holds the folder; writes nothing (a dry run)."""
+        info = self._read()
+        if info is not None and not lock_is_stale(info) and info.get("job") != self.job_id:
+            raise self._busy(info)
+
     def acquire(self) -> "OutputLock":
         self.fs.makedirs(posixpath.dirname(self.lock), exist_ok=True)
         for _ in range(3):
@@ -334,11 +361,7 @@ class OutputLock:
             if info is not None and not lock_is_stale(info):
                 if info.get("job") == self.job_id:
                     break
-                age = time.time() - float(info.get("heartbeat", 0))
-                raise OutputBusy(
-                    f"output {redact_uri(self.dst)} is in use by job {info.get('job')} (pid {info.get('pid')} "
-                    f"on {info.get('host')}, heartbeat {age:.0f} s ago); wait for it to finish, or write elsewhere "
-                    f"(a lock whose heartbeat is over {STALE_AFTER_S:g} s old is taken over)")
+                raise self._busy(info)
             if info is not None:
                 log.warning("taking over a stale lock on %s (job %s, pid %s on %s)", redact_uri(self.dst),
                             info.get("job"), info.get("pid"), info.get("host"))

@@ -286,3 +286,38 @@ def test_a_batch_slower_than_commit_interval_s_is_committed_when_it_is_finished(
     # before each batch's own commit: the parts of the batches before it, all committed
     assert parts_when == [0, 1, 2]
     assert len(list(tmp_path.glob("part-*.parquet"))) == 3
+
+
+def test_dry_run_checks_everything_before_the_workers_and_writes_nothing(tmp_path, samples_dir, sample_manifest):
+    """--dry-run for a scheduler: the job's own refusals (exit 2, one line) and, where it
+    would run, what it would do (counts from the folder's rows), with nothing written:
+    no folder, no lock, no success marker removed, no part quarantined."""
+    from pipeline.output import OutputLock, SUCCESS_NAME
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"r{i}", "audio": str(samples_dir / m["audio"])}) + "\n"
+                                for i, m in enumerate(sample_manifest[:3]))
+                        + json.dumps({"id": "gone", "audio": str(tmp_path / "gone.wav")}) + "\n")
+    dst = tmp_path / "out"
+    job = ["transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
+           "--set", "decoder.kind=audit"]
+    first = _run_cli(*job, "--dry-run")
+    assert first.returncode == 0, first.stderr
+    assert "4 recordings in the input, 0 already" in first.stdout and "4 to transcribe" in first.stdout
+    assert not dst.exists()
+
+    assert _run_cli(*job).returncode == 0
+    before = {p.name: p.stat().st_mtime_ns for p in dst.rglob("*") if p.is_file()}
+    again = _run_cli(*job, "--dry-run", "--retry-errors")
+    assert again.returncode == 0, again.stderr
+    assert "4 already in" in again.stdout and "(1 with an error, retried); 1 to transcribe" in again.stdout
+    other = _run_cli(*job, "--dry-run", "--set", "audio.vad_threshold=0.3")
+    assert other.returncode == 2 and other.stderr.count("\n") == 1 and "another config" in other.stderr
+    lock = OutputLock(str(dst), "someone").acquire()
+    try:
+        busy = _run_cli(*job, "--dry-run")
+    finally:
+        lock.release()
+    assert busy.returncode == 2 and "in use by job someone" in busy.stderr, busy.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in dst.rglob("*") if p.is_file()} == before
+    assert (dst / SUCCESS_NAME).exists()
