@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if not any(o.split("=", 1)[0].strip() == "confidence.enabled" for o in args.overrides):
         args.overrides = ["confidence.enabled=true"] + list(args.overrides)
     code = transcribe.run(args)
-    if code != 0:
+    if code != 0 or args.dry_run:    # a dry run writes no rows, so no exports either
         return code
     return export(args)
 
