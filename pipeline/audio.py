@@ -16,6 +16,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from pipeline.mp3_frames import untagged_seconds
+
 SAMPLE_RATE = 16000
 # Float formats are stored unscaled: a file written as int16 values in float (peaks near
 # 32768) decodes to garbage text without an error. Above this peak the samples are scaled
@@ -36,8 +38,9 @@ class AudioError(ValueError):
 
 WAV_HEAD_BYTES = 4096   # where a WAV's fmt and data chunk headers are looked for
 # A data size this large is a writer's "length unknown" (a pipe it could not seek back
-# on): SoX writes 0x7ffff000, ffmpeg 0xffffffff; others write 0.
-OPEN_WAV_LENGTH = 0x7FFFF000
+# on): ffmpeg writes 0xffffffff, SoX 0x7ffff000 rounded down to whole blocks (0x7fffefff
+# for 24-bit mono, 0x7fffefc2 for GSM), others 0. A WAV of 2 GiB cut short goes unjudged.
+OPEN_WAV_LENGTH = 0x7FFF0000
 
 
 def wav_shortfall(head: bytes, size: int) -> tuple[float, float] | None:
@@ -61,20 +64,16 @@ def wav_shortfall(head: bytes, size: int) -> tuple[float, float] | None:
     return None
 
 
-def _check_mp3_length(fh, pos: int, decoded_s: float, offset_s: float | None = None,
+def _check_mp3_length(held: float, decoded_end_s: float, offset_s: float | None = None,
                       duration_s: float | None = None) -> None:
-    """AudioError where an MP3 without a length header holds more audio than libsndfile
-    decodes (it stops at an estimate from the first frame's bitrate; pipeline.mp3_frames)
-    within the part asked for, past the short-read tolerance."""
-    from pipeline.mp3_frames import untagged_seconds
-
-    held = untagged_seconds(fh, pos)
-    if held is None:
-        return
+    """AudioError where an MP3 without a length header, whose frames hold ``held`` seconds
+    (pipeline.mp3_frames), was decoded only to ``decoded_end_s`` within the part asked
+    for, past the short-read tolerance: libsndfile stops at an estimate from the first
+    frame's bitrate."""
     start = offset_s or 0.0
     end = held if duration_s is None else min(held, start + duration_s)
-    if _too_short(end - decoded_s, end - start):
-        raise AudioError(f"MP3 without a length header (Xing/VBRI): the decoder reads {decoded_s:.2f} s of the "
+    if _too_short(end - decoded_end_s, end - start):
+        raise AudioError(f"MP3 without a length header (Xing/VBRI): the decoder reads {decoded_end_s:.2f} s of the "
                          f"{held:.2f} s its frames hold; re-encode it (or restore its header) to transcribe it whole")
 
 
@@ -121,8 +120,9 @@ def decode_audio(data: bytes | None, quality: str = "HQ") -> tuple[np.ndarray, i
         raise AudioError(f"cannot decode audio: {_libsndfile_reason(exc)}") from None
     except (RuntimeError, TypeError, ValueError) as exc:
         raise AudioError(f"cannot decode audio: {exc}") from None
-    if mp3:
-        _check_mp3_length(io.BytesIO(data), 0, samples.shape[0] / rate)
+    held = untagged_seconds(io.BytesIO(data)) if mp3 else None
+    if held is not None:
+        _check_mp3_length(held, samples.shape[0] / rate)
     if samples.shape[0] == 0:
         raise AudioError("audio has zero samples")
     mono = samples.mean(axis=1) if channels > 1 else samples[:, 0]
@@ -183,14 +183,17 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
                 if len(mono):
                     peak = max(peak, float(np.abs(mono).max()))
                 out.add(stream.resample_chunk(mono, last=left <= 0) if stream else mono)
-            if _too_short(left / rate, want / rate):
-                raise AudioError(f"truncated or corrupt: decoded {(want - left) / rate:.2f} s of the "
-                                 f"{want / rate:.2f} s its header declares")
-            if stream is not None and left > 0:  # a short read: flush the resampler
+            if stream is not None and left > 0:  # stopped early: flush the resampler
                 out.add(stream.resample_chunk(np.zeros(0, np.float32), last=True))
             mp3 = f.format == "MP3"
-        if mp3:
-            _check_mp3_length(fh, pos, total / rate, offset_s, duration_s)
+        # An MP3 without a length header has only an estimate of its length, short or long:
+        # its frames are the measure; any other file is measured against its header.
+        held = untagged_seconds(fh, pos) if mp3 else None
+        if held is not None:
+            _check_mp3_length(held, (start + want - left) / rate, offset_s, duration_s)
+        elif _too_short(left / rate, want / rate):
+            raise AudioError(f"truncated or corrupt: decoded {(want - left) / rate:.2f} s of the "
+                             f"{want / rate:.2f} s its header declares")
     except AudioError:
         raise
     except sf.LibsndfileError as exc:
