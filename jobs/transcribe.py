@@ -158,8 +158,12 @@ def dry_run(args, cfg, scanned) -> int:
     ids = scanned.ids
     held, unreadable = (None, 0) if args.overwrite else peek_rows(args.output, ["id", "error"], cfg.storage.options)
     mine = held.filter(pc.is_in(held.column("id"), value_set=ids)) if held is not None else None
-    done = 0 if mine is None else mine.num_rows
-    failed = 0 if mine is None else pc.sum(pc.is_valid(mine.column("error"))).as_py() or 0
+    # recordings, not rows: a folder may hold a recording twice (the job would then end
+    # with rows in != rows out, said below)
+    done = 0 if mine is None else pc.count_distinct(mine.column("id")).as_py()
+    failed = 0 if mine is None else pc.count_distinct(
+        mine.filter(pc.is_valid(mine.column("error"))).column("id")).as_py()
+    duplicates = 0 if mine is None else mine.num_rows - done
     redo = failed if args.retry_errors else 0
     print(f"shardscribe: dry run: config {cfg.name} ({job_hash}), model {cfg.model.family} {cfg.model.source}, "
           f"decoder {cfg.decoder.kind}, {args.runner} runner; {len(ids)} recordings in the input, {done} already "
@@ -167,6 +171,8 @@ def dry_run(args, cfg, scanned) -> int:
           + (", retried" if args.retry_errors else "") + f"); {len(ids) - done + redo} to transcribe"
           + ("; --overwrite would remove the folder's rows first" if args.overwrite else "")
           + (f"; {unreadable} unreadable parts would be quarantined and their rows redone" if unreadable else "")
+          + (f"; the folder holds {duplicates} duplicate rows of these recordings: the job would end with rows "
+             "in != rows out" if duplicates else "")
           + "; nothing was started or written")
     return 0
 

@@ -180,15 +180,22 @@ def existing_ids(dst: str, job_id: str | None = None, options: dict | None = Non
     ids: set[str] = set()
     for part in _parts(fs, path):
         try:
-            table = read_part(fs, part)
-            missing = wanted - set(table.column_names)
-            if missing:
-                raise ValueError(f"columns missing: {sorted(missing)}")
+            table = _resumable_part(fs, part, wanted)
         except Exception as exc:
             _quarantine(fs, path, part, job_id or new_job_id(), exc)
             continue
         ids.update(table.column("id").to_pylist())
     return ids
+
+
+def _resumable_part(fs, part: str, wanted: set[str]) -> pa.Table:
+    """The part read whole, as resume judges it: raises where it fails to read (page
+    checksums included) or lacks one of ``wanted``."""
+    table = read_part(fs, part)
+    missing = wanted - set(table.column_names)
+    if missing:
+        raise ValueError(f"columns missing: {sorted(missing)}")
+    return table
 
 
 def drop_error_rows(dst: str, ids: pa.Array, job_id: str, options: dict | None = None) -> int:
@@ -263,13 +270,13 @@ def _part_tables(dst: str, columns: list[str], options: dict | None, batch_rows:
 
 def peek_rows(dst: str, columns: list[str], options: dict | None = None) -> tuple[pa.Table | None, int]:
     """``columns`` of DST's committed rows, read only (a dry run: nothing is moved), and
-    how many parts failed to read (a job would quarantine them and redo their rows)."""
+    how many parts a job's resume would quarantine (:func:`existing_ids`' judgement) and
+    redo the rows of; those parts' rows are left out."""
     fs, path = url_to_fs(dst, options)
     tables, unreadable = [], 0
     for part in _parts(fs, path):
         try:
-            with fs.open(part, "rb") as fh:
-                tables.append(pq.read_table(fh, columns=columns))
+            tables.append(_resumable_part(fs, part, set(_COLUMNS_SINCE_FIRST)).select(columns))
         except Exception:
             unreadable += 1
     return (pa.concat_tables(tables, promote_options="default") if tables else None), unreadable

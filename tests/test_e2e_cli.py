@@ -321,3 +321,33 @@ def test_dry_run_checks_everything_before_the_workers_and_writes_nothing(tmp_pat
     assert busy.returncode == 2 and "in use by job someone" in busy.stderr, busy.stderr
     assert {p.name: p.stat().st_mtime_ns for p in dst.rglob("*") if p.is_file()} == before
     assert (dst / SUCCESS_NAME).exists()
+
+
+def test_dry_run_judges_the_folder_as_resume_does(tmp_path, samples_dir, sample_manifest):
+    """A part resume would quarantine (a required column missing) is counted as redone,
+    not done, and a recording held twice counts once, with the duplicates named."""
+    import shutil
+
+    import pyarrow.parquet as pq_
+
+    from pipeline.output import write_part
+    from pipeline.records import OUTPUT_SCHEMA, table
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"r{i}", "audio": str(samples_dir / m["audio"])}) + "\n"
+                                for i, m in enumerate(sample_manifest[:4])))
+    dst = tmp_path / "out"
+
+    def rows(ids):
+        return table([{"id": i, "audio": "/a.wav", "stage": "audit", "segments": [], "text": ""} for i in ids],
+                     OUTPUT_SCHEMA)
+
+    good = write_part(rows(["r0", "r1"]), str(dst), "j")
+    shutil.copy(dst / good, dst / "part-copy.parquet")
+    pq_.write_table(rows(["r2", "r3"]).drop_columns(["stage"]), dst / "part-nostage.parquet")
+    proc = _run_cli("transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
+                    "--set", "decoder.kind=audit", "--resume", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout
+    assert "4 recordings in the input, 2 already in" in line and "2 to transcribe" in line, line
+    assert "1 unreadable parts would be quarantined" in line and "holds 2 duplicate rows" in line, line
