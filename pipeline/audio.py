@@ -32,6 +32,14 @@ def _too_short(missing_s: float, wanted_s: float) -> bool:
     return missing_s > max(SHORT_READ_S, SHORT_READ_SHARE * wanted_s)
 
 
+def _span_cut_short(length_s: float, got_to_s: float, offset_s: float | None, duration_s: float | None) -> bool:
+    """Whether audio that reaches only ``got_to_s`` of ``length_s`` falls short of the part
+    asked for (the whole file, or ``duration_s`` from ``offset_s``) past the tolerance."""
+    start = offset_s or 0.0
+    end = length_s if duration_s is None else min(length_s, start + duration_s)
+    return _too_short(end - got_to_s, end - start)
+
+
 class AudioError(ValueError):
     """The bytes are not decodable audio (or hold no samples)."""
 
@@ -70,9 +78,7 @@ def _check_mp3_length(held: float, decoded_end_s: float, offset_s: float | None 
     (pipeline.mp3_frames), was decoded only to ``decoded_end_s`` within the part asked
     for, past the short-read tolerance: libsndfile stops at an estimate from the first
     frame's bitrate."""
-    start = offset_s or 0.0
-    end = held if duration_s is None else min(held, start + duration_s)
-    if _too_short(end - decoded_end_s, end - start):
+    if _span_cut_short(held, decoded_end_s, offset_s, duration_s):
         raise AudioError(f"MP3 without a length header (Xing/VBRI): the decoder reads {decoded_end_s:.2f} s of the "
                          f"{held:.2f} s its frames hold; re-encode it (or restore its header) to transcribe it whole")
 
@@ -85,9 +91,7 @@ def _check_wav_length(head: bytes, size: int, offset_s: float | None = None,
     if short is None:
         return
     declared, held = short
-    start = offset_s or 0.0
-    end = declared if duration_s is None else min(declared, start + duration_s)
-    if _too_short(end - held, end - start):
+    if _span_cut_short(declared, held, offset_s, duration_s):
         raise AudioError(f"truncated or corrupt: the file holds {held:.2f} s of the {declared:.2f} s "
                          "its header declares")
 
