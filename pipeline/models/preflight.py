@@ -253,7 +253,7 @@ def family_of_checkpoint(source: str) -> str:
             return family.name
     if not archs and isinstance(kind, str):
         for family in FAMILIES.values():
-            if family.model_types and family.loads_model_type(kind):
+            if family.loads_model_type(kind):
                 return family.name
     raise ValueError(f"--model: no model family loads {source} (architectures {archs or 'not named'}, "
                      f"model_type {kind or 'not named'}; known families: {', '.join(sorted(FAMILIES))})")
