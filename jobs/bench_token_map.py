@@ -23,7 +23,12 @@ while one thread's CPU time is what its wall time is on an idle core. Otherwise 
 (device synchronised). ``adaptive`` rows switch drafting off where it does not pay (pipeline.draft_policy, as
 ``token_map.adaptive`` does); the others draft on every pass. On the domain set a sweep
 over K (candidates) at the main N and over N (map order) at the main K (every pair with
-``--full-grid``) draws decode time against K (--plot). With ``--ssd``
+``--full-grid``) draws decode time against K (--plot). Per set, ``bound`` rows give the
+ceiling (pipeline.decoding.token_map_replay): plain AR's tokens replayed through the
+lookup give drafting's passes exactly, and priced with this machine's plain-step cost
+(per pass and per alive row, fitted from AR batched and AR one segment at a time) they
+bound the decoder-time speedup of any tree pass that costs at least a plain step; for the
+main rows' map, the best map/K/draft length, and a map that is always right. With ``--ssd``
 the SSD fallback (high_accuracy preset, the embedded CTC head) runs with its two draft
 sources, the rest of the CTC draft (``ssd.lookahead``) and the token map, alone and in
 both orders; those rows time the fallback only.
@@ -144,6 +149,8 @@ def run(args) -> dict:
         sets["real"] = [a for segs in recordings for a in segs]
 
     warm = adapter.encode([next(iter(sets.values()))[0]])
+    eot = adapter.eot_id
+    limit = min(cfg.decoder.max_new_tokens, adapter.max_positions - len(adapter.batch_prompts(warm.states)[0]))
     greedy_decode(adapter, warm.states)
     greedy_decode(adapter, warm.states, map_drafting=MapDrafting(maps[args.order], 2, 8))
 
@@ -208,6 +215,20 @@ def run(args) -> dict:
                          "A_r": main["A_r"], "A_l": main["A_l"], "always_speedup": always["speedup"],
                          "always_A_r": always["A_r"], "always_A_l": always["A_l"],
                          "identical": all(r["identical"] for r in rows if r["set"] == name)}
+        # Plain AR once more with every segment alone: with the batched run it fits what a
+        # decoder step costs per pass and per row (_replay).
+        alone = [enc.states[i:i + 1] for enc in batches for i in range(enc.states.shape[0])]
+
+        def decode_alone():
+            timer = {}
+            for st in alone:
+                greedy_decode(adapter, st, max_new_tokens=cfg.decoder.max_new_tokens, timer=timer)
+            return timer
+        t_alone = min((timed(decode_alone) for _ in range(min(2, repeat))), key=lambda x: x[1])
+        steps = _step_seconds(best[0][0][1], t_ar), _step_seconds(*t_alone)
+        summary[name]["replay"], bound_rows = _replay(ar_tokens, tokenised, maps, args, K, N, D, limit, eot,
+                                                      always["speedup"], t_ar, steps)
+        rows += [{"set": name, "segments": len(audios), "audio_s": audio_s, **r} for r in bound_rows]
         if name == "domain" and args.ssd:
             rows += _ssd_rows(adapter, cfg, batches, maps[N], K, D, repeat, timed)
             summary["ssd_fallback"] = {r["config"]: r["speedup"] for r in rows if r["config"].startswith("SSD")}
@@ -220,6 +241,74 @@ def run(args) -> dict:
     if plot and "domain" in sets:
         _plot([r for r in rows if r["set"] == "domain"], plot)
     return {"rows": rows, "summary": summary}
+
+
+def _step_seconds(timer: dict, seconds: float) -> float:
+    """The part of a decode's ``seconds`` after the prefill pass (the timer's own clock
+    gives the share)."""
+    total = timer.get("prefill", 0.0) + timer.get("decode", 0.0)
+    return seconds * timer.get("decode", 0.0) / total if total else 0.0
+
+
+def _replay(ar_tokens, tokenised, maps, args, K, N, D, limit, eot, always_speedup, t_ar, steps):
+    """The set's drafting bounds from plain AR's tokens (pipeline.decoding.token_map_replay):
+    the main rows' map, K and draft length; the best over orders 1-4, K 1, 2, 4, 8, drafts
+    of 4, 8 and 16 tokens, and maps pruned as the bench's or keeping every follower seen
+    twice or once; a map that is always right. Each bound gives a candidate-tree pass the cost of a
+    one-token step. ``pass_ratio`` counts passes, ``row_pass_ratio`` passes times alive
+    rows; ``bound`` prices them with this machine's step cost, a + b x alive rows, fitted
+    from plain AR's step seconds batched and alone (``steps``), the prefill pass (the same
+    in both) included: the decoder-time speedup no tree pass that costs more than a
+    plain step can beat."""
+    from pipeline.decoding.ar_greedy import MapDrafting
+    from pipeline.decoding.token_map import DEFAULT_MIN_SHARE, build_token_map
+    from pipeline.decoding.token_map_replay import oracle, replay_drafting
+
+    def bound(m, k, d):
+        md = MapDrafting(m, k, d)
+        return replay_drafting(ar_tokens, lambda _, h, room: md.propose(h, room, eot, None), args.batch, limit, eot)
+
+    share = DEFAULT_MIN_SHARE if args.min_share is None else args.min_share
+    # Every order, pruned as the bench's maps are or far less, eight candidates kept per key.
+    grid_maps = {(n, c, sh): build_token_map(tokenised, order=n, min_count=c, min_share=sh, keep=8)
+                 for n in range(1, 5) for c, sh in ((2, share), (2, 0.0), (1, 0.0))}
+    main = bound(maps[N], K, D)
+    batches, segments = -(-len(ar_tokens) // args.batch), len(ar_tokens)
+    # AR's steps: batched, P passes over R row-passes; alone, every row-pass is a pass.
+    P, R = main.ar_passes - batches, main.ar_row_passes - segments
+    batched, solo = steps
+    per_pass_and_row = solo / R if R else 0.0                    # a + b
+    a = min(max((per_pass_and_row * R - batched) / (R - P), 0.0), per_pass_and_row) if R > P else 0.0
+    b = per_pass_and_row - a
+    prefill = t_ar - batched
+
+    def seconds(passes: int, row_passes: int) -> float:
+        return prefill + a * (passes - batches) + b * (row_passes - segments)
+
+    def priced(r) -> float:
+        # against the model's own AR time: t_ar itself unless a or b was clipped at 0
+        return seconds(r.ar_passes, r.ar_row_passes) / seconds(r.passes, r.row_passes)
+
+    grid = {(n, c, sh, k, d): bound(m, k, d) for (n, c, sh), m in grid_maps.items()
+            for k in (1, 2, 4, 8) for d in (4, 8, 16)}
+    (bn, bc, bsh, bk, bd), best = max(grid.items(), key=lambda kv: priced(kv[1]))
+    right = {d: oracle(ar_tokens, d, args.batch, limit, eot) for d in (D, 16)}
+
+    def summary(r) -> dict:
+        return {"bound": priced(r), "pass_ratio": r.pass_ratio, "row_pass_ratio": r.row_pass_ratio,
+                "A_l": r.tm_accepted / max(1, r.tm_rounds)}
+    out = {"step_cost": {"per_pass_s": a, "per_row_s": b, "prefill_s": prefill},
+           "main": {"K": K, "N": N, "max_draft": D, **summary(main),
+                    "always_share_of_bound": always_speedup / priced(main)},
+           "best": {"K": bk, "N": bn, "max_draft": bd, "min_count": bc, "min_share": bsh,
+                    **summary(best),
+                    "max_pass_ratio": max(r.pass_ratio for r in grid.values()),
+                    "max_row_pass_ratio": max(r.row_pass_ratio for r in grid.values())},
+           "oracle": {str(d): summary(r) for d, r in right.items()}}
+    rows = [{"config": f"bound: K={K} N={N} draft {D}", "K": K, "N": N, "speedup": priced(main)},
+            {"config": f"bound: best, K={bk} N={bn} draft {bd}", "K": bk, "N": bn, "speedup": priced(best)}]
+    rows += [{"config": f"bound: always-right map, draft {d}", "speedup": priced(r)} for d, r in right.items()]
+    return out, rows
 
 
 def _ssd_rows(adapter, cfg, batches, token_map, k, max_draft, repeat, timed) -> list[dict]:
@@ -267,8 +356,8 @@ def _plot(rows: list[dict], path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ar = next(r for r in rows if r["config"] == "AR")
-    drafted = [r for r in rows if r["K"] is not None and not r["config"].endswith("adaptive")
-               and not r["config"].startswith("SSD")]
+    drafted = [r for r in rows if r.get("K") is not None and not r["config"].endswith("adaptive")
+               and not r["config"].startswith(("SSD", "bound"))]
     for n in sorted({r["N"] for r in drafted}):
         line = sorted((r for r in drafted if r["N"] == n), key=lambda r: r["K"])
         ax.plot([r["K"] for r in line], [r["decode_s"] for r in line], "o-", label=f"token map, N={n}")

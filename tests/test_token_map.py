@@ -18,6 +18,7 @@ from pipeline.config import ConfigError, load_config
 from pipeline.decoding.ar_greedy import MapDrafting, greedy_decode
 from pipeline.decoding.ssd import SelfSpeculativeDecoder
 from pipeline.decoding.token_map import END, TokenMap, build_token_map
+from pipeline.decoding.token_map_replay import oracle, replay_drafting
 from pipeline.draft_policy import DraftPolicy
 from conftest import full_product_greedy
 from test_granite_adapter import MAX_NEW as GRANITE_MAX_NEW
@@ -173,6 +174,33 @@ def test_random_and_oracle_maps_and_token_limits_on_whisper(whisper_set):
         greedy_decode(ad, states, max_new_tokens=limit)
 
 
+@pytest.mark.parametrize("order,k,max_draft,batch,limit", [(2, 4, 6, 4, 224), (1, 2, 8, 5, 7)])
+def test_replay_predicts_the_decoders_passes_and_acceptance(whisper_set, order, k, max_draft, batch, limit):
+    """The replay (pipeline.decoding.token_map_replay) works from plain AR's tokens alone;
+    its pass and acceptance counts must be the ones the decoder's tree walk records,
+    batch by batch, token limit included."""
+    ad, states, plain, tokenised = whisper_set
+    m = build_token_map(tokenised, order=order, min_count=1, min_share=0.0)
+    md = MapDrafting(m, k, max_draft)
+    truth = {}
+    for i in range(0, states.shape[0], batch):
+        greedy_decode(ad, states[i:i + batch], max_new_tokens=limit, map_drafting=md, timer=truth)
+    ar = [t[:limit] for t in plain]
+    got = replay_drafting(ar, lambda _, h, room: md.propose(h, room, ad.eot_id, None), batch, limit, ad.eot_id)
+    assert truth["tm_accepted"] > 0
+    for key in ("tm_passes", "tm_plain_passes", "tm_rounds", "tm_drafted", "tm_accepted"):
+        assert getattr(got, key) == truth.get(key, 0), key
+    assert got.passes == got.tm_passes + got.tm_plain_passes + -(-states.shape[0] // batch)
+    assert got.ar_passes == sum(max(len(t) + (len(t) < limit) for t in ar[i:i + batch])
+                                for i in range(0, len(ar), batch))
+    # A map that is always right decides max_draft + 1 tokens a pass after the prefill.
+    right = oracle(ar, max_draft, batch, limit, ad.eot_id)
+    if limit > max(len(t) for t in ar) + max_draft:
+        assert right.passes == sum(max(1 - (-(len(t)) // (max_draft + 1)) for t in ar[i:i + batch])
+                                   for i in range(0, len(ar), batch))
+    assert right.pass_ratio > got.pass_ratio >= 1.0
+
+
 def test_rows_alone_and_forced_prefixes_on_whisper(whisper_set):
     ad, states, plain, tokenised = whisper_set
     m = build_token_map(tokenised, order=3, min_count=1, min_share=0.0)
@@ -239,3 +267,26 @@ def test_golden_config_keys_default_off():
     cfg = load_config("ar")
     assert cfg.decoder.token_map is None
     assert json.loads(json.dumps(cfg.to_dict()))["token_map"]["candidates"] >= 1
+
+
+def test_bench_reports_the_replay_bounds_beside_the_measured_rows(tmp_path, capsys, model_cache):
+    """`bench token-map` on a few domain clips: every drafted row equals AR, and the bound
+    rows order as they must (the right map's >= the best map's >= the main map's >= 1).
+    No timing is asserted."""
+    from jobs.cli import main
+
+    out = tmp_path / "tm.json"
+    assert main(["bench", "token-map", "--domain", "6", "--sets", "domain", "--map-sentences", "400",
+                 "--repeat", "1", "--sweep-k", "2", "--sweep-n", "2", "--set", f"model.cache_dir={model_cache}",
+                 "--out", str(out)]) == 0
+    assert "summary:" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    s = result["summary"]["domain"]
+    assert s["identical"]
+    replay = s["replay"]
+    assert replay["step_cost"]["per_pass_s"] >= 0 and replay["step_cost"]["per_row_s"] >= 0
+    assert replay["oracle"]["16"]["bound"] >= replay["best"]["bound"] >= replay["main"]["bound"] >= 1.0
+    assert replay["best"]["max_pass_ratio"] >= replay["best"]["pass_ratio"]
+    bounds = [r for r in result["rows"] if r["config"].startswith("bound")]
+    assert [r["speedup"] for r in bounds[:2]] == [replay["main"]["bound"], replay["best"]["bound"]]
+    assert out.with_suffix(".png").stat().st_size > 10_000
