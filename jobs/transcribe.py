@@ -145,24 +145,23 @@ def dry_run(args, cfg, scanned) -> int:
     import pyarrow.compute as pc
 
     from pipeline.config import config_hash
-    from pipeline.output import OutputLock, existing_config_hashes, new_job_id, peek_rows
+    from pipeline.output import OutputLock, new_job_id, scan_output
     from pipeline.storage import redact_uri
 
     OutputLock(args.output, new_job_id(), cfg.storage.options).check_free()
     job_hash = config_hash(cfg)
-    refusal = None if args.overwrite else _other_config(existing_config_hashes(args.output, cfg.storage.options),
-                                                        job_hash, args)
+    found = None if args.overwrite else scan_output(args.output, cfg.storage.options)
+    refusal = None if found is None else _other_config(found.config_hashes, job_hash, args)
     if refusal:
         print(f"shardscribe: error: {refusal}", file=sys.stderr)
         return 2
     ids = scanned.ids
-    held, unreadable = (None, 0) if args.overwrite else peek_rows(args.output, ["id", "error"], cfg.storage.options)
-    mine = held.filter(pc.is_in(held.column("id"), value_set=ids)) if held is not None else None
+    unreadable = 0 if found is None else len(found.unreadable)
+    mine = None if found is None else found.rows.filter(pc.is_in(found.rows.column("id"), value_set=ids))
     # recordings, not rows: a folder may hold a recording twice (the job would then end
     # with rows in != rows out, said below)
     done = 0 if mine is None else pc.count_distinct(mine.column("id")).as_py()
-    failed = 0 if mine is None else pc.count_distinct(
-        mine.filter(pc.is_valid(mine.column("error"))).column("id")).as_py()
+    failed = 0 if mine is None else pc.count_distinct(mine.filter(mine.column("error")).column("id")).as_py()
     duplicates = 0 if mine is None else mine.num_rows - done
     redo = failed if args.retry_errors else 0
     print(f"shardscribe: dry run: config {cfg.name} ({job_hash}), model {cfg.model.family} {cfg.model.source}, "
@@ -196,27 +195,33 @@ def commit(dst: str, cfg, summary: dict) -> bool:
 
 def _run_locked(args, cfg, source, scanned, job_id: str, formats: list[str]) -> int:
     from pipeline.config import config_hash
-    from pipeline.output import begin_job, clear_output, drop_error_rows, existing_config_hashes, existing_ids
+    from pipeline.output import begin_job, clear_output, drop_error_rows, quarantine_unreadable, scan_output
     from pipeline.sources import unfinished_ids
     from pipeline.storage import redact_uri
 
     job_hash = config_hash(cfg)
+    found = None
     if args.overwrite:
         clear_output(args.output, cfg.storage.options)
     else:
-        refusal = _other_config(existing_config_hashes(args.output, cfg.storage.options), job_hash, args)
+        # One read of every part serves the config check, --retry-errors and the ids done.
+        found = scan_output(args.output, cfg.storage.options)
+        refusal = _other_config(found.config_hashes, job_hash, args)
         if refusal:
             print(f"shardscribe: error: {refusal}", file=sys.stderr)
             return 2
     # Only now the folder is about to change: a refused run leaves a finished job's
-    # success marker where a scheduler waits for it.
+    # success marker where a scheduler waits for it, and its unreadable parts in place.
     begin_job(args.output, job_id, cfg.storage.options)
+    if found is not None:
+        quarantine_unreadable(args.output, found, job_id, cfg.storage.options)
     if args.retry_errors:
-        retried = drop_error_rows(args.output, scanned.ids, job_id, cfg.storage.options)
-        print(f"shardscribe: retrying {retried} recordings whose rows in {redact_uri(args.output)} had an error",
-              file=sys.stderr)
+        kept = drop_error_rows(args.output, found, scanned.ids, job_id, cfg.storage.options)
+        print(f"shardscribe: retrying {found.rows.num_rows - kept.rows.num_rows} recordings whose rows in "
+              f"{redact_uri(args.output)} had an error", file=sys.stderr)
+        found = kept
     ids = scanned.ids.to_pylist()
-    done = existing_ids(args.output, job_id, cfg.storage.options)
+    done = found.done_ids() if found is not None else None
     todo = unfinished_ids(scanned.ids, done)
     if done:
         print(f"shardscribe: resuming: {len(ids) - len(todo)} of {len(ids)} recordings already in "

@@ -8,15 +8,17 @@
 - One job at a time holds the lock (job id, host, pid, heartbeat). A second job into the
   same folder is refused; a lock whose process is gone (same host) or whose heartbeat
   stopped is stale and taken over.
-- Resume reads every part whole (all columns, page checksums verified); a part that
-  fails is moved to the quarantine folder and its rows are redone. Only final part names
-  are ever moved: temporary files belong to the job that holds the lock, and leftovers of
-  a dead job are removed only by the job that took its lock over.
+- A job's start reads every part once, whole (all columns, page checksums verified;
+  :func:`scan_output`), for all it needs: the config check, the ids already done, the
+  error rows ``--retry-errors`` removes, the parts that fail. Once the job is sure to
+  run, a part that fails is moved to the quarantine folder and its rows are redone. Only
+  final part names are ever moved: temporary files belong to the job that holds the
+  lock, and leftovers of a dead job are removed only by the job that took its lock over.
 - The job commit writes the summary and then the success marker, last; a job starting in
   the folder removes the marker first, so it never outlives a change.
-- ``--retry-errors`` removes the error rows of the job's input before it looks for what
-  is done, by rewriting their parts whole (:func:`drop_error_rows`), so those recordings
-  are transcribed again and never have two rows.
+- ``--retry-errors`` removes the error rows of the job's input before the job starts, by
+  rewriting their parts whole (:func:`drop_error_rows`), so those recordings are
+  transcribed again and never have two rows.
 
 Everything that is not a part (summary, success marker, lock, quarantine, the job log,
 subtitles, the report) lives in one folder, ``SIDECAR_DIR``, and temporary parts start
@@ -36,8 +38,10 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
@@ -91,23 +95,6 @@ def _parts(fs, path: str) -> list[str]:
 def sidecar_path(dst: str, name: str) -> str:
     """URL of ``name`` in DST's sidecar folder (any fsspec URL)."""
     return posixpath.join(dst.rstrip("/"), SIDECAR_DIR, name)
-
-
-def existing_config_hashes(dst: str, options: dict | None = None) -> dict[str | None, int]:
-    """Rows already in DST per ``config_hash`` (None: parts written before the column)."""
-    fs, path = url_to_fs(dst, options)
-    counts: dict[str | None, int] = {}
-    for part in _parts(fs, path):
-        try:
-            with fs.open(part, "rb") as fh:
-                table = pq.read_table(fh, columns=None)
-            values = (table.column("config_hash").to_pylist() if "config_hash" in table.column_names
-                      else [None] * table.num_rows)
-        except Exception:
-            continue  # existing_ids moves unreadable parts aside
-        for v in values:
-            counts[v] = counts.get(v, 0) + 1
-    return counts
 
 
 def clear_output(dst: str, options: dict | None = None) -> int:
@@ -167,85 +154,128 @@ def _quarantine(fs, path: str, part: str, job_id: str, reason: Exception) -> Non
 
 # Columns of the first output version: a part without them is not one of ours.
 _COLUMNS_SINCE_FIRST = ("id", "audio", "duration_s", "text", "segments", "stage", "error")
+_SCAN_SCHEMA = pa.schema([("id", pa.string()), ("error", pa.bool_()), ("part", pa.int32())])
 
 
-def existing_ids(dst: str, job_id: str | None = None, options: dict | None = None,
-                 columns: list[str] | None = None) -> set[str]:
-    """Ids of the rows already committed in ``dst``; a part that fails to read whole, or
-    lacks one of ``columns`` (default: the columns every version of the output has), is
-    quarantined first (call this only while holding the folder's lock). A part written
-    before a later column was added is kept: readers take the columns it has."""
+@dataclass(frozen=True)
+class OutputScan:
+    """DST's committed parts as a job's start judges them, from one read of each part.
+
+    - ``rows``: every row of the parts that read whole (page checksums verified) and hold
+      every column of the first output version: its ``id``, whether it holds an ``error``,
+      and its ``part`` (an index into ``parts``). These rows are what the job finds done.
+    - ``unreadable``: the other parts, and why; resume quarantines them and redoes their rows.
+    - ``config_hashes``: rows per ``config_hash`` (None: parts written before the column),
+      over every part that reads at all, unreadable ones included: their rows are another
+      config's all the same, and a refused job leaves them where they are.
+    """
+    parts: list[str]
+    rows: pa.Table
+    unreadable: dict[str, Exception]
+    config_hashes: dict[str | None, int]
+
+    def done_ids(self) -> pa.Array:
+        """The distinct ids of ``rows``: the recordings the job skips."""
+        return pc.unique(self.rows.column("id"))
+
+
+def scan_output(dst: str, options: dict | None = None) -> OutputScan:
+    """Read each committed part of ``dst`` once, whole, and judge it as resume does;
+    nothing is moved or written (a dry run and a refused job use it too)."""
     fs, path = url_to_fs(dst, options)
-    wanted = set(columns or _COLUMNS_SINCE_FIRST)
-    ids: set[str] = set()
-    for part in _parts(fs, path):
+    parts = _parts(fs, path)
+    tables, unreadable, counts = [], {}, {}
+    for index, part in enumerate(parts):
+        rows, hashes, reason = _scan_part(fs, part, index)
+        for value, n in hashes.items():
+            counts[value] = counts.get(value, 0) + n
+        if reason is None:
+            tables.append(rows)
+        else:
+            unreadable[part] = reason
+    rows = pa.concat_tables(tables) if tables else _SCAN_SCHEMA.empty_table()
+    return OutputScan(parts, rows, unreadable, counts)
+
+
+def _scan_part(fs, part: str, index: int) -> tuple[pa.Table | None, dict[str | None, int], Exception | None]:
+    """(the part's ``OutputScan.rows``, its rows per config_hash, why resume rejects it)."""
+    try:
+        # One GET of the whole file from an object store; a Parquet reader over the open
+        # file asks for the footer first, then for the rest.
+        with fs.open(part, "rb") as fh:
+            data = pa.py_buffer(fh.read())
+    except Exception as exc:
+        return None, {}, exc
+    try:
+        table = pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+    except Exception as exc:
         try:
-            table = _resumable_part(fs, part, wanted)
-        except Exception as exc:
-            _quarantine(fs, path, part, job_id or new_job_id(), exc)
-            continue
-        ids.update(table.column("id").to_pylist())
-    return ids
-
-
-def _resumable_part(fs, part: str, wanted: set[str]) -> pa.Table:
-    """The part read whole, as resume judges it: raises where it fails to read (page
-    checksums included) or lacks one of ``wanted``."""
-    table = read_part(fs, part)
-    missing = wanted - set(table.column_names)
-    if missing:
-        raise ValueError(f"columns missing: {sorted(missing)}")
-    return table
-
-
-def drop_error_rows(dst: str, ids: pa.Array, job_id: str, options: dict | None = None) -> int:
-    """Remove the committed rows of ``ids`` that hold an ``error`` (``--retry-errors``), so
-    that the job finds those recordings missing and transcribes them again; returns how
-    many were removed. Call it only while holding the folder's lock.
-
-    A part that loses rows is rewritten whole under its own name (temporary name, then
-    rename, as any part), so a crash leaves either the old part or the new one: its error
-    rows are retried by the next run, or they are gone and the recordings are missing,
-    which a rerun redoes. A recording never has two rows. The rewritten part keeps its
-    name, the hash of the ids it was written with: no later block can hold those ids again
-    (they are done), so no write can collide with it. A part that fails to read is left
-    for :func:`existing_ids` to quarantine."""
-    import pyarrow.compute as pc
-
-    fs, path = url_to_fs(dst, options)
-    # First the id and error columns of every part (a few bytes a row), then one lookup of
-    # all error ids among the input's, then whole reads of only the parts that hold them.
-    failed: dict[str, list] = {}
-    for part in _parts(fs, path):
-        try:
-            with fs.open(part, "rb") as fh:
-                table = pq.read_table(fh, columns=["id", "error"])
+            # Pages that fail their checksum may still decode: their config's rows count.
+            return None, _config_hash_counts(pq.read_table(pa.BufferReader(data))), exc
         except Exception:
-            continue
-        ids_with_error = table.filter(pc.is_valid(table.column("error"))).column("id")
-        if len(ids_with_error):
-            failed[part] = ids_with_error.to_pylist()
-    if not failed:
-        return 0
-    candidates = pa.array([i for found in failed.values() for i in found], pa.string())
-    retry = set(candidates.filter(pc.is_in(candidates, value_set=ids)).to_pylist())
-    removed = 0
-    for part, found in failed.items():
-        if not retry.intersection(found):
-            continue
+            return None, {}, exc
+    hashes = _config_hash_counts(table)
+    missing = set(_COLUMNS_SINCE_FIRST) - set(table.column_names)
+    if missing:
+        return None, hashes, ValueError(f"columns missing: {sorted(missing)}")
+    rows = pa.table([table.column("id"), pc.is_valid(table.column("error")),
+                     pa.repeat(pa.scalar(index, pa.int32()), table.num_rows)], schema=_SCAN_SCHEMA)
+    return rows, hashes, None
+
+
+def _config_hash_counts(table: pa.Table) -> dict[str | None, int]:
+    if "config_hash" not in table.column_names:
+        return {None: table.num_rows} if table.num_rows else {}
+    counted = pc.value_counts(table.column("config_hash"))
+    return dict(zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist()))
+
+
+def quarantine_unreadable(dst: str, scan: OutputScan, job_id: str, options: dict | None = None) -> None:
+    """Move the parts ``scan`` found unreadable to the quarantine folder; their rows are
+    redone. Call it only while holding the folder's lock, once the job is sure to run."""
+    fs, path = url_to_fs(dst, options)
+    for part, reason in scan.unreadable.items():
+        _quarantine(fs, path, part, job_id, reason)
+
+
+def drop_error_rows(dst: str, scan: OutputScan, ids: pa.Array, job_id: str,
+                    options: dict | None = None) -> OutputScan:
+    """Remove the committed rows of ``ids`` that hold an ``error`` (``--retry-errors``), so
+    that the job finds those recordings missing and transcribes them again; returns the
+    scan as the folder now is (those rows gone). Call it only while holding the folder's
+    lock.
+
+    Only the parts ``scan`` found holding such rows are read again, whole, and each is
+    rewritten whole under its own name (temporary name, then rename, as any part), so a
+    crash leaves either the old part or the new one: its error rows are retried by the
+    next run, or they are gone and the recordings are missing, which a rerun redoes. A
+    recording never has two rows. The rewritten part keeps its name, the hash of the ids it
+    was written with: no later block can hold those ids again (they are done), so no write
+    can collide with it. A part that no longer reads is quarantined, and its rows redone."""
+    rows = scan.rows
+    retried = pc.and_(rows.column("error"), pc.is_in(rows.column("id"), value_set=ids))
+    hits = rows.filter(retried)
+    if not hits.num_rows:
+        return scan
+    fs, path = url_to_fs(dst, options)
+    lost = []
+    for index in pc.unique(hits.column("part")).to_pylist():
+        part = scan.parts[index]
         try:
             table = read_part(fs, part)
-        except Exception:
+        except Exception as exc:
+            _quarantine(fs, path, part, job_id, exc)
+            lost.append(index)
             continue
-        drop = pc.and_(pc.is_valid(table.column("error")), pc.is_in(table.column("id"), value_set=pa.array(
-            sorted(retry.intersection(found)), pa.string())))
+        mine = hits.filter(pc.equal(hits.column("part"), index)).column("id").combine_chunks()
+        drop = pc.and_(pc.is_valid(table.column("error")), pc.is_in(table.column("id"), value_set=mine))
         kept = table.filter(pc.invert(drop))
         if kept.num_rows:
             _put_part(fs, path, posixpath.basename(part), kept, job_id)
         else:
             fs.rm(part)
-        removed += table.num_rows - kept.num_rows
-    return removed
+    gone = pc.or_(retried, pc.is_in(rows.column("part"), value_set=pa.array(lost, pa.int32())))
+    return replace(scan, rows=rows.filter(pc.invert(gone)))
 
 
 def _part_tables(dst: str, columns: list[str], options: dict | None, batch_rows: int | None = None):
@@ -266,20 +296,6 @@ def _part_tables(dst: str, columns: list[str], options: dict | None, batch_rows:
                         field = OUTPUT_SCHEMA.field(name)
                         table = table.append_column(field, pa.nulls(table.num_rows, field.type))
                 yield table.select([c for c in columns if c in table.column_names])
-
-
-def peek_rows(dst: str, columns: list[str], options: dict | None = None) -> tuple[pa.Table | None, int]:
-    """``columns`` of DST's committed rows, read only (a dry run: nothing is moved), and
-    how many parts a job's resume would quarantine (:func:`existing_ids`' judgement) and
-    redo the rows of; those parts' rows are left out."""
-    fs, path = url_to_fs(dst, options)
-    tables, unreadable = [], 0
-    for part in _parts(fs, path):
-        try:
-            tables.append(_resumable_part(fs, part, set(_COLUMNS_SINCE_FIRST)).select(columns))
-        except Exception:
-            unreadable += 1
-    return (pa.concat_tables(tables, promote_options="default") if tables else None), unreadable
 
 
 def read_output(dst: str, columns: list[str], options: dict | None = None):

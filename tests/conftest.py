@@ -134,6 +134,20 @@ def manifest_with_random_bytes(root: Path, samples_dir: Path, sample_manifest: l
     return path, lines
 
 
+def corrupt_page_of(path, column: str) -> None:
+    """Overwrite bytes inside ``column``'s first data page, leaving the footer intact."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    col = next(meta.row_group(0).column(i) for i in range(meta.num_columns)
+               if meta.row_group(0).column(i).path_in_schema == column)
+    first = min(o for o in (col.dictionary_page_offset, col.data_page_offset) if o is not None)
+    start = first + col.total_compressed_size // 2
+    with open(path, "r+b") as fh:
+        fh.seek(start)
+        fh.write(b"\x5a" * 16)
+
+
 def espeak(text: str, path: Path, voice: str = "en-us", speed: int = 160) -> Path:
     """Render ``text`` with espeak-ng (installed by scripts/setup.sh) to a WAV file."""
     exe = shutil.which("espeak-ng")

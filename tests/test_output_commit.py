@@ -15,6 +15,7 @@ import pyarrow.dataset  # noqa: F401
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import corrupt_page_of
 from pipeline import output
 from pipeline.config import ConfigError, load_config
 from pipeline.records import OUTPUT_SCHEMA, table
@@ -27,6 +28,13 @@ def _rows(ids, words: int = 3):
                    "text": " ".join(f"w{rng.integers(1 << 30)}" for _ in range(words))} for i in ids], OUTPUT_SCHEMA)
 
 
+def _resume(dst: str, job_id: str) -> set[str]:
+    """The ids a job's start finds done in ``dst``, its unreadable parts quarantined."""
+    scan = output.scan_output(dst)
+    output.quarantine_unreadable(dst, scan, job_id)
+    return set(scan.done_ids().to_pylist())
+
+
 def test_part_name_is_a_function_of_the_ids_alone(tmp_path):
     a = output.write_part(_rows(["x", "y", "z"]), str(tmp_path), "job1")
     b = output.write_part(_rows(["z", "x", "y"]), str(tmp_path), "job2")   # a retry, other order
@@ -34,7 +42,7 @@ def test_part_name_is_a_function_of_the_ids_alone(tmp_path):
     assert a == b != c and a.startswith("part-")
     # The retry replaced its own part: one copy of each row, and no temporary file left.
     assert sorted(os.listdir(tmp_path)) == sorted({a, c})
-    assert output.existing_ids(str(tmp_path), "job3") == {"x", "y", "z"}
+    assert _resume(str(tmp_path), "job3") == {"x", "y", "z"}
 
 
 def test_ids_holding_nul_do_not_share_a_part_name(tmp_path):
@@ -43,29 +51,17 @@ def test_ids_holding_nul_do_not_share_a_part_name(tmp_path):
     one = output.write_part(_rows(["a", "b"]), str(tmp_path), "job1")
     two = output.write_part(_rows(["a\0b"]), str(tmp_path), "job1")
     assert one != two and output.part_name(["a\0", "b"]) != output.part_name(["a", "\0b"])
-    assert output.existing_ids(str(tmp_path), "job2") == {"a", "b", "a\0b"}
-
-
-def _corrupt_page_of(path, column: str):
-    """Overwrite bytes inside ``column``'s first data page, leaving the footer intact."""
-    meta = pq.ParquetFile(path).metadata
-    col = next(meta.row_group(0).column(i) for i in range(meta.num_columns)
-               if meta.row_group(0).column(i).path_in_schema == column)
-    first = min(o for o in (col.dictionary_page_offset, col.data_page_offset) if o is not None)
-    start = first + col.total_compressed_size // 2
-    with open(path, "r+b") as fh:
-        fh.seek(start)
-        fh.write(b"\x5a" * 16)
+    assert _resume(str(tmp_path), "job2") == {"a", "b", "a\0b"}
 
 
 def test_resume_reads_whole_parts_and_quarantines_a_page_corrupt_one(tmp_path):
     good = output.write_part(_rows(["a", "b"]), str(tmp_path), "j")
     # Enough text that the middle of its column chunk is page data, not a page header.
     bad = output.write_part(_rows([f"c{i}" for i in range(50)], words=40), str(tmp_path), "j")
-    _corrupt_page_of(tmp_path / bad, "text")
+    corrupt_page_of(tmp_path / bad, "text")
     # The footer and the id column still read: a check on `id` alone would keep this part.
     assert pq.read_table(tmp_path / bad, columns=["id"]).num_rows == 50
-    ids = output.existing_ids(str(tmp_path), "resume1")
+    ids = _resume(str(tmp_path), "resume1")
     assert ids == {"a", "b"}
     assert sorted(os.listdir(tmp_path)) == [output.SIDECAR_DIR, good]
     assert os.listdir(tmp_path / output.QUARANTINE_DIR) == [f"{bad}.resume1"]
@@ -78,7 +74,7 @@ def test_a_part_from_before_a_column_was_added_is_kept_and_reads(tmp_path):
     pq.write_table(old, tmp_path / "part-old.parquet")
     output.write_part(_rows(["c"]), str(tmp_path), "j")
     pq.write_table(pa.table({"id": ["z"]}), tmp_path / "part-foreign.parquet")
-    assert output.existing_ids(str(tmp_path), "r") == {"a", "b", "c"}
+    assert _resume(str(tmp_path), "r") == {"a", "b", "c"}
     assert os.listdir(tmp_path / output.QUARANTINE_DIR) == ["part-foreign.parquet.r"]
     got = output.read_output(str(tmp_path), ["id", "offset_s", "confidence"])
     assert sorted(got.to_pylist(), key=lambda r: r["id"]) == \
@@ -103,23 +99,26 @@ def test_drop_error_rows_removes_only_the_inputs_error_rows(tmp_path):
     before = {r["id"]: r for r in pq.read_table(tmp_path / mixed).to_pylist()}
     clean_bytes = (tmp_path / clean).read_bytes()
 
-    removed = output.drop_error_rows(str(tmp_path), pa.array(list("abcde")), "j2")
+    scan = output.scan_output(str(tmp_path))
+    after = output.drop_error_rows(str(tmp_path), scan, pa.array(list("abcde")), "j2")
 
-    assert removed == 2
+    assert scan.rows.num_rows - after.rows.num_rows == 2
     assert sorted(os.listdir(tmp_path)) == sorted([mixed, clean])   # no temporary file left
-    after = pq.read_table(tmp_path / mixed).to_pylist()
-    assert [r["id"] for r in after] == ["a", "c", "other"]
-    assert after == [before[i] for i in ("a", "c", "other")]
+    after_rows = pq.read_table(tmp_path / mixed).to_pylist()
+    assert [r["id"] for r in after_rows] == ["a", "c", "other"]
+    assert after_rows == [before[i] for i in ("a", "c", "other")]
     assert (tmp_path / clean).read_bytes() == clean_bytes            # untouched
-    assert output.existing_ids(str(tmp_path), "j3") == {"a", "c", "e", "other"}
-    assert output.drop_error_rows(str(tmp_path), pa.array(list("abcde")), "j3") == 0
+    # what the job then finds done: what a fresh start finds in the folder
+    assert set(after.done_ids().to_pylist()) == _resume(str(tmp_path), "j3") == {"a", "c", "e", "other"}
+    again = output.scan_output(str(tmp_path))
+    assert output.drop_error_rows(str(tmp_path), again, pa.array(list("abcde")), "j3") is again
 
 
 def test_a_half_written_part_is_quarantined(tmp_path):
     part = output.write_part(_rows(["a", "b", "c"]), str(tmp_path), "j")
     data = (tmp_path / part).read_bytes()
     (tmp_path / part).write_bytes(data[: len(data) // 2])
-    assert output.existing_ids(str(tmp_path), "r") == set()
+    assert _resume(str(tmp_path), "r") == set()
     assert not (tmp_path / part).exists() and (tmp_path / output.QUARANTINE_DIR).is_dir()
 
 
@@ -291,7 +290,7 @@ def test_only_our_parts_are_read_or_removed(tmp_path):
     theirs = tmp_path / "data.parquet"
     pq.write_table(pa.table({"audio": ["x.wav"]}), theirs)
     output.write_part(_rows(["a"]), str(tmp_path), "j")
-    assert output.existing_ids(str(tmp_path), "r") == {"a"}
+    assert _resume(str(tmp_path), "r") == {"a"}
     assert output.clear_output(str(tmp_path)) == 1
     assert theirs.exists() and pq.read_table(theirs).num_rows == 1
 
