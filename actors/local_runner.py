@@ -1,9 +1,9 @@
 """In-process runner: the same actors and stages as the Ray plan, without Ray.
 
 Serves benchmarks, debugging and machines without Ray (the lent GPU machine). Output
-parts go through the same commit protocol as the Ray path (pipeline.output.write_part:
-``output.rows_per_part`` rows per part, temporary name then rename), and are also
-committed once ``output.commit_interval_s`` has passed since the last commit.
+parts go through the same commit protocol and policy as the Ray path
+(pipeline.output.PartCommitter: ``output.rows_per_part`` rows, or
+``output.commit_interval_s`` since the last commit; temporary name then rename).
 """
 from __future__ import annotations
 
@@ -11,13 +11,11 @@ import logging
 import sys
 import time
 
-import pyarrow as pa
-
 from actors.audio_prep import AudioPrep
 from actors.finisher import Finisher
 from actors.transcriber import Transcriber
 from pipeline.decoders import decoder_kind
-from pipeline.output import new_job_id, write_part
+from pipeline.output import PartCommitter, new_job_id
 from pipeline.records import OUTPUT_SCHEMA
 from pipeline.sources import input_batches
 from pipeline.storage import url_to_fs
@@ -50,23 +48,11 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
     fs, path = url_to_fs(dst, cfg.storage.options)
     fs.makedirs(path, exist_ok=True)
     job_id = job_id or new_job_id()
-    rows_per_part = rows_per_part or cfg.output.rows_per_part
-    interval = cfg.output.commit_interval_s
-    pending: list[pa.Table] = []
-    # from the last commit, not from when a batch arrived: a batch that takes longer than
-    # the interval is committed as soon as it is finished, not with the next one
-    committed_at = time.monotonic()
+    parts = PartCommitter(dst, job_id, rows_per_part or cfg.output.rows_per_part, cfg.output.commit_interval_s,
+                          cfg.storage.options)
     written = 0
     step = cfg.batching.recordings_per_batch
     start = time.perf_counter()
-
-    def flush():
-        nonlocal pending, committed_at
-        if pending:
-            write_part(pa.concat_tables(pending), dst, job_id, cfg.storage.options)
-            pending = []
-        committed_at = time.monotonic()
-
     total = f"/{len(rows)}" if isinstance(rows, list) else ""
     try:
         for batch in input_batches(rows, step, items):
@@ -77,13 +63,10 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
                 # no packed bytes, between two stages of one process.
                 out = second.finish_rows(model.rows(prep(batch), pending_as_bytes=False))
             assert out.schema == OUTPUT_SCHEMA
-            pending.append(out)
             written += out.num_rows
             if on_batch is not None:
                 on_batch(out)
-            if sum(t.num_rows for t in pending) >= rows_per_part or (
-                    interval is not None and time.monotonic() - committed_at >= interval):
-                flush()
+            parts.add(out)
             if progress:
                 rate = written / max(time.perf_counter() - start, 1e-9)
                 print(f"\rlocal: {written}{total} recordings ({rate:.2f}/s)", end="", file=sys.stderr)
@@ -91,7 +74,7 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
         # Finished rows are committed however the loop ends (an interrupt, a preemption's
         # SIGTERM, a failing batch): a rerun resumes after them instead of redoing up to
         # output.rows_per_part recordings.
-        flush()
+        parts.flush()
     if progress:
         print(file=sys.stderr)
     return written

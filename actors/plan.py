@@ -165,18 +165,39 @@ def _decode_actor_cpus(cfg, kind) -> float:
 
 
 def write_output(ds, cfg, dst: str, job_id: str) -> None:
-    """The write side: parts committed one by one under the output protocol; a stalled
-    plan ends in one line naming the watchdog's setting."""
+    """The write side: the driver takes the plan's finished blocks as they come and
+    commits them under the output protocol and the local runner's policy
+    (pipeline.output.PartCommitter: ``output.rows_per_part`` rows, or
+    ``output.commit_interval_s`` since the last commit). A Ray Data sink cannot do this:
+    it bundles a write task's rows by count only, so a crash lost up to rows_per_part
+    finished rows per writer. The rows already taken are committed however the run ends
+    (an interrupt, a failed block, the watchdog); a stalled plan ends in one line naming
+    the watchdog's setting."""
     from ray.data.exceptions import ExecutionTimeoutError
 
-    from actors.sink import PartsDatasink
+    from pipeline.output import PartCommitter
 
-    sink = PartsDatasink(dst, job_id, cfg.output.rows_per_part, cfg.storage.options)
+    parts = PartCommitter(dst, job_id, cfg.output.rows_per_part, cfg.output.commit_interval_s, cfg.storage.options)
     try:
-        ds.write_datasink(sink)
+        # batch_size=None: each block whole, as soon as it is finished, never re-cut.
+        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            parts.add(_output_table(block))
     except ExecutionTimeoutError as exc:
         raise JobStalled(f"no progress for ray.no_progress_timeout_s={cfg.ray.no_progress_timeout_s:g} s; "
                          "parts written so far are kept and a rerun resumes after them") from exc
+    finally:
+        parts.flush()
+
+
+def _output_table(block):
+    """A finished block as a table of exactly OUTPUT_SCHEMA (its metadata included), so
+    the blocks of one part concatenate and every part has one schema; raises where a
+    column's type differs."""
+    import pyarrow as pa
+
+    from pipeline.records import OUTPUT_SCHEMA
+
+    return pa.Table.from_batches(block.to_batches(), schema=OUTPUT_SCHEMA)
 
 
 class JobStalled(RuntimeError):

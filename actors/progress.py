@@ -1,10 +1,10 @@
 """Live job progress from a Ray Data plan: rows, audio seconds and errors as the rows
-reach the writer.
+leave the last stage.
 
-A last map step (fused by Ray Data into the write tasks, so no extra stage) counts each
-finished block and sends the counts to one small tally actor, which the driver polls for
-the console's progress bar. Ray Data's own progress display counts blocks, not
-recordings, so it is switched off while a tally is in use.
+A last map step (a small task per block) counts each finished block and sends the
+counts to one small tally actor, which the driver polls for the console's progress bar.
+Ray Data's own progress display counts blocks, not recordings, so it is switched off
+while a tally is in use.
 """
 from __future__ import annotations
 

@@ -443,11 +443,10 @@ class OutputConfig:
     # renamed), so a crash redoes at most this many rows per writer; tens of thousands
     # keep a million-row job at tens of files.
     rows_per_part: int = 20000
-    # The in-process runner also commits its finished rows once this long has passed
-    # since its last commit, so a killed job (SIGKILL, a lost machine) loses about this much
-    # work (or one batch, if a batch takes longer), not rows_per_part rows (hours at CPU
-    # speed). Ray Data bundles a write task's rows by count only, so the Ray runner keeps
-    # the row bound alone. null: by count only.
+    # Both runners also commit their finished rows once this long has passed since the
+    # last commit (pipeline.output.PartCommitter), so a killed job (SIGKILL, a lost
+    # machine) loses about this much work (or one batch, if a batch takes longer), not
+    # rows_per_part rows (hours at CPU speed). null: by count only.
     commit_interval_s: float | None = 300.0
 
     def validate(self, key: str) -> None:

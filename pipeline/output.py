@@ -138,6 +138,46 @@ def _put_part(fs, path: str, name: str, table: pa.Table, job_id: str) -> None:
     fs.mv(tmp, posixpath.join(path, name))
 
 
+class PartCommitter:
+    """A job's finished rows, committed as parts (:func:`write_part`) once ``rows_per_part``
+    rows are pending or ``interval_s`` has passed since the last commit, whichever comes
+    first (``interval_s`` None: by count only). The one commit policy of both runners: a
+    killed job loses the rows since its last commit, about ``interval_s`` of work (or one
+    batch, where a batch takes longer), not up to ``rows_per_part`` rows.
+
+    The interval runs from the last commit, not from a batch's arrival, so a batch that
+    takes longer than it is committed as soon as it is added. A part committed at the
+    interval may hold few rows; that is the price of the bound."""
+
+    def __init__(self, dst: str, job_id: str, rows_per_part: int, interval_s: float | None,
+                 options: dict | None = None, clock=time.monotonic):
+        self.dst, self.job_id, self.options = dst, job_id, options
+        self.rows_per_part, self.interval_s, self._clock = rows_per_part, interval_s, clock
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self.committed_rows = 0
+        self.committed_parts = 0
+        self._committed_at = clock()
+
+    def add(self, table: pa.Table) -> None:
+        """Take ``table``'s rows, and commit what is pending if the policy says so."""
+        if table.num_rows:
+            self._pending.append(table)
+            self._pending_rows += table.num_rows
+        if self._pending_rows >= self.rows_per_part or (
+                self.interval_s is not None and self._clock() - self._committed_at >= self.interval_s):
+            self.flush()
+
+    def flush(self) -> None:
+        """Commit every pending row as one part now (the job's end, an interrupt)."""
+        if self._pending:
+            write_part(pa.concat_tables(self._pending), self.dst, self.job_id, self.options)
+            self.committed_rows += self._pending_rows
+            self.committed_parts += 1
+            self._pending, self._pending_rows = [], 0
+        self._committed_at = self._clock()
+
+
 def read_part(fs, part: str) -> pa.Table:
     """A part read whole (every column, every page checksum): raises if any of it is bad."""
     with fs.open(part, "rb") as fh:

@@ -45,6 +45,37 @@ def test_part_name_is_a_function_of_the_ids_alone(tmp_path):
     assert _resume(str(tmp_path), "job3") == {"x", "y", "z"}
 
 
+def test_part_committer_commits_by_count_or_by_time_since_the_last_commit(tmp_path):
+    """The one commit policy of both runners: rows_per_part rows, or interval_s since the
+    last commit (not since a batch arrived), whichever comes first; flush commits the rest."""
+    now = [0.0]
+    parts = output.PartCommitter(str(tmp_path), "job", rows_per_part=4, interval_s=10.0, clock=lambda: now[0])
+
+    def committed():
+        return sorted(pq.read_table(p).column("id").to_pylist() for p in tmp_path.glob("part-*.parquet"))
+
+    parts.add(_rows(["a", "b"]))
+    assert committed() == []
+    parts.add(_rows(["c", "d"]))                     # by count, at t=0
+    assert committed() == [["a", "b", "c", "d"]]
+    now[0] = 9.0
+    parts.add(_rows(["e"]))
+    assert len(committed()) == 1
+    now[0] = 10.0                                     # 10 s since the last commit, 1 s since "e"
+    parts.add(_rows(["f"]))
+    assert committed() == [["a", "b", "c", "d"], ["e", "f"]]
+    parts.add(_rows(["g"]))
+    parts.flush()
+    parts.flush()                                     # nothing pending: no empty part
+    assert len(committed()) == 3 and (parts.committed_rows, parts.committed_parts) == (7, 3)
+
+    by_count = output.PartCommitter(str(tmp_path / "count"), "job", rows_per_part=4, interval_s=None,
+                                    clock=lambda: now[0])
+    now[0] = 1e9
+    by_count.add(_rows(["x"]))
+    assert not (tmp_path / "count").exists()
+
+
 def test_ids_holding_nul_do_not_share_a_part_name(tmp_path):
     """Ids are free text: two sets that a separator join makes alike must name two parts,
     or one part replaces the other and its rows are lost."""

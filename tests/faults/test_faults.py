@@ -209,14 +209,18 @@ def test_actor_killed_mid_job_and_a_second_job_refused(cluster, corpus, tmp_path
 def test_driver_killed_mid_job_then_rerun(cluster, corpus, tmp_path, fault_report):
     """The driver is a process of its own that joins the cluster (as a submitted job's
     driver does); it is SIGKILLed once a first part is committed, the cluster stays, and
-    the same command is run again."""
+    the same command is run again. Its parts are committed by time: output.rows_per_part
+    is above the input's rows, so only output.commit_interval_s commits before the end,
+    and the part found holds fewer rows than the job (a Ray Data sink bundled by count and
+    committed everything at once, at the end)."""
     c, _, _ = cluster
     dst = tmp_path / "out"
     script = ("import sys, fault_toy; fault_toy.register(); from jobs.cli import main; "
               "sys.exit(main(sys.argv[1:]))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(FAULTS)])}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen([sys.executable, "-c", script, *_args(corpus, dst, f"ray.address={c.address}")],
+    by_time = (f"ray.address={c.address}", "output.rows_per_part=1000", "output.commit_interval_s=1")
+    proc = subprocess.Popen([sys.executable, "-c", script, *_args(corpus, dst, *by_time)],
                             cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -232,11 +236,24 @@ def test_driver_killed_mid_job_then_rerun(cluster, corpus, tmp_path, fault_repor
         except ProcessLookupError:
             pass
     committed = {p.name for p in dst.glob("part-*.parquet")}
+    kept = sum(pq.read_metadata(dst / name).num_rows for name in committed)
+    assert 0 < kept < len(_expected_ids(corpus)), kept
     assert (dst / output.LOCK_NAME).exists() and not (dst / output.SUCCESS_NAME).exists()
     assert transcribe(corpus, dst) == 0      # takes the dead driver's lock over and resumes
     assert committed <= {p.name for p in dst.glob("part-*.parquet")}
     assert not list(dst.glob(".tmp-*"))
     _check(dst, _expected_ids(corpus), "driver SIGKILLed mid-job, then rerun", fault_report)
+
+
+def test_parts_committed_by_time_on_ray(cluster, corpus, tmp_path, fault_report):
+    """output.commit_interval_s on the Ray runner: with output.rows_per_part above the
+    input's rows and an interval of 0, the driver commits each block as it takes it, so
+    the job leaves several parts (a sink that bundles by count left one), each id once."""
+    dst = tmp_path / "out"
+    assert transcribe(corpus, dst, "output.rows_per_part=1000", "output.commit_interval_s=0") == 0
+    _check(dst, _expected_ids(corpus), "parts by time (commit_interval_s=0, rows_per_part=1000)", fault_report)
+    sizes = [pq.read_metadata(p).num_rows for p in dst.glob("part-*.parquet")]
+    assert len(sizes) > 1 and max(sizes) <= 3, sizes    # blocks of batching.recordings_per_batch=3
 
 
 def test_s3_input_and_output_through_moto(cluster, corpus, tmp_path, fault_report):
