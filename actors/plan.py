@@ -179,8 +179,10 @@ def write_output(ds, cfg, dst: str, job_id: str) -> None:
 
     parts = PartCommitter(dst, job_id, cfg.output.rows_per_part, cfg.output.commit_interval_s, cfg.storage.options)
     try:
-        # batch_size=None: each block whole, as soon as it is finished, never re-cut.
-        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        # Each block whole (batch_size=None) and as soon as it is finished: with Ray's
+        # default prefetch_batches=1 the iterator yields a block only once the next one has
+        # arrived, which holds a finished block back for as long as the next one takes.
+        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
             parts.add(_output_table(block))
     except ExecutionTimeoutError as exc:
         raise JobStalled(f"no progress for ray.no_progress_timeout_s={cfg.ray.no_progress_timeout_s:g} s; "

@@ -2,9 +2,12 @@
 
 - A part is written under a temporary name (``.tmp-<job>-<part>``) and renamed when
   complete, so a part that exists under its final name is whole.
-- Its name is a hash of the ids it holds (``part-<sha256>.parquet``): a write task that
-  Ray retries, or a block redone after a crash, writes the same rows under the same name
-  and replaces its own part instead of adding a second copy.
+- Its name is a hash of the ids it holds (``part-<sha256>.parquet``): a commit redone with
+  the same rows (a write interrupted and flushed again) writes the same name and replaces
+  its own part instead of adding a second copy.
+- When to commit is :class:`PartCommitter`'s one policy for both runners: a part once
+  ``output.rows_per_part`` rows are pending or ``output.commit_interval_s`` has passed
+  since the last commit.
 - One job at a time holds the lock (job id, host, pid, heartbeat). A second job into the
   same folder is refused; a lock whose process is gone (same host) or whose heartbeat
   stopped is stale and taken over.

@@ -121,6 +121,23 @@ def ray_job_rows(source, cfg, dst: Path) -> list[dict]:
     return pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()
 
 
+def sigterm_after_progress(proc, total: int, done: int) -> str:
+    """SIGTERM to a job (``proc``: its stderr piped as text, ``--progress-interval 0``)
+    once its progress line counts ``done`` of ``total`` recordings; returns everything it
+    printed on stderr, to its end."""
+    import re
+    import signal
+
+    seen = ""
+    for line in proc.stderr:
+        seen += line
+        finished = re.search(rf"transcribe: (\d+)/{total}\b", line)
+        if finished and int(finished.group(1)) >= done:
+            proc.send_signal(signal.SIGTERM)
+            break
+    return seen + proc.stderr.read()
+
+
 def manifest_with_random_bytes(root: Path, samples_dir: Path, sample_manifest: list[dict], at: int):
     """A JSONL manifest of the bundled samples with one file of random bytes inserted at
     ``at``; returns (path, lines)."""

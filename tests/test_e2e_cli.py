@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from conftest import ROOT, espeak
+from conftest import ROOT, espeak, sigterm_after_progress
 from pipeline.output import SUMMARY_NAME
 
 
@@ -158,8 +158,6 @@ def test_sigterm_commits_the_finished_rows_and_the_rerun_resumes(tmp_path, sampl
     though far fewer than output.rows_per_part, the exit says so, and the same command
     then transcribes only the rest."""
     import os
-    import re
-    import signal
 
     lines = [{"id": f"r{i:02d}", "audio": str(samples_dir / sample_manifest[i % len(sample_manifest)]["audio"])}
              for i in range(40)]
@@ -170,14 +168,7 @@ def test_sigterm_commits_the_finished_rows_and_the_rerun_resumes(tmp_path, sampl
             "--config", "ctc_greedy", "--runner", "local", "--progress-interval", "0",
             "--set", "batching.recordings_per_batch=2", "--set", f"model.cache_dir={model_cache}"]
     proc = subprocess.Popen(args, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    seen = ""
-    for line in proc.stderr:
-        seen += line
-        done = re.search(r"transcribe: (\d+)/40", line)
-        if done and int(done.group(1)) >= 4:
-            proc.send_signal(signal.SIGTERM)
-            break
-    seen += proc.stderr.read()
+    seen = sigterm_after_progress(proc, 40, 4)
     assert proc.wait(timeout=120) == 130, seen[-3000:]
     assert "interrupted" in seen and "Traceback" not in seen, seen[-3000:]
     kept = {r["id"] for r in _rows(dst)}

@@ -10,6 +10,7 @@ Run alone: pytest -n 0 tests/faults
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import soundfile as sf
 
 import fault_toy
 from pipeline import output
-from conftest import ROOT, SAMPLES
+from conftest import ROOT, SAMPLES, sigterm_after_progress
 
 FAULTS = Path(__file__).resolve().parent
 N_GOOD = 12
@@ -206,43 +207,70 @@ def test_actor_killed_mid_job_and_a_second_job_refused(cluster, corpus, tmp_path
     fault_report("second job into the same folder: refused (exit 2)", len(expected), 0, 0, 0)
 
 
-def test_driver_killed_mid_job_then_rerun(cluster, corpus, tmp_path, fault_report):
-    """The driver is a process of its own that joins the cluster (as a submitted job's
-    driver does); it is SIGKILLed once a first part is committed, the cluster stays, and
-    the same command is run again. Its parts are committed by time: output.rows_per_part
-    is above the input's rows, so only output.commit_interval_s commits before the end,
-    and the part found holds fewer rows than the job (a Ray Data sink bundled by count and
-    committed everything at once, at the end)."""
+@contextlib.contextmanager
+def _driver(cluster, corpus, dst, *extra, flags=(), **popen):
+    """The job (``extra``: its --set overrides, ``flags``: other options) in a driver
+    process of its own that joins the module's cluster (as a submitted job's driver does);
+    on the way out, whatever it started in its session is killed with it."""
     c, _, _ = cluster
-    dst = tmp_path / "out"
     script = ("import sys, fault_toy; fault_toy.register(); from jobs.cli import main; "
               "sys.exit(main(sys.argv[1:]))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(FAULTS)])}
     env.pop("RAY_ADDRESS", None)
-    by_time = (f"ray.address={c.address}", "output.rows_per_part=1000", "output.commit_interval_s=1")
-    proc = subprocess.Popen([sys.executable, "-c", script, *_args(corpus, dst, *by_time)],
-                            cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    popen = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **popen}
+    proc = subprocess.Popen([sys.executable, "-c", script, *_args(corpus, dst, f"ray.address={c.address}", *extra),
+                             *flags],
+                            cwd=ROOT, env=env, start_new_session=True, **popen)
     try:
+        yield proc
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _rows_in_parts(dst: Path) -> int:
+    return sum(pq.read_metadata(p).num_rows for p in dst.glob("part-*.parquet"))
+
+
+def test_driver_killed_mid_job_then_rerun(cluster, corpus, tmp_path, fault_report):
+    """The driver (a process of its own, :func:`_driver`) is SIGKILLed once a first part is
+    committed; the cluster stays, and the same command is run again. Its parts are committed by time: output.rows_per_part
+    is above the input's rows, so only output.commit_interval_s commits before the end,
+    and the part found holds fewer rows than the job (a Ray Data sink bundled by count and
+    committed everything at once, at the end)."""
+    dst = tmp_path / "out"
+    with _driver(cluster, corpus, dst, "output.rows_per_part=1000", "output.commit_interval_s=1") as proc:
         _wait_for(lambda: any(dst.glob("part-*.parquet")) or proc.poll() is not None, timeout=240,
                   what="the driver's first part")
         assert proc.poll() is None, "the job ended before the driver could be killed"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-    finally:
-        # Whatever that driver started shares its session: end it too.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     committed = {p.name for p in dst.glob("part-*.parquet")}
-    kept = sum(pq.read_metadata(dst / name).num_rows for name in committed)
-    assert 0 < kept < len(_expected_ids(corpus)), kept
+    assert 0 < _rows_in_parts(dst) < len(_expected_ids(corpus)), _rows_in_parts(dst)
     assert (dst / output.LOCK_NAME).exists() and not (dst / output.SUCCESS_NAME).exists()
     assert transcribe(corpus, dst) == 0      # takes the dead driver's lock over and resumes
     assert committed <= {p.name for p in dst.glob("part-*.parquet")}
     assert not list(dst.glob(".tmp-*"))
     _check(dst, _expected_ids(corpus), "driver SIGKILLed mid-job, then rerun", fault_report)
+
+
+def test_driver_sigtermed_mid_job_commits_what_it_holds(cluster, corpus, tmp_path, fault_report):
+    """A scheduler's SIGTERM to a Ray driver whose parts are due neither by count nor by
+    time: the rows it has taken are committed before it exits 130, and the same command
+    resumes after them."""
+    dst = tmp_path / "out"
+    held = ("output.rows_per_part=1000", "output.commit_interval_s=600")
+    with _driver(cluster, corpus, dst, *held, flags=("--progress-interval", "0"), stderr=subprocess.PIPE,
+                 text=True) as proc:
+        # Two blocks of 3 counted: the first, a batch's 0.4 s older, is in the driver's hands.
+        seen = sigterm_after_progress(proc, len(_expected_ids(corpus)), 6)
+        assert proc.wait(timeout=120) == 130, seen[-3000:]
+    assert "interrupted" in seen, seen[-3000:]
+    assert 0 < _rows_in_parts(dst) < len(_expected_ids(corpus)), _rows_in_parts(dst)
+    assert transcribe(corpus, dst) == 0
+    _check(dst, _expected_ids(corpus), "driver SIGTERMed mid-job, then rerun", fault_report)
 
 
 def test_parts_committed_by_time_on_ray(cluster, corpus, tmp_path, fault_report):
