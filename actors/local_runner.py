@@ -63,10 +63,12 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
                 # no packed bytes, between two stages of one process.
                 out = second.finish_rows(model.rows(prep(batch), pending_as_bytes=False))
             assert out.schema == OUTPUT_SCHEMA
+            # Held before on_batch: an interrupt in the progress display still commits it.
+            parts.add(out)
             written += out.num_rows
             if on_batch is not None:
                 on_batch(out)
-            parts.add(out)
+            parts.commit_if_due()
             if progress:
                 rate = written / max(time.perf_counter() - start, 1e-9)
                 print(f"\rlocal: {written}{total} recordings ({rate:.2f}/s)", end="", file=sys.stderr)

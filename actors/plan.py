@@ -184,6 +184,7 @@ def write_output(ds, cfg, dst: str, job_id: str) -> None:
         # arrived, which holds a finished block back for as long as the next one takes.
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
             parts.add(_output_table(block))
+            parts.commit_if_due()
     except ExecutionTimeoutError as exc:
         raise JobStalled(f"no progress for ray.no_progress_timeout_s={cfg.ray.no_progress_timeout_s:g} s; "
                          "parts written so far are kept and a rerun resumes after them") from exc

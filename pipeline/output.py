@@ -163,10 +163,14 @@ class PartCommitter:
         self._committed_at = clock()
 
     def add(self, table: pa.Table) -> None:
-        """Take ``table``'s rows, and commit what is pending if the policy says so."""
+        """Hold ``table``'s rows: from now on a :meth:`flush` (an interrupt's included)
+        commits them. Call :meth:`commit_if_due` after."""
         if table.num_rows:
             self._pending.append(table)
             self._pending_rows += table.num_rows
+
+    def commit_if_due(self) -> None:
+        """Commit what is pending if the policy says so."""
         if self._pending_rows >= self.rows_per_part or (
                 self.interval_s is not None and self._clock() - self._committed_at >= self.interval_s):
             self.flush()

@@ -51,20 +51,24 @@ def test_part_committer_commits_by_count_or_by_time_since_the_last_commit(tmp_pa
     now = [0.0]
     parts = output.PartCommitter(str(tmp_path), "job", rows_per_part=4, interval_s=10.0, clock=lambda: now[0])
 
+    def add(committer, ids):
+        committer.add(_rows(ids))
+        committer.commit_if_due()
+
     def committed():
         return sorted(pq.read_table(p).column("id").to_pylist() for p in tmp_path.glob("part-*.parquet"))
 
-    parts.add(_rows(["a", "b"]))
+    add(parts, ["a", "b"])
     assert committed() == []
-    parts.add(_rows(["c", "d"]))                     # by count, at t=0
+    add(parts, ["c", "d"])                     # by count, at t=0
     assert committed() == [["a", "b", "c", "d"]]
     now[0] = 9.0
-    parts.add(_rows(["e"]))
+    add(parts, ["e"])
     assert len(committed()) == 1
     now[0] = 10.0                                     # 10 s since the last commit, 1 s since "e"
-    parts.add(_rows(["f"]))
+    add(parts, ["f"])
     assert committed() == [["a", "b", "c", "d"], ["e", "f"]]
-    parts.add(_rows(["g"]))
+    add(parts, ["g"])
     parts.flush()
     parts.flush()                                     # nothing pending: no empty part
     assert len(committed()) == 3 and (parts.committed_rows, parts.committed_parts) == (7, 3)
@@ -72,7 +76,7 @@ def test_part_committer_commits_by_count_or_by_time_since_the_last_commit(tmp_pa
     by_count = output.PartCommitter(str(tmp_path / "count"), "job", rows_per_part=4, interval_s=None,
                                     clock=lambda: now[0])
     now[0] = 1e9
-    by_count.add(_rows(["x"]))
+    add(by_count, ["x"])
     assert not (tmp_path / "count").exists()
 
 
