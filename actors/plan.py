@@ -99,12 +99,11 @@ def _read_source(source, per_block: int, items: list[dict] | None):
     return ds.map_batches(read, batch_size=1, batch_format="pyarrow")
 
 
-def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None, tally=None):
+def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None):
     """The plan for ``rows``: a list of INPUT dicts, or a pipeline.sources.Source (read by
     Ray tasks; ``items``: its scan's work items, if already made). The decoder kind
     (default: the registry's entry for decoder.kind) and the model family travel to every
-    actor, so a kind or family registered only in the driver works in the workers. A
-    ``tally`` (actors.progress.RayTally) counts the finished rows for the console.
+    actor, so a kind or family registered only in the driver works in the workers.
 
     Blocks carry batching.recordings_per_batch rows, shaped by a streaming repartition
     (split and combine neighbouring blocks), never an all-to-all shuffle of the audio."""
@@ -152,7 +151,7 @@ def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None, tally=N
                             batch_size=per_block, batch_format="pyarrow",
                             compute=ActorPoolStrategy(size=cfg.ray.fallback_actors),
                             num_cpus=cfg.ray.fallback_actor_cpus, **extra)
-    return tally.attach(ds) if tally is not None else ds
+    return ds
 
 
 def _decode_actor_cpus(cfg, kind) -> float:
@@ -164,7 +163,7 @@ def _decode_actor_cpus(cfg, kind) -> float:
     return cfg.ray.cpus(kind.two_stage, instance_cpus=running).decode_actor
 
 
-def write_output(ds, cfg, dst: str, job_id: str) -> None:
+def write_output(ds, cfg, dst: str, job_id: str, on_batch=None) -> None:
     """The write side: the driver takes the plan's finished blocks as they come and
     commits them under the output protocol and the local runner's policy
     (pipeline.output.PartCommitter: ``output.rows_per_part`` rows, or
@@ -172,7 +171,8 @@ def write_output(ds, cfg, dst: str, job_id: str) -> None:
     it bundles a write task's rows by count only, so a crash lost up to rows_per_part
     finished rows per writer. The rows already taken are committed however the run ends
     (an interrupt, a failed block, the watchdog); a stalled plan ends in one line naming
-    the watchdog's setting."""
+    the watchdog's setting. ``on_batch(table)`` sees each block once it is held for a
+    commit (the job's progress)."""
     from ray.data.exceptions import ExecutionTimeoutError
 
     from pipeline.output import PartCommitter
@@ -183,7 +183,10 @@ def write_output(ds, cfg, dst: str, job_id: str) -> None:
         # default prefetch_batches=1 the iterator yields a block only once the next one has
         # arrived, which holds a finished block back for as long as the next one takes.
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
-            parts.add(_output_table(block))
+            table = _output_table(block)
+            parts.add(table)
+            if on_batch is not None:
+                on_batch(table)
             parts.commit_if_due()
     except ExecutionTimeoutError as exc:
         raise JobStalled(f"no progress for ray.no_progress_timeout_s={cfg.ray.no_progress_timeout_s:g} s; "
@@ -208,8 +211,8 @@ class JobStalled(RuntimeError):
 
 
 def run_ray(rows, cfg, dst: str, kind=None, items: list[dict] | None = None, job_id: str | None = None,
-            tally=None) -> None:
+            on_batch=None) -> None:
     from pipeline.output import new_job_id
 
     init_ray(cfg)
-    write_output(build_dataset(rows, cfg, kind, items, tally=tally), cfg, dst, job_id or new_job_id())
+    write_output(build_dataset(rows, cfg, kind, items), cfg, dst, job_id or new_job_id(), on_batch=on_batch)

@@ -316,32 +316,34 @@ def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_has
 
 
 def _run(runner: str, rows, items, cfg, dst: str, progress, job_id: str) -> None:
+    from actors.progress import block_counts
+
+    totals = [(0, 0.0, 0)]   # rows, audio seconds, errors: one tuple, replaced whole
+
+    def count(out):
+        totals[0] = tuple(a + b for a, b in zip(totals[0], block_counts(out)))
+
     if runner == "local":
         from actors.local_runner import run_local
-        from actors.progress import block_counts
-
-        totals = [0, 0.0, 0]
 
         def on_batch(out):
-            for i, v in enumerate(block_counts(out)):
-                totals[i] += v
-            progress.update(*totals)
+            count(out)
+            progress.update(*totals[0])
 
         with _sigterm_as_interrupt():
             run_local(rows, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id, items=items)
         return
     from actors.plan import init_ray, run_ray
-    from actors.progress import RayTally
+    from actors.progress import hide_ray_data_progress
 
     init_ray(cfg)
-    tally = RayTally()
+    hide_ray_data_progress()
     stop = threading.Event()
 
     def poll():
+        # The console moves while no block arrives too (elapsed time, the log's heartbeat).
         while not stop.wait(0.5):
-            totals = tally.totals()
-            if totals is not None:
-                progress.update(*totals)
+            progress.update(*totals[0])
 
     watcher = threading.Thread(target=poll, name="progress", daemon=True)
     watcher.start()
@@ -349,7 +351,7 @@ def _run(runner: str, rows, items, cfg, dst: str, progress, job_id: str) -> None
         # After init_ray: ray.init installs its own SIGTERM handler, which ends the driver
         # where it stands and leaves the local instance's agents running.
         with _sigterm_as_interrupt():
-            run_ray(rows, cfg, dst, items=items, tally=tally, job_id=job_id)
+            run_ray(rows, cfg, dst, items=items, on_batch=count, job_id=job_id)
     finally:
         stop.set()
         watcher.join()
