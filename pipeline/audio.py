@@ -51,25 +51,91 @@ WAV_HEAD_BYTES = 4096   # where a WAV's fmt and data chunk headers are looked fo
 OPEN_WAV_LENGTH = 0x7FFF0000
 
 
+def _wav_data_chunk(head: bytes) -> tuple[int, int, int, int] | None:
+    """``(offset, declared size, byte rate, block align)`` of a RIFF/WAVE file's data chunk
+    header, from ``head`` (the file's first bytes); None for any other file, or a data chunk
+    beyond ``head``. The fmt values are 0 where no fmt chunk came first."""
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    pos, byte_rate, block_align = 12, 0, 0
+    while pos + 8 <= len(head):
+        chunk, n = head[pos:pos + 4], int.from_bytes(head[pos + 4:pos + 8], "little")
+        if chunk == b"fmt " and pos + 22 <= len(head):
+            byte_rate = int.from_bytes(head[pos + 16:pos + 20], "little")
+            block_align = int.from_bytes(head[pos + 20:pos + 22], "little")
+        elif chunk == b"data":
+            return pos, n, byte_rate, block_align
+        pos += 8 + n + (n & 1)
+    return None
+
+
 def wav_shortfall(head: bytes, size: int) -> tuple[float, float] | None:
     """``(declared, held)`` seconds of a RIFF/WAVE file (``head``: its first bytes, ``size``:
     its length) whose data chunk declares more audio than the file holds; None for any other
     file, a length left open by a streaming writer (``OPEN_WAV_LENGTH``), or a data chunk beyond
     ``head``. libsndfile reads such a file without complaint, as long as what is there."""
-    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+    found = _wav_data_chunk(head)
+    if found is None:
         return None
-    pos, byte_rate = 12, 0
-    while pos + 8 <= len(head):
-        chunk, n = head[pos:pos + 4], int.from_bytes(head[pos + 4:pos + 8], "little")
-        if chunk == b"fmt " and pos + 20 <= len(head):
-            byte_rate = int.from_bytes(head[pos + 16:pos + 20], "little")
-        elif chunk == b"data":
-            held = size - (pos + 8)
-            if not byte_rate or n == 0 or n >= OPEN_WAV_LENGTH or held >= n:
-                return None
-            return n / byte_rate, max(held, 0) / byte_rate
-        pos += 8 + n + (n & 1)
-    return None
+    pos, n, byte_rate, _ = found
+    held = size - (pos + 8)
+    if not byte_rate or n == 0 or n >= OPEN_WAV_LENGTH or held >= n:
+        return None
+    return n / byte_rate, max(held, 0) / byte_rate
+
+
+def wav_unwritten_length(head: bytes, size: int, tail: bytes = b"") -> tuple[dict[int, bytes], int] | None:
+    """For a RIFF/WAVE file whose data chunk declares 0 bytes but is followed by audio, the
+    header bytes that declare what it holds (whole frames), by offset: what a writer to a
+    pipe leaves when it cannot seek back to fill in its sizes (festival's ``text2wave -o -``
+    through a pipe writes RIFF and data sizes of an empty file), and the length of the file
+    to read. libsndfile believes the header and reads zero samples. None for any other
+    file, or a data chunk beyond ``head``.
+
+    Such a writer's header rewrite lands after the audio instead (the seek back failed):
+    where ``tail`` (the file's last bytes) ends with a header of the same length that
+    declares exactly the bytes between the two, it is not audio, and the file to read ends
+    before it."""
+    found = _wav_data_chunk(head)
+    if found is None or found[1] or not found[3]:
+        return None
+    pos, _, _, block_align = found
+    header, held = pos + 8, size - (pos + 8)
+    end = tail[-header:] if len(tail) >= header else b""
+    if end[:4] == b"RIFF" and end[8:12] == b"WAVE" and int.from_bytes(end[pos + 4:pos + 8], "little") == held - header:
+        held -= header
+    held -= held % block_align
+    if held <= 0:
+        return None
+    riff = min(pos + held, 0xFFFFFFFF)   # RIFF's size counts from byte 8
+    return ({4: riff.to_bytes(4, "little"), pos + 4: min(held, 0xFFFFFFFF).to_bytes(4, "little")}, header + held)
+
+
+class _FilledHeader:
+    """``fh`` read from ``base`` as a file of its own of ``length`` bytes, with ``patches``
+    (offset -> bytes) in place of what the file holds there (soundfile reads it through
+    read/seek/tell)."""
+
+    def __init__(self, fh, base: int, patches: dict[int, bytes], length: int):
+        self.fh, self.base, self.patches, self.length = fh, base, patches, length
+
+    def tell(self) -> int:
+        return self.fh.tell() - self.base
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        start = {io.SEEK_SET: 0, io.SEEK_CUR: self.tell(), io.SEEK_END: self.length}[whence]
+        self.fh.seek(self.base + start + offset)
+        return self.tell()
+
+    def read(self, n: int = -1) -> bytes:
+        start = self.tell()
+        left = max(self.length - start, 0)
+        data = self.fh.read(left if n is None or n < 0 else min(n, left))
+        for at, value in self.patches.items():
+            lo, hi = max(at, start), min(at + len(value), start + len(data))
+            if lo < hi:
+                data = data[:lo - start] + value[lo - at:hi - at] + data[hi - start:]
+        return data
 
 
 def _check_mp3_length(held: float, decoded_end_s: float, offset_s: float | None = None,
@@ -116,6 +182,13 @@ def decode_audio(data: bytes | None, quality: str = "HQ") -> tuple[np.ndarray, i
     if len(data) == 0:
         raise AudioError("empty file (0 bytes)")
     _check_wav_length(data[:WAV_HEAD_BYTES], len(data))
+    fill = wav_unwritten_length(data[:WAV_HEAD_BYTES], len(data), data[-WAV_HEAD_BYTES:])
+    if fill:
+        patches, length = fill
+        filled = bytearray(data[:length])
+        for at, value in patches.items():
+            filled[at:at + len(value)] = value
+        data = bytes(filled)
     try:
         with sf.SoundFile(io.BytesIO(data)) as f:
             rate, channels, mp3 = f.samplerate, f.channels, f.format == "MP3"
@@ -161,6 +234,10 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
             size = None
         if size is not None:
             _check_wav_length(head, size, offset_s, duration_s)
+            if wav_unwritten_length(head, size):
+                fh.seek(pos + max(size - WAV_HEAD_BYTES, 0))
+                patches, length = wav_unwritten_length(head, size, fh.read(WAV_HEAD_BYTES))
+                fh, pos = _FilledHeader(fh, pos, patches, length), 0
     fh.seek(pos)
     try:
         with sf.SoundFile(fh) as f:
