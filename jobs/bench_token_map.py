@@ -136,6 +136,7 @@ def run(args) -> dict:
     orders = sorted({args.order} | {int(x) for x in args.sweep_n.split(",") if x})
     share = {} if args.min_share is None else {"min_share": args.min_share}
     maps = {n: build_token_map(tokenised, order=n, **share) for n in orders}
+    grid_maps = _grid_maps(tokenised, args)   # the same for every set: built once
 
     chosen = [x for x in args.sets.split(",") if x]
     sets = {}
@@ -226,7 +227,7 @@ def run(args) -> dict:
             return timer
         t_alone = min((timed(decode_alone) for _ in range(min(2, repeat))), key=lambda x: x[1])
         steps = _step_seconds(best[0][0][1], t_ar), _step_seconds(*t_alone)
-        summary[name]["replay"], bound_rows = _replay(ar_tokens, tokenised, maps, args, K, N, D, limit, eot,
+        summary[name]["replay"], bound_rows = _replay(ar_tokens, grid_maps, maps, args, K, N, D, limit, eot,
                                                       always["speedup"], t_ar, steps)
         rows += [{"set": name, "segments": len(audios), "audio_s": audio_s, **r} for r in bound_rows]
         if name == "domain" and args.ssd:
@@ -250,7 +251,17 @@ def _step_seconds(timer: dict, seconds: float) -> float:
     return seconds * timer.get("decode", 0.0) / total if total else 0.0
 
 
-def _replay(ar_tokens, tokenised, maps, args, K, N, D, limit, eot, always_speedup, t_ar, steps):
+def _grid_maps(tokenised, args) -> dict:
+    """The bound grid's maps, keyed (order, min count, min share): every order, pruned as
+    the bench's maps are or far less, eight candidates kept per key."""
+    from pipeline.decoding.token_map import DEFAULT_MIN_SHARE, build_token_map
+
+    share = DEFAULT_MIN_SHARE if args.min_share is None else args.min_share
+    return {(n, c, sh): build_token_map(tokenised, order=n, min_count=c, min_share=sh, keep=8)
+            for n in range(1, 5) for c, sh in ((2, share), (2, 0.0), (1, 0.0))}
+
+
+def _replay(ar_tokens, grid_maps, maps, args, K, N, D, limit, eot, always_speedup, t_ar, steps):
     """The set's drafting bounds from plain AR's tokens (pipeline.decoding.token_map_replay):
     the main rows' map, K and draft length; the best over orders 1-4, K 1, 2, 4, 8, drafts
     of 4, 8 and 16 tokens, and maps pruned as the bench's or keeping every follower seen
@@ -261,17 +272,12 @@ def _replay(ar_tokens, tokenised, maps, args, K, N, D, limit, eot, always_speedu
     in both) included: the decoder-time speedup no tree pass that costs more than a
     plain step can beat."""
     from pipeline.decoding.ar_greedy import MapDrafting
-    from pipeline.decoding.token_map import DEFAULT_MIN_SHARE, build_token_map
     from pipeline.decoding.token_map_replay import oracle, replay_drafting
 
     def bound(m, k, d):
         md = MapDrafting(m, k, d)
         return replay_drafting(ar_tokens, lambda _, h, room: md.propose(h, room, eot, None), args.batch, limit, eot)
 
-    share = DEFAULT_MIN_SHARE if args.min_share is None else args.min_share
-    # Every order, pruned as the bench's maps are or far less, eight candidates kept per key.
-    grid_maps = {(n, c, sh): build_token_map(tokenised, order=n, min_count=c, min_share=sh, keep=8)
-                 for n in range(1, 5) for c, sh in ((2, share), (2, 0.0), (1, 0.0))}
     main = bound(maps[N], K, D)
     batches, segments = -(-len(ar_tokens) // args.batch), len(ar_tokens)
     # AR's steps: batched, P passes over R row-passes; alone, every row-pass is a pass.
