@@ -9,7 +9,7 @@ import pyarrow as pa
 from actors.registrations import adopt
 from pipeline.config import config_from_dict
 from pipeline.device import torch_threads
-from pipeline.prepare import TIMEOUT_ERROR, prepare_row_within
+from pipeline.prepare import prepare_row_within
 from pipeline.records import PREPARED_SCHEMA, table
 from pipeline.segment import VadSegmenter
 from pipeline.storage import use_options
@@ -22,6 +22,7 @@ class AudioPrep:
         self.storage_options = cfg.storage.options
         self.quality = cfg.audio.resample_quality
         self.timeout_s = cfg.audio.read_timeout_s
+        self.max_seconds = cfg.audio.max_seconds
         self.new_segmenter = lambda: VadSegmenter(cfg.audio.max_segment_s, cfg.audio.vad_threshold,
                                                   cfg.audio.vad_pad_s)
         with torch_threads(1):
@@ -40,8 +41,9 @@ class AudioPrep:
         # workers of a cluster started before the job have not inherited them).
         use_options(self.storage_options, [r["audio"] for r in items if r.get("audio")])
         for r in items:
-            rows.append(prepare_row_within(r, self.segmenter, self.quality, self.timeout_s))
-            if (rows[-1]["error"] or "").startswith(TIMEOUT_ERROR):
-                # The timed-out call may still reach the VAD later: the next rows get their own.
+            rows.append(prepare_row_within(r, self.segmenter, self.quality, self.timeout_s, self.max_seconds))
+            if rows[-1].get("reader_alive"):
+                # A timed-out call still blocked in a read may reach the VAD later: the next
+                # rows get their own. (One that stopped at its deadline never does.)
                 self.segmenter = self.new_segmenter()
         return table(rows, PREPARED_SCHEMA)

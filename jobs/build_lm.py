@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"build-lm: {problem}", file=sys.stderr)
         return 2
+    if args.text and _lmplz() is None:
+        print("build-lm: KenLM's lmplz is not installed: install it with `bash scripts/setup.sh --dev` "
+              "(the KenLM toolchain, then scripts/build_kenlm.sh)", file=sys.stderr)
+        return 2
     created = not Path(args.output).exists()
     try:
         if args.arpa:
@@ -64,6 +68,19 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(info, indent=2))
     return 0
+
+
+def _lmplz() -> Path | None:
+    """KenLM's lmplz (build_kenlm.sh's cache, else PATH), compiled here once where the KenLM
+    toolchain is installed (cmake: `scripts/setup.sh --dev`); None where it is missing."""
+    import subprocess
+
+    from pipeline.lm.build import find_lmplz
+
+    try:
+        return find_lmplz(build=shutil.which("cmake") is not None)
+    except (FileNotFoundError, subprocess.CalledProcessError):
+        return None
 
 
 def _argument_problem(args) -> str | None:

@@ -74,7 +74,7 @@ def decode_recordings(cfg, recordings: list[list]) -> list[list]:
 
 
 def collect(cfg, manifest: str, limit: int = 0) -> list[Recording]:
-    from jobs.benchmark_data import load_recordings
+    from pipeline.heldout import load_recordings
 
     recordings, refs = load_recordings(manifest, limit, cfg)
     return [Recording(ref, segs) for ref, segs in zip(refs, decode_recordings(cfg, recordings))]

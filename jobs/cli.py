@@ -20,20 +20,41 @@ import jobs
 
 def _job_modules():
     for info in sorted(pkgutil.iter_modules(jobs.__path__), key=lambda m: m.name):
-        if info.name in {"cli"} or info.name.startswith("bench_"):
+        if info.name == "cli":   # jobs/bench/ is one sub-command (`bench NAME`) over its modules
             continue
         module = importlib.import_module(f"jobs.{info.name}")
         if hasattr(module, "COMMAND"):
             yield module
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shardscribe")
+    except PackageNotFoundError:   # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _summary(doc: str | None) -> str | None:
+    """A module docstring's first sentence, whole (its first paragraph may wrap)."""
+    paragraph = " ".join((doc or "").strip().split("\n\n")[0].split())
+    if not paragraph:
+        return None
+    end = paragraph.find(". ")
+    return paragraph if end < 0 else paragraph[:end + 1]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardscribe", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"shardscribe {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in _job_modules():
-        doc = (module.__doc__ or "").strip().splitlines()
-        p = sub.add_parser(module.COMMAND, help=doc[0] if doc else None, description=module.__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        # A module's epilog (examples, common keys) is built only for its own --help.
+        wants_help = module.COMMAND in sys.argv[1:2] and {"-h", "--help"} & set(sys.argv)
+        epilog = module.epilog() if wants_help and hasattr(module, "epilog") else None
+        p = sub.add_parser(module.COMMAND, help=_summary(module.__doc__), description=module.__doc__,
+                           epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from actors.job.spec import JobError, JobSpec
 from jobs import transcribe
 
 COMMAND = "pseudo-label"
@@ -40,57 +41,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from actors.job import pseudo_label_spec
+    from actors.job.pseudo_label import check_plotting
+
     try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        print("shardscribe: error: pseudo-label's figure needs matplotlib: pip install 'shardscribe[report]'",
-              file=sys.stderr)
+        check_plotting()
+    except JobError as exc:
+        print(f"shardscribe: error: {exc}", file=sys.stderr)
         return 2
-    # Confidence is off in plain transcription (an extra decoder pass for attention
-    # decoders); the keep rule needs it. An explicit --set confidence.enabled=... wins.
-    if not any(o.split("=", 1)[0].strip() == "confidence.enabled" for o in args.overrides):
-        args.overrides = ["confidence.enabled=true"] + list(args.overrides)
-    code = transcribe.run(args)
-    if code != 0 or args.dry_run:    # a dry run writes no rows, so no exports either
+    spec = pseudo_label_spec(transcribe.spec_from_args(args))
+    code = transcribe.execute(spec)
+    if code != 0 or spec.dry_run:    # a dry run writes no rows, so no exports either
         return code
-    return export(args)
+    return export(args, spec)
 
 
-def export(args: argparse.Namespace) -> int:
-    """The keep rule and the exports over DST's rows (the transcribe job committed them),
-    in two streamed passes: the rows' statistics to rank them, then the kept rows'
-    segments into utterances, a batch at a time."""
-    from pipeline.config import load_config
-    from pipeline.output import iter_output
-    from pipeline.pseudo_label import ExportWriter, UtteranceTally, keep_flags, report_data, row_stat, utterances
+def export(args: argparse.Namespace, spec: JobSpec | None = None) -> int:
+    """The keep rule and the exports over DST's rows (the transcribe job committed them;
+    actors.job.export_pseudo_labels), and what they kept, on the console. ``spec``: the
+    job's (default: read from ``args``' input, output, config, overrides and model)."""
+    from actors.job import export_pseudo_labels
 
-    cfg = load_config(args.config, args.overrides, model=args.model)
-    pl = cfg.pseudo_label
-    stats = [row_stat(r) for rows in iter_output(args.output, _STAT_COLUMNS, cfg.storage.options) for r in rows]
-    kept = keep_flags(stats, args.min_confidence, args.keep_fraction, pl.rank_by, pl.filter_unit)
-    kept_ids = {s.id for s, keep in zip(stats, kept) if keep}
-    spans = _SourceSpans(args)
-    tally = UtteranceTally()
-    writer = ExportWriter(args.output, cfg.storage.options)
-    try:
-        for rows in iter_output(args.output, _EXPORT_COLUMNS, cfg.storage.options):
-            for row in rows:
-                if row["id"] not in kept_ids:
-                    continue
-                kept_ids.discard(row["id"])     # a duplicated id (two runs' parts) exports once
-                if spans.from_table(row):
-                    tally.left_out_no_audio_path += 1
-                    continue
-                pieces, lost = utterances(row, pl.max_utterance_s, spans.offset(row), tally)
-                tally.add(pieces)
-                tally.left_out_too_long += lost
-                writer.add(pieces)
-    finally:
-        writer.close()
-    rule = {"min_confidence": args.min_confidence, "keep_fraction": args.keep_fraction, "rank_by": pl.rank_by,
-            "max_utterance_s": pl.max_utterance_s, "filter_unit": pl.filter_unit}
-    data = report_data(stats, kept, tally, rule, pl.reliability_bins, pl.rank_by)
-    written = writer.finish(data)
+    if spec is None:
+        spec = JobSpec(input=args.input, output=args.output, config=args.config, overrides=list(args.overrides),
+                       model=args.model, audio_column=args.audio_column, text_column=args.text_column)
+    data, written = export_pseudo_labels(spec, args.min_confidence, args.keep_fraction)
     print(f"Pseudo-labels: kept {data['kept']} of {data['rows']} rows ({data['errors']} errors, "
           f"{data['filtered']} filtered), {data['utterances']} utterances, {data['utterance_seconds']:.1f} s")
     for url in written:
@@ -99,41 +74,3 @@ def export(args: argparse.Namespace) -> int:
         print("shardscribe: warning: no row carries a confidence (this decoder or model writes none), so "
               "--min-confidence/--keep-fraction kept nothing", file=sys.stderr)
     return 0
-
-
-# The keep rule reads no segment text and no word times: only what row_stat keeps.
-_STAT_COLUMNS = ["id", "text", "reference", "error", "segments", "filter_reasons", "confidence"]
-_EXPORT_COLUMNS = ["id", "audio", "offset_s", "segments", "confidence"]
-
-
-class _SourceSpans:
-    """Where a kept row's audio is: its offset in its file (the output's ``offset_s``), and
-    whether it came as bytes in a table (``<table file>#<row>``: no file for a manifest to
-    point at). Reads no audio; the input is listed once."""
-
-    def __init__(self, args: argparse.Namespace):
-        from pipeline.sources import open_source
-        from pipeline.storage import redact_uri
-
-        self._args = args
-        source = open_source(args.input, args.audio_column, args.text_column)
-        self._kind = source.kind
-        self._tables = {redact_uri(f) for f in source.files} if source.kind == "table" else set()
-        self._manifest_offsets: dict[str, float] | None = None
-
-    def from_table(self, row: dict) -> bool:
-        head, sep, tail = (row.get("audio") or "").rpartition("#")
-        return bool(sep) and tail.isdigit() and head in self._tables
-
-    def offset(self, row: dict) -> float | None:
-        if row.get("offset_s") is not None:
-            return row["offset_s"]
-        if self._kind != "manifest":
-            return None
-        # A part written before the output had offset_s: the manifest says (it holds no audio).
-        if self._manifest_offsets is None:
-            from pipeline.sources import read_source
-
-            self._manifest_offsets = {r["id"]: r["offset_s"] for r in read_source(
-                self._args.input, self._args.audio_column, self._args.text_column) if r.get("offset_s")}
-        return self._manifest_offsets.get(row["id"])

@@ -14,13 +14,55 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import signal
 import sys
-import threading
-import time
+
+from actors.job.spec import JobConsole, JobError, JobIncomplete, JobProgress, JobSpec
 
 COMMAND = "transcribe"
 LOG_NAME = "transcribe.log"
+
+
+EXAMPLES = """examples:
+  shardscribe transcribe --input pipeline/assets/samples/samples.jsonl --output out/samples
+  shardscribe transcribe --input 's3://bucket/calls/*.flac' --output s3://bucket/transcripts --config ar \\
+      --set model.device=cuda --set batching.recordings_per_batch=32
+  shardscribe transcribe --input talk.wav --output out/talk --config ar --set model.language=auto \\
+      --format srt,json --runner local"""
+
+# The keys most jobs set, shown in --help with the default config's values (`shardscribe
+# keys` lists every key).
+COMMON_KEYS = {
+    "model.source": "embedded (Whisper tiny.en), embedded_rnnt, a checkpoint directory or cached hub id",
+    "model.device": "auto | cpu | cuda | cuda:N",
+    "model.dtype": "float32 | float16 | bfloat16",
+    "model.language": "a language code, auto (detected per segment), or null (the model's own)",
+    "model.task": "transcribe | translate (multilingual Whisper models)",
+    "decoder.kind": "ar, ssd, ctc_greedy, ctc_beam, transducer_greedy, transducer_beam (or --config)",
+    "decoder.max_new_tokens": "longest transcript of one segment, in tokens",
+    "ssd.preset": "high_accuracy | high_rtfx",
+    "batching.recordings_per_batch": "rows handed to one actor call",
+    "batching.max_tokens": "padded encoder frames per model sub-batch",
+    "audio.max_segment_s": "longer recordings are cut at pauses (silero-vad)",
+    "audio.vad_threshold": "silero-vad speech probability",
+    "confidence.enabled": "word, segment and row confidence (one extra decoder pass)",
+    "ray.address": "null: a local Ray instance (RAY_ADDRESS is honoured); auto or ray://HOST:PORT",
+    "ray.decode_actors": "model actors (GPU: one per GPU)",
+}
+
+
+def epilog() -> str:
+    """Examples and the common --set keys with the default config's values, for --help."""
+    from pipeline.config import load_config
+
+    data = load_config("default").to_dict()
+    width = max(map(len, COMMON_KEYS))
+    rows = []
+    for key, what in COMMON_KEYS.items():
+        section, name = key.split(".")
+        value = data.get(section, {}).get(name)
+        rows.append(f"  {key:<{width}} = {'null' if value is None else value!s:<14} {what}")
+    return (EXAMPLES + "\n\ncommon --set keys (value in the default config; `shardscribe keys` lists every key):\n"
+            + "\n".join(rows) + "\n\nconfigs: `shardscribe configs` lists them (--config ar, ssd, ctc_beam, ...)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,340 +102,104 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: text, sentence, transcription, transcript, normalized_text)")
 
 
+def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    """The job the options describe."""
+    return JobSpec(input=args.input, output=args.output, config=args.config, overrides=list(args.overrides),
+                   model=args.model, runner=args.runner, formats=args.format, overwrite=args.overwrite,
+                   resume=args.resume, retry_errors=args.retry_errors, dry_run=args.dry_run,
+                   audio_column=args.audio_column, text_column=args.text_column, verbose=args.verbose,
+                   progress_interval=args.progress_interval)
+
+
 def run(args: argparse.Namespace) -> int:
-    from pipeline.config import ConfigError, load_config
-    from pipeline.formats import FormatError, parse_formats
-    from pipeline.models.preflight import ModelError, check_model, check_transducer_search
-    from pipeline.output import OutputBusy
-    from pipeline.sources import SourceError, open_source, scan
-    from pipeline.storage import StorageError
+    return execute(spec_from_args(args))
 
-    where = f"input {args.input}"    # what an OSError below is about
-    if args.retry_errors and args.overwrite:
-        print("shardscribe: error: --retry-errors and --overwrite: --overwrite already transcribes every "
-              "recording again", file=sys.stderr)
-        return 2
+
+def execute(spec: JobSpec) -> int:
+    """Run ``spec`` (actors.job.run_job) with the command line's console; returns the exit
+    status: 0 done, 2 refused (one line), 1 stopped or rows in != rows out, 3 stalled,
+    4 every recording failed, 130 interrupted."""
+    from actors.job import run_job
+
+    console = Console(verbose=spec.verbose, progress_interval=spec.progress_interval)
     try:
-        formats = parse_formats(args.format)
-        cfg = load_config(args.config, args.overrides, model=args.model)
-        check_model(cfg.model)
-        check_transducer_search(cfg)
-        use_storage(cfg, args)
-        # The source is scanned for its ids only; its rows are read where they are used.
-        source = open_source(args.input, args.audio_column, args.text_column)
-        check_apart(source, args.output)
-        scanned = scan(source)
-        where = f"output {args.output}"
-        if args.dry_run:
-            return dry_run(args, cfg, scanned)
-        lock = hold_output(args.output, cfg)
-    except (ConfigError, FormatError, ModelError, SourceError, StorageError, OutputBusy) as exc:
+        result = run_job(spec, on_progress=console.progress, log=console)
+    except JobIncomplete as exc:
+        closing(spec.output, exc.summary)
         print(f"shardscribe: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # the filesystem behind SRC or DST (permissions, credentials, network)
-        from pipeline.storage import redact_uri
-
-        kind, _, url = where.partition(" ")
-        print(f"shardscribe: error: {kind} {redact_uri(url)}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    try:
-        return _run_locked(args, cfg, source, scanned, lock.job_id, formats)
-    finally:
-        lock.release()
-
-
-def check_apart(source, dst: str) -> None:
-    """A Parquet input and the output folder must not hold one another: the output's parts
-    would be read back as input rows by the next run."""
-    import posixpath
-
-    from pipeline.sources import SourceError
-    from pipeline.storage import redact_uri, url_to_fs
-
-    if source.kind != "table":
-        return
-    out_fs, out = url_to_fs(dst)
-    out = posixpath.normpath(out)
-
-    def within(path: str, folder: str) -> bool:
-        return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-    in_fs = url_to_fs(source.files[0])[0]
-    if type(in_fs) is not type(out_fs):
-        return
-    # A folder (or glob) of tables is listed again by every run: no output inside it.
-    inside = source.root and within(out, posixpath.normpath(source.root))
-    if inside or any(within(posixpath.normpath(url_to_fs(f)[1]), out) for f in source.files):
-        raise SourceError(f"input {redact_uri(source.uri)!r} and output {redact_uri(dst)!r} overlap: a Parquet "
-                          "input must lie outside the output folder, and a folder of them hold no output folder")
-
-
-def use_storage(cfg, args) -> None:
-    """storage.options for the input and output protocols; a missing backend (s3fs,
-    gcsfs) or an unreachable store is one line here, before any worker starts."""
-    from pipeline.storage import check_reachable, use_options
-
-    use_options(cfg.storage.options, [args.input, args.output])
-    for url in (args.input, args.output):
-        check_reachable(url, cfg.storage.options)
-
-
-def dry_run(args, cfg, scanned) -> int:
-    """What the job would do with ``scanned`` (the source's ids) in ``args.output``, from
-    reads alone: OutputBusy where a live job holds the folder; 2 where the folder's rows
-    were made by another config and neither --overwrite nor --resume says what to do."""
-    import pyarrow.compute as pc
-
-    from pipeline.config import config_hash
-    from pipeline.output import OutputLock, new_job_id, scan_output
-    from pipeline.storage import redact_uri
-
-    OutputLock(args.output, new_job_id(), cfg.storage.options).check_free()
-    job_hash = config_hash(cfg)
-    found = None if args.overwrite else scan_output(args.output, cfg.storage.options)
-    refusal = None if found is None else _other_config(found.config_hashes, job_hash, args)
-    if refusal:
-        print(f"shardscribe: error: {refusal}", file=sys.stderr)
-        return 2
-    ids = scanned.ids
-    unreadable = 0 if found is None else len(found.unreadable)
-    mine = None if found is None else found.rows.filter(pc.is_in(found.rows.column("id"), value_set=ids))
-    # recordings, not rows: a folder may hold a recording twice (the job would then end
-    # with rows in != rows out, said below)
-    done = 0 if mine is None else pc.count_distinct(mine.column("id")).as_py()
-    failed = 0 if mine is None else pc.count_distinct(mine.filter(mine.column("error")).column("id")).as_py()
-    duplicates = 0 if mine is None else mine.num_rows - done
-    redo = failed if args.retry_errors else 0
-    print(f"shardscribe: dry run: config {cfg.name} ({job_hash}), model {cfg.model.family} {cfg.model.source}, "
-          f"decoder {cfg.decoder.kind}, {args.runner} runner; {len(ids)} recordings in the input, {done} already "
-          f"in {redact_uri(args.output)} ({failed} with an error"
-          + (", retried" if args.retry_errors else "") + f"); {len(ids) - done + redo} to transcribe"
-          + ("; --overwrite would remove the folder's rows first" if args.overwrite else "")
-          + (f"; {unreadable} unreadable parts would be quarantined and their rows redone" if unreadable else "")
-          + (f"; the folder holds {duplicates} duplicate rows of these recordings: the job would end with rows "
-             "in != rows out" if duplicates else "")
-          + "; nothing was started or written")
+        return exc.code
+    except JobError as exc:
+        print(("\n" if exc.started else "") + f"shardscribe: {exc.label}: {exc}", file=sys.stderr, flush=True)
+        return exc.code
+    if spec.dry_run:
+        print(f"shardscribe: {result['message']}")
+    else:
+        closing(spec.output, result)
     return 0
 
 
-def hold_output(dst: str, cfg):
-    """Take the output folder's lock (pipeline.output); the job opens the folder once it
-    knows it will change it (begin_job)."""
-    from pipeline.output import OutputLock, new_job_id
-
-    return OutputLock(dst, new_job_id(), cfg.storage.options).acquire()
-
-
-def commit(dst: str, cfg, summary: dict) -> bool:
-    """The job commit: the summary, then the success marker when rows in == rows out."""
-    from pipeline.output import commit_job
-
-    ok = summary["rows_out"] == summary["rows_in"] and not summary["duplicate_rows"]
-    commit_job(dst, summary, ok, cfg.storage.options)
-    return ok
-
-
-def _run_locked(args, cfg, source, scanned, job_id: str, formats: list[str]) -> int:
-    from pipeline.config import config_hash
-    from pipeline.output import begin_job, clear_output, drop_error_rows, quarantine_unreadable, scan_output
-    from pipeline.sources import unfinished_ids
+def closing(dst: str, summary: dict) -> None:
+    """The closing table, where the output is, the format files, and a warning about rows
+    of other inputs."""
+    from jobs.console import output_lines, summary_table
     from pipeline.storage import redact_uri
 
-    job_hash = config_hash(cfg)
-    found = None
-    if args.overwrite:
-        clear_output(args.output, cfg.storage.options)
-    else:
-        # One read of every part serves the config check, --retry-errors and the ids done.
-        found = scan_output(args.output, cfg.storage.options)
-        refusal = _other_config(found.config_hashes, job_hash, args)
-        if refusal:
-            print(f"shardscribe: error: {refusal}", file=sys.stderr)
-            return 2
-    # Only now the folder is about to change: a refused run leaves a finished job's
-    # success marker where a scheduler waits for it, and its unreadable parts in place.
-    begin_job(args.output, job_id, cfg.storage.options)
-    if found is not None:
-        quarantine_unreadable(args.output, found, job_id, cfg.storage.options)
-    if args.retry_errors:
-        kept = drop_error_rows(args.output, found, scanned.ids, job_id, cfg.storage.options)
-        print(f"shardscribe: retrying {found.rows.num_rows - kept.rows.num_rows} recordings whose rows in "
-              f"{redact_uri(args.output)} had an error", file=sys.stderr)
-        found = kept
-    ids = scanned.ids.to_pylist()
-    done = found.done_ids() if found is not None else None
-    todo = unfinished_ids(scanned.ids, done)
-    if done:
-        print(f"shardscribe: resuming: {len(ids) - len(todo)} of {len(ids)} recordings already in "
-              f"{redact_uri(args.output)}", file=sys.stderr)
-    rows = source.excluding(done) if done else source
-    return _transcribe(args, cfg, ids, todo, rows, scanned.items, job_hash, formats, job_id)
-
-
-def _other_config(hashes: dict, job_hash: str, args) -> str | None:
-    """The refusal message when DST holds rows of another config and neither --resume nor
-    --overwrite says what to do with them."""
-    other = {h: n for h, n in hashes.items() if h != job_hash}
-    if not other or args.resume:
-        return None
-    made_by = ", ".join(f"{n} by config {h or '(unrecorded)'}" for h, n in other.items())
-    from pipeline.storage import redact_uri
-
-    return (f"{redact_uri(args.output)} already holds rows made by another config ({made_by}); this job's config is "
-            f"{job_hash}. Pass --overwrite to transcribe everything again, or --resume to keep those rows "
-            "and add only the missing recordings")
-
-
-def _transcribe(args, cfg, ids: list[str], todo: list[str], rows, items, job_hash, formats, job_id: str) -> int:
-    """Run the job over ``rows`` (the source less the done ids; ``todo`` are its ids)."""
-    from actors.plan import JobStalled
-    from jobs.console import JobLog, Progress, output_lines, summary_table
-    from pipeline.output import SUMMARY_NAME, summarize
-    from pipeline.storage import redact_uri
-
-    with JobLog(args.output, LOG_NAME, verbose=args.verbose) as log:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                            force=True)
-        console = log.console
-        print(f"shardscribe: transcribing {len(todo)} recordings with config {cfg.name} ({args.runner} runner)"
-              + ("" if args.verbose else f"; Ray and worker output: {log.url}"), file=console, flush=True)
-        start, started_at = time.perf_counter(), time.time()
-        ray_was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
-        progress = Progress(len(todo), console, interval_s=args.progress_interval) if todo else None
-        try:
-            if todo:
-                _run(args.runner, rows, items, cfg, args.output, progress, job_id)
-        except KeyboardInterrupt:
-            print(f"\nshardscribe: interrupted: the rows committed so far stay in {redact_uri(args.output)}; "
-                  "the same command resumes after them", file=console, flush=True)
-            _release_ray(args.runner, ray_was_up)
-            return 130
-        except JobStalled as exc:
-            print(f"\nshardscribe: error: {exc}", file=console, flush=True)
-            _release_ray(args.runner, ray_was_up)
-            return 3
-        except Exception as exc:
-            logging.getLogger("shardscribe").exception("the job stopped")
-            print(f"\nshardscribe: error: the job stopped: {_last_line(exc)} (details: {log.url})",
-                  file=console, flush=True)
-            _release_ray(args.runner, ray_was_up)
-            return 1
-        _release_ray(args.runner, ray_was_up)
-        wall = time.perf_counter() - start
-        summary = summarize(args.output, ids, {
-            "config": cfg.name, "config_hash": job_hash, "runner": args.runner, "run_rows": len(todo),
-            "skipped_existing": len(ids) - len(todo), "started_at": started_at, "wall_seconds": wall,
-            "log": log.url,
-        }, run_ids=set(todo), options=cfg.storage.options)
-        commit(args.output, cfg, summary)
-        if progress is not None:
-            progress.close(summary["run_rows_out"], summary["run_audio_seconds"], summary["run_errors"])
-        written = _write_formats(args.output, formats, cfg.storage.options) if formats else []
     for line in summary_table(summary):
         print(line)
-    for line in output_lines(args.output, log.url):
+    for line in output_lines(dst, summary.get("log")):
         print(line)
+    written = getattr(summary, "written", None)
     if written:
         print(f"Formats: {', '.join(written)}")
     if summary.get("extra_rows"):
-        print(f"shardscribe: warning: {redact_uri(args.output)} also holds {summary['extra_rows']} rows whose ids "
+        print(f"shardscribe: warning: {redact_uri(dst)} also holds {summary['extra_rows']} rows whose ids "
               "are not in this input (an earlier job's); they are kept, and left out of the summary",
               file=sys.stderr)
-    if summary["rows_out"] != summary["rows_in"] or summary["duplicate_rows"]:
-        print(f"shardscribe: error: rows in {summary['rows_in']} != rows out {summary['rows_out']} "
-              f"(duplicates {summary['duplicate_rows']}, missing e.g. {summary['missing_ids'][:5]}; "
-              f"see {redact_uri(args.output)}/{SUMMARY_NAME})", file=sys.stderr)
-        return 1
-    if summary["run_rows_out"] and summary["run_errors"] == summary["run_rows_out"]:
-        # Every recording failing is rarely the corpus: a mount or a bucket is unreachable.
-        # The rows stand (rows in = rows out), but a scheduler must not read this as done.
-        kinds = ", ".join(f"{k} {n}" for k, n in list(summary["errors_by_kind"].items())[:3])
-        print(f"shardscribe: error: every one of the {summary['run_rows_out']} recordings this run read failed "
-              f"({kinds}); their error rows are in {redact_uri(args.output)}; once the input is reachable, "
-              "the same command with --retry-errors transcribes them again", file=sys.stderr)
-        return 4
-    return 0
 
 
-def _run(runner: str, rows, items, cfg, dst: str, progress, job_id: str) -> None:
-    from actors.progress import block_counts
+class Console(JobConsole):
+    """The command line's console for a job: its lines on the terminal (stderr), the job
+    log in DST (jobs.console.JobLog: Ray's and the workers' output goes there unless
+    ``verbose``) around the run, and the progress bar (jobs.console.Progress).
+    ``configure_logging``: the process's logging goes to the log too (the command line's
+    process is the job's own; a Python caller's is not)."""
 
-    totals = [(0, 0.0, 0)]   # rows, audio seconds, errors: one tuple, replaced whole
+    def __init__(self, verbose: bool = False, progress_interval: float = 10.0, configure_logging: bool = True):
+        self.verbose = verbose
+        self.progress_interval = progress_interval
+        self.configure_logging = configure_logging
+        self.captures_output = not verbose
+        self.url = None
+        self._log = None
+        self._bar = None
 
-    def count(out):
-        totals[0] = tuple(a + b for a, b in zip(totals[0], block_counts(out)))
+    @property
+    def stream(self):
+        return self._log.console if self._log is not None else sys.stderr
 
-    if runner == "local":
-        from actors.local_runner import run_local
+    def say(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
 
-        def on_batch(out):
-            count(out)
-            progress.update(*totals[0])
+    @contextlib.contextmanager
+    def session(self, dst: str):
+        from jobs.console import JobLog
 
-        with _sigterm_as_interrupt():
-            run_local(rows, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id, items=items)
-        return
-    from actors.plan import init_ray, run_ray
-    from actors.progress import hide_ray_data_progress
+        with JobLog(dst, LOG_NAME, verbose=self.verbose) as log:
+            if self.configure_logging:
+                logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                    force=True)
+            self._log, self.url = log, log.url
+            try:
+                yield
+            finally:
+                self._log = None
 
-    init_ray(cfg)
-    hide_ray_data_progress()
-    stop = threading.Event()
+    def progress(self, p: JobProgress) -> None:
+        from jobs.console import Progress
 
-    def poll():
-        # The console moves while no block arrives too (elapsed time, the log's heartbeat).
-        while not stop.wait(0.5):
-            progress.update(*totals[0])
-
-    watcher = threading.Thread(target=poll, name="progress", daemon=True)
-    watcher.start()
-    try:
-        # After init_ray: ray.init installs its own SIGTERM handler, which ends the driver
-        # where it stands and leaves the local instance's agents running.
-        with _sigterm_as_interrupt():
-            run_ray(rows, cfg, dst, items=items, on_batch=count, job_id=job_id)
-    finally:
-        stop.set()
-        watcher.join()
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """A scheduler's SIGTERM (preemption, a cancelled job) ends the run as Ctrl-C does, so
-    the runner commits its finished rows and Ray is shut down, instead of the process
-    dying where it stands."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _release_ray(runner: str, was_up: bool) -> None:
-    """Disconnect from the Ray instance this job started or joined; a driver that was
-    already connected (a caller's session, a test's cluster) stays connected."""
-    if runner == "ray" and not was_up:
-        from actors.progress import shutdown_ray
-
-        shutdown_ray()
-
-
-def _write_formats(dst: str, formats: list[str], options: dict) -> list[str]:
-    from pipeline.formats import write_formats
-
-    return write_formats(dst, formats, options)
-
-
-def _last_line(exc: BaseException) -> str:
-    """The line of an exception that names the cause: a Ray error carries the worker's
-    whole traceback, whose last line is the original exception."""
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    text = lines[-1] if lines else type(exc).__name__
-    return text[:400]
+        if self._bar is None:
+            self._bar = Progress(p.total, self.stream, interval_s=self.progress_interval)
+        if p.final:
+            self._bar.close(p.rows, p.audio_seconds, p.errors)
+        else:
+            self._bar.update(p.rows, p.audio_seconds, p.errors)

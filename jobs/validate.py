@@ -1,6 +1,6 @@
 """Audit a corpus before a long job: `shardscribe validate SRC`.
 
-Runs the transcription job with the `audit` decoder kind (pipeline.decoders.audit): every
+Runs the transcription job with the `audit` decoder kind (pipeline.decoders.audit.stage): every
 recording is read, decoded and segmented exactly as a job would, no model is loaded, and
 one row per recording is written with its duration or its error. Prints how many rows,
 how many hours, and the first recordings that failed with why. Exit 0: every recording is
@@ -37,29 +37,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from actors.job import JobSpec
     from jobs import transcribe
     from pipeline.output import iter_output, summary_exists
 
     with tempfile.TemporaryDirectory(prefix="shardscribe-validate-") as tmp:
         output = args.output or tmp
-        # transcribe's own parser: every option it reads gets its default
-        parser = argparse.ArgumentParser()
-        transcribe.add_arguments(parser)
-        job = parser.parse_args(
-            ["--input", args.input, "--output", output, "--runner", args.runner]
-            + (["--config", args.config] if args.config else [])
-            + (["--audio-column", args.audio_column] if args.audio_column else [])
-            + (["--text-column", args.text_column] if args.text_column else [])
-            + (["--overwrite"] if args.overwrite else []) + (["--resume"] if args.resume else [])
-            + (["--retry-errors"] if args.retry_errors else [])
-            + [a for o in list(args.overrides) + ["decoder.kind=audit", "model.device=cpu"] for a in ("--set", o)])
+        job = JobSpec(input=args.input, output=output, config=args.config, runner=args.runner,
+                      overrides=list(args.overrides) + ["decoder.kind=audit", "model.device=cpu"],
+                      audio_column=args.audio_column, text_column=args.text_column, overwrite=args.overwrite,
+                      resume=args.resume, retry_errors=args.retry_errors)
         if args.output:
-            code = transcribe.run(job)
+            code = transcribe.execute(job)
         else:
             # The job's table and "Output: ..." lines would name a temporary folder that is
             # gone when this returns; the audit's own lines below say what it found.
             with contextlib.redirect_stdout(io.StringIO()):
-                code = transcribe.run(job)
+                code = transcribe.execute(job)
         if code == 2 or (code and not summary_exists(output)):
             # Refused before it started, or stopped (its own message said why): there is
             # no audit to report.

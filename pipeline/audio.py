@@ -5,18 +5,26 @@ downmixes and resamples each block (soxr's streaming resampler) into one preallo
 16-kHz array, so a long recording never exists whole at its original rate, channel count
 or as encoded bytes in memory: its peak is the 16-kHz result plus one block.
 
-Every failure raises AudioError with a message a user can act on; the pipeline turns it
-into one output row with that `error`, so a bad file never stops a job.
+What a file costs is bounded before it is decoded: its header's sample rate and channel
+count must be in range (MIN_RATE..MAX_RATE, MAX_CHANNELS), the audio asked for at most
+``max_seconds`` (config ``audio.max_seconds``), a block at most BLOCK_VALUES samples, and
+a ``deadline`` is checked between blocks, so a read that runs out of time stops instead of
+running on in a thread no one waits for.
+
+Every failure raises AudioError with a message a user can act on and a ``kind`` from a fixed
+vocabulary (pipeline.output.ERROR_KINDS, which reads the same kind back from the message);
+the pipeline turns it into one output row with that `error`, so a bad file never stops a job.
 """
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
 import soundfile as sf
 import soxr
 
-from pipeline.mp3_frames import untagged_seconds
+from pipeline.mp3_frames import DeadlinePassed, untagged_seconds
 
 SAMPLE_RATE = 16000
 # Float formats are stored unscaled: a file written as int16 values in float (peaks near
@@ -26,10 +34,21 @@ MAX_FLOAT_PEAK = 1.5
 # A decode that stops early by more than this (the larger of the two) is a truncated or
 # corrupt file, not an estimate of the header's length (MP3 frame counts can be off).
 SHORT_READ_S, SHORT_READ_SHARE = 1.0, 0.05
+# Whatever the tolerance above, a decode that gives less than this share of what the header
+# declares is corrupt (a 1.5-s header over 0.6 s of audio is not a shorter recording).
+SHORT_READ_MAX_SHARE = 0.5
+# The header values a recording may have: outside them a file is refused before decoding
+# (a rate of 1 Hz resampled to 16 kHz grows 16000-fold; 1000 channels of a mono file's
+# bytes decode as a few milliseconds of noise).
+MIN_RATE, MAX_RATE = 1000, 384000
+MAX_CHANNELS = 32
+MAX_SECONDS = 14400.0   # audio.max_seconds's default: the longest audio decoded for one row
+# libsndfile's frame count for a length it does not know (a FLAC stream without a total).
+_UNKNOWN_FRAMES = 1 << 62
 
 
 def _too_short(missing_s: float, wanted_s: float) -> bool:
-    return missing_s > max(SHORT_READ_S, SHORT_READ_SHARE * wanted_s)
+    return missing_s > min(max(SHORT_READ_S, SHORT_READ_SHARE * wanted_s), SHORT_READ_MAX_SHARE * wanted_s)
 
 
 def _span_cut_short(length_s: float, got_to_s: float, offset_s: float | None, duration_s: float | None) -> bool:
@@ -41,7 +60,43 @@ def _span_cut_short(length_s: float, got_to_s: float, offset_s: float | None, du
 
 
 class AudioError(ValueError):
-    """The bytes are not decodable audio (or hold no samples)."""
+    """The bytes are not decodable audio (or hold no samples). ``kind``: one word of
+    pipeline.output.ERROR_KINDS; pipeline.output.error_kind gives the same word for the
+    message, which is all an output row keeps."""
+
+    def __init__(self, message: str, kind: str = "corrupt"):
+        super().__init__(message)
+        self.kind = kind
+
+
+def check_header(rate: int, channels: int) -> None:
+    """AudioError (``unsupported``) where a header's sample rate or channel count is out of
+    range: checked before any sample is decoded."""
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise AudioError(f"unsupported sample rate: the header declares {rate} Hz "
+                         f"(accepted: {MIN_RATE}..{MAX_RATE} Hz)", "unsupported")
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise AudioError(f"unsupported channel count: the header declares {channels} channels "
+                         f"(accepted: 1..{MAX_CHANNELS})", "unsupported")
+
+
+def _too_long(seconds: float, max_seconds: float, what: str) -> AudioError:
+    return AudioError(f"too long: {what} {seconds:.0f} s of audio, over audio.max_seconds "
+                      f"({max_seconds:g} s)", "too_long")
+
+
+def _check_known_length(frames: int) -> None:
+    """AudioError (``unsupported``) for a file whose header leaves its length open (a FLAC
+    written to a pipe: STREAMINFO's total 0), which libsndfile reports as SF_COUNT_MAX
+    frames and fails to read to its end."""
+    if frames >= _UNKNOWN_FRAMES:
+        raise AudioError("cannot decode audio: unsupported stream without a declared length "
+                         "(a FLAC written to a pipe?); re-encode it to a file", "unsupported")
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise AudioError("read timeout: decoding stopped at its deadline (audio.read_timeout_s)", "timeout")
 
 
 WAV_HEAD_BYTES = 4096   # where a WAV's fmt and data chunk headers are looked for
@@ -146,7 +201,8 @@ def _check_mp3_length(held: float, decoded_end_s: float, offset_s: float | None 
     frame's bitrate."""
     if _span_cut_short(held, decoded_end_s, offset_s, duration_s):
         raise AudioError(f"MP3 without a length header (Xing/VBRI): the decoder reads {decoded_end_s:.2f} s of the "
-                         f"{held:.2f} s its frames hold; re-encode it (or restore its header) to transcribe it whole")
+                         f"{held:.2f} s its frames hold; re-encode it (or restore its header) to transcribe it whole",
+                         "unsupported")
 
 
 def _check_wav_length(head: bytes, size: int, offset_s: float | None = None,
@@ -169,18 +225,27 @@ def _libsndfile_reason(exc: "sf.LibsndfileError") -> str:
         return "unrecognised or corrupt audio format"
     if "internal error" in reason.lower():   # what a decoder says on damaged frames mid-file
         return f"corrupt data inside the file ({reason.rstrip('.')})"
+    if any(w in reason.lower() for w in ("unimplemented", "unsupported", "not supported")):
+        return f"unsupported format or encoding ({reason.rstrip('.')})"
     return reason
 
 
-def decode_audio(data: bytes | None, quality: str = "HQ") -> tuple[np.ndarray, int, int]:
-    """Decode bytes of WAV/FLAC/OGG/MP3 to mono float32 at 16 kHz.
+def _undecodable(reason: str) -> AudioError:
+    return AudioError(f"cannot decode audio: {reason}",
+                      "unsupported" if reason.startswith("unsupported") else "corrupt")
+
+
+def decode_audio(data: bytes | None, quality: str = "HQ",
+                 max_seconds: float = MAX_SECONDS) -> tuple[np.ndarray, int, int]:
+    """Decode bytes of WAV/FLAC/OGG/MP3 to mono float32 at 16 kHz (the header checked and
+    the length bounded as decode_stream does).
 
     Returns ``(samples, original_rate, original_channels)``.
     """
     if data is None:
-        raise AudioError("no audio bytes (the file could not be read)")
+        raise AudioError("no audio bytes (the file could not be read)", "unreadable")
     if len(data) == 0:
-        raise AudioError("empty file (0 bytes)")
+        raise AudioError("empty file (0 bytes)", "empty")
     _check_wav_length(data[:WAV_HEAD_BYTES], len(data))
     fill = wav_unwritten_length(data[:WAV_HEAD_BYTES], len(data), data[-WAV_HEAD_BYTES:])
     if fill:
@@ -192,16 +257,26 @@ def decode_audio(data: bytes | None, quality: str = "HQ") -> tuple[np.ndarray, i
     try:
         with sf.SoundFile(io.BytesIO(data)) as f:
             rate, channels, mp3 = f.samplerate, f.channels, f.format == "MP3"
-            samples = f.read(dtype="float32", always_2d=True)
+            check_header(rate, channels)
+            total = f.frames
+            _check_known_length(total)
+            if max_seconds * rate < total:
+                raise _too_long(total / rate, max_seconds, "the header declares")
+            samples = f.read(total, dtype="float32", always_2d=True)    # never more than declared
+    except AudioError:
+        raise
     except sf.LibsndfileError as exc:
-        raise AudioError(f"cannot decode audio: {_libsndfile_reason(exc)}") from None
+        raise _undecodable(_libsndfile_reason(exc)) from None
     except (RuntimeError, TypeError, ValueError) as exc:
-        raise AudioError(f"cannot decode audio: {exc}") from None
+        raise _undecodable(str(exc)) from None
     held = untagged_seconds(io.BytesIO(data)) if mp3 else None
     if held is not None:
         _check_mp3_length(held, samples.shape[0] / rate)
+    elif _too_short((total - samples.shape[0]) / rate, total / rate):
+        raise AudioError(f"truncated or corrupt: decoded {samples.shape[0] / rate:.2f} s of the "
+                         f"{total / rate:.2f} s its header declares")
     if samples.shape[0] == 0:
-        raise AudioError("audio has zero samples")
+        raise AudioError("audio has zero samples", "empty")
     mono = samples.mean(axis=1) if channels > 1 else samples[:, 0]
     if not np.isfinite(mono).all():
         raise AudioError("audio contains NaN or infinite samples")
@@ -215,18 +290,27 @@ def decode_audio(data: bytes | None, quality: str = "HQ") -> tuple[np.ndarray, i
 
 
 BLOCK_SECONDS = 30.0  # decoded per read: bounds the original-rate working memory
+BLOCK_VALUES = 1 << 22  # and at most this many samples (all channels) per read: 16 MB of float32
+PREALLOCATE_S = 3600.0  # the 16-kHz result is allocated for at most this long, then grows
 
 
 def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
-                  duration_s: float | None = None) -> tuple[np.ndarray, int, int]:
+                  duration_s: float | None = None, max_seconds: float = MAX_SECONDS,
+                  deadline: float | None = None) -> tuple[np.ndarray, int, int]:
     """Decode the file object ``fh`` (or its span from ``offset_s`` for ``duration_s``
     seconds) to mono float32 at 16 kHz, one block at a time.
+
+    The header is checked before any sample is decoded (check_header; a declared length,
+    of which at most ``max_seconds`` may be asked for), no more than it declares is read,
+    and ``deadline`` (a time.monotonic() value) is checked between blocks: past it the decode
+    stops with a ``timeout`` AudioError, so a caller that gave up on it gets its thread and
+    memory back.
 
     Returns ``(samples, original_rate, original_channels)``; raises AudioError."""
     pos = fh.tell()
     head = fh.read(WAV_HEAD_BYTES)
     if not head:
-        raise AudioError("empty file (0 bytes)")
+        raise AudioError("empty file (0 bytes)", "empty")
     if head[:4] == b"RIFF":
         try:
             size = fh.seek(0, io.SEEK_END) - pos
@@ -242,23 +326,34 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
     try:
         with sf.SoundFile(fh) as f:
             rate, channels, total = f.samplerate, f.channels, f.frames
+            check_header(rate, channels)
+            _check_known_length(total)
             start = int(round((offset_s or 0.0) * rate))
             if start >= total > 0:
                 raise AudioError(f"offset {offset_s} s is at or past the end of the audio "
-                                 f"({total / rate:.2f} s)")
-            want = total - start if duration_s is None else min(total - start, int(round(duration_s * rate)))
+                                 f"({total / rate:.2f} s)", "missing")
+            asked = None if duration_s is None else int(round(duration_s * rate))
+            want = total - start if asked is None else min(total - start, asked)
+            if want > max_seconds * rate:      # at most what the header declares is read
+                raise _too_long(want / rate, max_seconds, "the header declares" if asked is None or
+                                asked > total - start else "the span asks for")
             if start:
                 f.seek(start)
             stream = (soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality=quality)
                       if rate != SAMPLE_RATE else None)
-            out = _Growing(int(np.ceil(max(want, 0) * SAMPLE_RATE / rate)) + 64)
-            block, left, peak = max(1, int(BLOCK_SECONDS * rate)), want, 0.0
+            expect = min(want, int(PREALLOCATE_S * rate))
+            out = _Growing(int(np.ceil(max(expect, 0) * SAMPLE_RATE / rate)) + 64)
+            block = max(1, min(int(BLOCK_SECONDS * rate), BLOCK_VALUES // channels))
+            left, got, peak = want, 0, 0.0
             while left > 0:
+                _check_deadline(deadline)
                 data = f.read(min(block, left), dtype="float32", always_2d=True)
                 if data.shape[0] == 0:
                     break
                 left -= data.shape[0]
+                got += data.shape[0]
                 mono = data.mean(axis=1) if channels > 1 else data[:, 0]
+                del data
                 if not np.isfinite(mono).all():
                     raise AudioError("audio contains NaN or infinite samples")
                 if len(mono):
@@ -269,20 +364,22 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
             mp3 = f.format == "MP3"
         # An MP3 without a length header has only an estimate of its length, short or long:
         # its frames are the measure; any other file is measured against its header.
-        held = untagged_seconds(fh, pos) if mp3 else None
+        held = untagged_seconds(fh, pos, deadline=deadline) if mp3 else None
         if held is not None:
-            _check_mp3_length(held, (start + want - left) / rate, offset_s, duration_s)
+            _check_mp3_length(held, (start + got) / rate, offset_s, duration_s)
         elif _too_short(left / rate, want / rate):
-            raise AudioError(f"truncated or corrupt: decoded {(want - left) / rate:.2f} s of the "
+            raise AudioError(f"truncated or corrupt: decoded {got / rate:.2f} s of the "
                              f"{want / rate:.2f} s its header declares")
     except AudioError:
         raise
+    except DeadlinePassed:
+        raise AudioError("read timeout: decoding stopped at its deadline (audio.read_timeout_s)", "timeout") from None
     except sf.LibsndfileError as exc:
-        raise AudioError(f"cannot decode audio: {_libsndfile_reason(exc)}") from None
+        raise _undecodable(_libsndfile_reason(exc)) from None
     except (RuntimeError, TypeError, ValueError) as exc:
-        raise AudioError(f"cannot decode audio: {exc}") from None
+        raise _undecodable(str(exc)) from None
     if out.n == 0:
-        raise AudioError("audio has zero samples")
+        raise AudioError("audio has zero samples", "empty")
     samples = out.result()
     if peak > MAX_FLOAT_PEAK:
         samples *= np.float32(1.0 / peak)
@@ -296,8 +393,10 @@ class _Growing:
         self.buf, self.n = np.empty(size, np.float32), 0
 
     def add(self, chunk: np.ndarray) -> None:
-        if self.n + len(chunk) > len(self.buf):
-            self.buf = np.concatenate([self.buf[:self.n], np.empty(len(chunk) + 4096, np.float32)])
+        if self.n + len(chunk) > len(self.buf):     # grows by half: amortised linear copying
+            grown = np.empty(max(self.n + len(chunk) + 4096, len(self.buf) * 3 // 2), np.float32)
+            grown[:self.n] = self.buf[:self.n]
+            self.buf = grown
         self.buf[self.n:self.n + len(chunk)] = chunk
         self.n += len(chunk)
 

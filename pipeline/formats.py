@@ -237,33 +237,47 @@ def _rows(dst: str, options: dict | None):
 def write_formats(dst: str, formats: list[str], options: dict | None = None) -> list[str]:
     """Write ``formats`` for every row of the output folder ``dst`` (opened with the job's
     storage ``options``) into its sidecar folder; returns the folders and files written
-    (relative to ``dst``)."""
+    (relative to ``dst``). Everything is written under a temporary folder first and moved
+    into place at the end, so an interrupted write leaves the previous formats (or none),
+    never a partial set beside a finished job's _SUCCESS."""
+    import uuid
+
     from pipeline.output import SIDECAR_DIR
     from pipeline.storage import url_to_fs
 
     fs, path = url_to_fs(dst, options)
     root = posixpath.join(path, SIDECAR_DIR)
+    staging = posixpath.join(root, f".tmp-formats-{uuid.uuid4().hex[:12]}")
     per_file = [f for f in formats if f != "nemo"]
-    fs.makedirs(root, exist_ok=True)
     for fmt in per_file:
-        fs.makedirs(posixpath.join(root, fmt), exist_ok=True)
+        fs.makedirs(posixpath.join(staging, fmt), exist_ok=True)
+    fs.makedirs(staging, exist_ok=True)
     taken: set[str] = set()
-    nemo = fs.open(posixpath.join(root, NEMO_MANIFEST), "w", encoding="utf-8") if "nemo" in formats else None
     try:
-        for row in _rows(dst, options):
-            # NeMo's manifest readers add up and compare durations: one null stops them.
-            if nemo is not None and row.get("duration_s") is not None:
-                nemo.write(nemo_line(row) + "\n")
-            if not per_file:
-                continue
-            name = safe_name(row["id"], taken)
-            cues = captions(row.get("segments") or []) if not row.get("error") else []
-            render = {"srt": lambda: to_srt(cues), "vtt": lambda: to_vtt(cues),
-                      "json": lambda: to_json(row), "tsv": lambda: to_tsv(row)}
-            for fmt in per_file:
-                with fs.open(posixpath.join(root, fmt, f"{name}.{fmt}"), "w", encoding="utf-8") as fh:
-                    fh.write(render[fmt]())
+        nemo = fs.open(posixpath.join(staging, NEMO_MANIFEST), "w", encoding="utf-8") if "nemo" in formats else None
+        try:
+            for row in _rows(dst, options):
+                # NeMo's manifest readers add up and compare durations: one null stops them.
+                if nemo is not None and row.get("duration_s") is not None:
+                    nemo.write(nemo_line(row) + "\n")
+                if not per_file:
+                    continue
+                name = safe_name(row["id"], taken)
+                cues = captions(row.get("segments") or []) if not row.get("error") else []
+                render = {"srt": lambda: to_srt(cues), "vtt": lambda: to_vtt(cues),
+                          "json": lambda: to_json(row), "tsv": lambda: to_tsv(row)}
+                for fmt in per_file:
+                    with fs.open(posixpath.join(staging, fmt, f"{name}.{fmt}"), "w", encoding="utf-8") as fh:
+                        fh.write(render[fmt]())
+        finally:
+            if nemo is not None:
+                nemo.close()
+        for name in per_file + ([NEMO_MANIFEST] if nemo is not None else []):
+            final = posixpath.join(root, name)
+            if fs.exists(final):
+                fs.rm(final, recursive=True)
+            fs.mv(posixpath.join(staging, name), final, recursive=name in per_file)
     finally:
-        if nemo is not None:
-            nemo.close()
-    return [f"{SIDECAR_DIR}/{f}/" for f in per_file] + ([f"{SIDECAR_DIR}/{NEMO_MANIFEST}"] if nemo else [])
+        if fs.exists(staging):
+            fs.rm(staging, recursive=True)
+    return [f"{SIDECAR_DIR}/{f}/" for f in per_file] + ([f"{SIDECAR_DIR}/{NEMO_MANIFEST}"] if "nemo" in formats else [])

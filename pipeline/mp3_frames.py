@@ -9,6 +9,8 @@ walk here counts the samples every frame holds, so the decoder's shortfall can b
 """
 from __future__ import annotations
 
+import time
+
 # kbit/s by bitrate index, per (MPEG-1?, layer)
 _BITRATES = {
     (True, 1): (0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448),
@@ -25,6 +27,10 @@ _RATES = {0: (11025, 12000, 8000), 2: (22050, 24000, 16000), 3: (44100, 48000, 3
 LENGTH_TAGS = (b"Xing", b"Info", b"VBRI")
 _TAG_SEARCH = 64
 _JUNK_MAX = 4096    # bytes looked through for the first frame's sync
+
+
+class DeadlinePassed(TimeoutError):
+    """untagged_seconds ran past its deadline."""
 
 
 def frame(header: bytes) -> tuple[int, int, int] | None:
@@ -54,15 +60,18 @@ def _skip_id3(fh, pos: int) -> int:
     return pos
 
 
-def untagged_seconds(fh, pos: int = 0, chunk: int = 1 << 16) -> float | None:
+def untagged_seconds(fh, pos: int = 0, chunk: int = 1 << 16, deadline: float | None = None) -> float | None:
     """Seconds of audio the frames of the MP3 in ``fh`` (from ``pos``) hold, or None where
     its first frame carries a length header (the decoder's length is then exact) or no
     frame is found. Reads the file once, a chunk at a time; stops at the first byte that
-    does not continue the chain of frames (trailing tags, damage)."""
+    does not continue the chain of frames (trailing tags, damage). DeadlinePassed once
+    time.monotonic() passes ``deadline`` (checked between chunks)."""
     start = _skip_id3(fh, pos)
     fh.seek(start)
     buf, offset, samples, rate, first = b"", 0, 0, 0, True
     while True:
+        if deadline is not None and time.monotonic() > deadline:
+            raise DeadlinePassed("MP3 frame count stopped at its deadline")
         more = fh.read(chunk)
         buf = buf[offset:] + more
         offset = 0

@@ -4,10 +4,10 @@ Whisper's encoder costs the same for a 3-s clip as for 30 s, so a decoder that r
 the encoder states (greedy CTC, CTC beam search) can place several short clips, with
 short silences between them, in one window, encode the window once and cut each clip's
 states back out. The embedded CTC head was trained on exactly such packed windows
-(pipeline.models.whisper.ctc_features.encode_packed_shard: these same functions, with
+(pipeline.training.ctc_features.encode_packed_shard: these same functions, with
 random gaps), so its outputs on a packed clip are in distribution. Autoregressive decoders
 cannot use this: Whisper's decoder would read the whole window. SSD's packed gate
-(pipeline.decoders.ssd.SSDFirstPassDecoder) uses it for the draft and the gate only, and
+(pipeline.decoders.ssd.stages.SSDFirstPassDecoder) uses it for the draft and the gate only, and
 encodes the clips the gate rejects again alone.
 
 This module is the pure part: which clip goes where (first fit in input order, clip

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.confidence.evaluation import ece as expected_calibration_error
-from pipeline.config import PSEUDO_LABEL_RANKINGS
+from pipeline.config_sections import PSEUDO_LABEL_RANKINGS
 from pipeline.metrics import normalize
 from pipeline.output import SIDECAR_DIR
 from pipeline.storage import redact_uri, url_to_fs

@@ -118,8 +118,13 @@ def open_source(uri: str, audio_column: str | None = None, text_column: str | No
         # every single-file job into one output folder).
         found, root = [path], posixpath.dirname(path)
     else:
-        found, root = fs.find(path), path
-    audio = sorted(f for f in found if f.lower().endswith(AUDIO_EXTENSIONS))
+        # A folder named like audio ("x.wav/") is listed too: its row is an error (prepare
+        # says it is a directory), never a recording that silently is not there.
+        listed = fs.find(path, withdirs=True, detail=True)
+        found = [f for f, info in listed.items() if info.get("type") != "directory"
+                 or (f.rstrip("/") != path.rstrip("/") and f.rstrip("/").lower().endswith(AUDIO_EXTENSIONS))]
+        root = path
+    audio = sorted(f.rstrip("/") for f in found if f.rstrip("/").lower().endswith(AUDIO_EXTENSIONS))
     if audio:
         return Source(uri, "files", tuple(_uri(fs, f) for f in audio), root=root, **cols)
     tables = sorted(f for f in found if f.lower().endswith(".parquet"))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds KenLM's `lmplz` and `build_binary` from the kenlm source distribution on PyPI
-# (needs cmake plus Debian's boost/eigen/zlib/bz2/lzma dev packages; scripts/setup.sh
+# (needs cmake plus Debian's boost/eigen/zlib/bz2/lzma dev packages; `scripts/setup.sh --dev`
 # installs them). Used by `shardscribe build-lm`.
 #
 #   bash scripts/build_kenlm.sh            # prints the bin directory when done
@@ -22,7 +22,7 @@ fi
 PY=.venv/bin/python
 [ -x "$PY" ] || PY=python3
 for tool in cmake make; do
-  command -v "$tool" >/dev/null || { echo "build_kenlm.sh: $tool is missing (run scripts/setup.sh)" >&2; exit 1; }
+  command -v "$tool" >/dev/null || { echo "build_kenlm.sh: $tool is missing (run: bash scripts/setup.sh --dev)" >&2; exit 1; }
 done
 
 mkdir -p "$KENLM_DIR"

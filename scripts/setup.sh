@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs shardscribe into ./.venv on a fresh Debian machine, offline from model hubs.
 #
-#   bash scripts/setup.sh          # runtime: system packages, CPU torch, the project
-#   bash scripts/setup.sh --test   # + test/bench extras, pyctcdecode, KenLM binaries
+#   bash scripts/setup.sh          # runtime: libsndfile, a C compiler, CPU torch, the project
+#   bash scripts/setup.sh --test   # + the lab: TTS engines, sox, chromium, the KenLM
+#                                  #   toolchain and binaries, test/bench extras, pyctcdecode
+#   bash scripts/setup.sh --dev    # the same as --test
 #
 # torch: we install the CPU build (torch==2.13.0, ~0.9 GB) on purpose. A bare
 # `pip install torch` resolves to a ~5 GB CUDA build here; GPU users install their own
@@ -14,20 +16,25 @@ cd "$(dirname "$0")/.."
 WITH_TEST=0
 for arg in "$@"; do
   case "$arg" in
-    --test) WITH_TEST=1 ;;
+    --test|--dev) WITH_TEST=1 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
 
-# System packages: libsndfile for soundfile; Debian's TTS engines for the synthetic
-# corpus (make-tts-corpus); sox for audio checks; boost/eigen/cmake to compile KenLM's
-# lmplz and build_binary (build-lm); gcc/g++ for KenLM and for the beam search's native
-# CPU frame loop (pipeline/decoding/ctc_beam/loop_native.c, compiled on first use).
-APT_PACKAGES=(gcc g++ libc6-dev libsndfile1 espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox cmake
-  libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev
-  libeigen3-dev zlib1g-dev libbz2-dev liblzma-dev)
-# Tests only: headless Chromium renders the job report (tests/test_report.py).
-[ "$WITH_TEST" = 1 ] && APT_PACKAGES+=(chromium)
+# System packages of the runtime: libsndfile for soundfile; gcc/libc6-dev for the beam
+# search's native CPU frame loop (pipeline/decoding/ctc_beam/loop_native.c, compiled with
+# the system cc on first use).
+APT_PACKAGES=(gcc libc6-dev libsndfile1)
+# The lab (tests, benchmarks, corpus and LM building): Debian's TTS engines and voices for
+# the synthetic corpus (make-tts-corpus, make-bench-sets, the TTS tests); sox for audio
+# checks; headless Chromium renders the job report (tests/test_report.py); g++, make,
+# cmake, boost, eigen and the compression libraries compile KenLM's lmplz and build_binary
+# (scripts/build_kenlm.sh below; `shardscribe build-lm` needs lmplz).
+if [ "$WITH_TEST" = 1 ]; then
+  APT_PACKAGES+=(espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox chromium
+    g++ make cmake libboost-program-options-dev libboost-system-dev libboost-thread-dev libboost-test-dev
+    libeigen3-dev zlib1g-dev libbz2-dev liblzma-dev)
+fi
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -52,7 +59,7 @@ if [ "$WITH_TEST" = 1 ]; then
 else
   "${PIP[@]}" -e .
 fi
-if [ -f scripts/build_kenlm.sh ]; then
+if [ "$WITH_TEST" = 1 ] && [ -f scripts/build_kenlm.sh ]; then
   bash scripts/build_kenlm.sh
 fi
 echo "setup: done (.venv ready)"

@@ -1,8 +1,10 @@
 """Dependencies point down: pipeline/ (the library) never imports actors/ (the execution
 layer) or jobs/ (the command line), actors/ never imports jobs/, and no module of
-pipeline/ is part of an import cycle. Imports inside functions count too: a lazy import is
-still a dependency. Read from the source text, so a cycle fails here even where Python's
-import order happens to tolerate it."""
+pipeline/ is part of an import cycle. The lab (pipeline/training/: training, corpus
+generation, losses, model cards, benchmark references; jobs/bench/) is fenced off: nothing
+a job runs reaches it. Imports inside functions count too: a lazy import is still a
+dependency. Read from the source text, so a cycle fails here even where Python's import
+order happens to tolerate it."""
 from __future__ import annotations
 
 import ast
@@ -44,10 +46,66 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
     return out
 
 
+def _named(path: Path, mods: dict[str, Path]) -> set[str]:
+    """Project modules a string constant of ``path`` names as ``"module"`` or
+    ``"module:attribute"``: what the registries (decoder kinds, model families) import by
+    name when a config asks for them."""
+    return {node.value.partition(":")[0] for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and node.value.partition(":")[0] in mods}
+
+
 @pytest.fixture(scope="module")
 def graph() -> dict[str, set[str]]:
     mods = _modules()
     return {name: _imports(name, path, mods) for name, path in mods.items()}
+
+
+# The job's runtime: its commands (cli.py registers the others by importing every jobs
+# module, and they import their work lazily, inside ``run``), the execution layer, and every
+# module of the registered decoder kinds and model families.
+RUNTIME_JOBS = ("transcribe", "pseudo_label", "validate", "report", "build_lm", "build_token_map",
+                "calibrate", "cli")
+RUNTIME_PACKAGES = ("actors", "pipeline.decoders", "pipeline.models")
+LAB = ("pipeline.training", "jobs.bench")
+
+
+def _runtime_path(mods: dict[str, Path]) -> dict[str, str]:
+    """Every module the runtime reaches, each with the module it was first reached from
+    (an entry module: itself). A module is reached through its imports (lazy ones too),
+    the packages above it (importing ``a.b.c`` runs ``a`` and ``a.b``) and the modules its
+    strings name for a registry."""
+    entries = [f"jobs.{name}" for name in RUNTIME_JOBS]
+    missing = [m for m in entries if m not in mods]
+    assert not missing, f"runtime entry modules not found: {missing}"
+    entries += [m for m in mods for pkg in RUNTIME_PACKAGES if m == pkg or m.startswith(pkg + ".")]
+    edges = {name: _imports(name, path, mods) | _named(path, mods) for name, path in mods.items()}
+    reached = {m: m for m in entries}
+    todo = list(entries)
+    while todo:
+        m = todo.pop()
+        parts = m.split(".")
+        for t in edges[m] | {".".join(parts[:i]) for i in range(1, len(parts))}:
+            if t in mods and t not in reached:
+                reached[t] = m
+                todo.append(t)
+    return reached
+
+
+def test_the_runtime_never_imports_the_lab():
+    """No module a job runs imports pipeline.training or jobs.bench, directly, lazily or
+    through a registry's module name."""
+    mods = _modules()
+    reached = _runtime_path(mods)
+
+    def chain(m):
+        out = [m]
+        while reached[out[-1]] != out[-1]:
+            out.append(reached[out[-1]])
+        return " <- ".join(out)
+
+    bad = [chain(m) for m in sorted(reached) if any(m == lab or m.startswith(lab + ".") for lab in LAB)]
+    assert not bad, "the runtime reaches the lab: " + "; ".join(bad)
 
 
 def test_layers_only_import_downwards(graph):
@@ -92,3 +150,24 @@ def test_the_check_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
         test_pipeline_has_no_import_cycle(g)
     with pytest.raises(AssertionError, match="pipeline.b imports actors.x"):
         test_layers_only_import_downwards(g)
+
+
+def test_the_check_sees_the_runtime_reach_the_lab(tmp_path, monkeypatch):
+    """The fence can fail: a runtime command's lazy import that leads to pipeline.training,
+    and a registry string naming a lab module, are both found."""
+    for d in ("pipeline/training", "pipeline/decoders", "pipeline/models", "actors", "jobs"):
+        (tmp_path / d).mkdir(parents=True)
+    for name in RUNTIME_JOBS:
+        (tmp_path / "jobs" / f"{name}.py").write_text("")
+    (tmp_path / "pipeline" / "training" / "__init__.py").write_text("")
+    (tmp_path / "pipeline" / "training" / "corpus.py").write_text("")
+    (tmp_path / "pipeline" / "helpers.py").write_text("from pipeline.training.corpus import x\n")
+    (tmp_path / "jobs" / "calibrate.py").write_text("def run():\n    from pipeline import helpers\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    with pytest.raises(AssertionError, match="pipeline.training.corpus <- pipeline.helpers <- jobs.calibrate"):
+        test_the_runtime_never_imports_the_lab()
+    (tmp_path / "jobs" / "calibrate.py").write_text("")
+    test_the_runtime_never_imports_the_lab()
+    (tmp_path / "pipeline" / "decoders" / "registry.py").write_text('KIND = "pipeline.training.corpus:build"\n')
+    with pytest.raises(AssertionError, match="pipeline.training.corpus <- pipeline.decoders.registry"):
+        test_the_runtime_never_imports_the_lab()

@@ -139,7 +139,7 @@ def test_native_loop_on_real_log_probs_with_a_kenlm_built_lm(tmp_path):
     from pipeline.lm.arpa import tokens_line
     from pipeline.lm.build import find_lmplz, run_lmplz
     from pipeline.lm.ngpu_lm import NGramLM
-    from pipeline.lm.sample_text import pydoc_sentences
+    from pipeline.training.sample_text import pydoc_sentences
 
     find_lmplz(build=False)  # built by scripts/setup.sh --test: missing, the test fails
     labels = [" "] + [chr(c) for c in range(97, 123)] + ["'"]

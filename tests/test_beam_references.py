@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from pipeline.decoding.ctc_beam import CTCBeamSearch
-from pipeline.decoding.reference_decoders import FlashlightCTC, PyCTCDecode
+from pipeline.training.references.ctc_decoders import FlashlightCTC, PyCTCDecode
 
 torch.set_num_threads(1)
 LABELS = [" "] + [chr(c) for c in range(97, 123)] + ["'", ""]   # blank last (28)
@@ -98,7 +98,7 @@ def libri_arpa(tmp_path_factory):
     ``bash scripts/setup.sh --test``; missing, the test fails)."""
     from pipeline.lm.arpa import tokens_line
     from pipeline.lm.build import find_lmplz, run_lmplz
-    from pipeline.lm.sample_text import pydoc_sentences
+    from pipeline.training.sample_text import pydoc_sentences
 
     find_lmplz(build=False)
     out = tmp_path_factory.mktemp("libri-lm")

@@ -96,8 +96,10 @@ def test_a_local_ray_instance_listens_on_loopback_only_and_requires_a_token():
 
 def test_ray_job_submit_to_a_head_started_with_ray_start(tmp_path):
     """`ray start --head` on loopback with a token, the job submitted with `ray job submit`
-    and joining it through ray.address=auto; the output is checked, and so is every socket
-    of the cluster's processes."""
+    and joining it through the RAY_ADDRESS that Ray gives the entrypoint (no ray.address in
+    the config); the output is checked, the plan's actors are found in the cluster's own
+    worker logs (not in a private instance the driver started), and every socket of the
+    cluster's processes is on loopback."""
     corpus = tmp_path / "in"
     corpus.mkdir()
     names = [p.name for p in sorted(SAMPLES.glob("*.flac"))[:3]]
@@ -126,8 +128,7 @@ def test_ray_job_submit_to_a_head_started_with_ray_start(tmp_path):
         runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join([str(ROOT), str(FAULTS)])}}
         cmd = [str(ray_bin), "job", "submit", "--address", address, "--runtime-env-json", json.dumps(runtime_env),
                "--", sys.executable, "-c", entry, "transcribe", "--input", str(corpus), "--output", str(dst),
-               "--config", "ar", "--set", "decoder.kind=fault_toy", "--set", "model.family=fault_family",
-               "--set", "ray.address=auto"]
+               "--config", "ar", "--set", "decoder.kind=fault_toy", "--set", "model.family=fault_family"]
         deadline = time.monotonic() + 240
         while True:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -142,6 +143,8 @@ def test_ray_job_submit_to_a_head_started_with_ray_start(tmp_path):
         assert sorted(r["id"] for r in rows) == sorted(names)
         assert all(r["error"] is None and r["stage"] == "toy" for r in rows)
         assert (dst / output.SUCCESS_NAME).exists()
+        worker_logs = [p.read_text(errors="replace") for p in Path(temp_dir).glob("session_*/logs/worker-*.out")]
+        assert any("MapWorker" in text for text in worker_logs), "the plan's actors did not run on the cluster"
         listening = _listening(_descendants(head.pid))
         assert {"gcs_server", "raylet"} <= {name for _, name in listening}, listening
         assert all(LOOPBACK.match(addr) for addr, _ in listening), listening

@@ -221,7 +221,7 @@ def test_ssd_fallback_hands_its_cross_attention_to_the_confidence_pass(whisper_a
     plain ones (an empty draft) in two groups; the K/V it leaves, put back in row order,
     give the confidence pass the scores it computes by projecting them itself."""
     from pipeline.confidence.scores import decoder_token_scores
-    from pipeline.decoding.ssd import SelfSpeculativeDecoder
+    from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
 
     ad = whisper_adapter
     keys = ("pump_flite_rms", "fox_flite_slt", "coffee_espeak_en_us", "lights_festival_kal")

@@ -308,3 +308,29 @@ def test_beam_files_the_workers_read_are_checked_with_the_config(tmp_path):
         load_config("ctc_beam", [f"beam.key_phrases_file={phrases}"])
     phrases.write_text("pump filter\ncañon\n", encoding="utf-8")
     assert load_config("ctc_beam", [f"beam.key_phrases_file={phrases}"]).beam.key_phrases_file == str(phrases)
+
+
+def test_keys_lists_every_key_a_config_has_with_its_default():
+    """`shardscribe keys` is read from the config classes: every leaf key of a loaded config
+    (the job's sections, every kind's section, the family's model keys) is listed once,
+    with the config's default value."""
+    from pipeline.config_keys import config_keys
+
+    listed = {k.key: k for k in config_keys()}
+    data = load_config("ar").to_dict()
+    expected = {"name"} | {f"{section}.{key}" for section, values in data.items() if isinstance(values, dict)
+                           for key in values}
+    assert expected <= set(listed), sorted(expected - set(listed))
+    assert listed["ssd.preset"].default == "high_accuracy" and listed["ssd.preset"].owner == "decoder.kind=ssd"
+    assert listed["model.ctc_vocab"].owner == "model.family=granite_speech"
+    assert "gate threshold" in listed["ssd.tau_ctc"].comment
+
+
+def test_configs_accept_dashes_and_list_the_shipped_ones():
+    from pipeline.config import shipped_configs
+
+    assert load_config("ctc-beam").name == "ctc_beam"
+    configs = shipped_configs()
+    assert {"ar", "ssd", "ctc_beam", "transducer_beam"} <= set(configs) and all(configs.values())
+    with pytest.raises(ConfigError, match="no such shipped config.*ctc_greedy"):
+        load_config("sdd")

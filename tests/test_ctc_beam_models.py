@@ -26,7 +26,7 @@ import torch
 from conftest import ROOT, manifest_with_random_bytes, transcribe_cli
 from pipeline.config import load_config
 from pipeline.decoders.base import SegmentResult
-from pipeline.decoders.ctc_beam import BeamPending, build_search
+from pipeline.decoders.ctc_beam.stages import BeamPending, build_search
 from pipeline.text.ctc_vocabulary import lm_index
 from test_ctc_family import saved_checkpoint
 
@@ -55,7 +55,7 @@ def drafts(checkpoint, sample_audio):
 def lm_dir(checkpoint, tmp_path_factory):
     """A 3-gram over the model's own LM token ids, built by the CLI from real English text."""
     from pipeline.lm.build import find_lmplz
-    from pipeline.lm.sample_text import pydoc_sentences
+    from pipeline.training.sample_text import pydoc_sentences
 
     find_lmplz(build=False)   # KenLM comes with setup; missing, the test fails
     _, root, _ = checkpoint
@@ -257,7 +257,7 @@ def test_lm_search_on_the_models_tokens_matches_flashlight(checkpoint, drafts, l
     frame is made a sure blank: flashlight starts every hypothesis on its silence token
     (here the word delimiter / lone ``▁``), so emitting it on frame 0 would be a repeat for it."""
     from pipeline.decoding.ctc_beam import CTCBeamSearch
-    from pipeline.decoding.reference_decoders import FlashlightCTC
+    from pipeline.training.references.ctc_decoders import FlashlightCTC
     from pipeline.lm.ngpu_lm import NGramLM
     from pipeline.text.ctc_vocabulary import TokenizerVocabulary
 

@@ -79,7 +79,7 @@ def _assert_timed_words(words, text, duration_s, stride):
 
 
 def test_greedy_words_spell_the_models_own_text(checkpoint, sample_audio):
-    from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
+    from pipeline.decoders.ctc_greedy.stage import CTCGreedySegmentDecoder
 
     root, adapter = checkpoint
     decoder = CTCGreedySegmentDecoder(adapter, vocabulary=TokenizerVocabulary.from_pretrained(str(root)))
@@ -95,7 +95,7 @@ def test_greedy_words_spell_the_models_own_text(checkpoint, sample_audio):
 def test_beam_words_spell_the_beam_text_where_it_is_not_greedy(checkpoint, sample_audio):
     """A per-row key phrase pulls the beam away from greedy; the words follow the beam."""
     from pipeline.config import load_config
-    from pipeline.decoders.ctc_beam import CTCLogProbsDecoder, build_search
+    from pipeline.decoders.ctc_beam.stages import CTCLogProbsDecoder, build_search
 
     root, adapter = checkpoint
     clips = sorted(sample_audio)
@@ -115,7 +115,7 @@ def test_beam_words_spell_the_beam_text_where_it_is_not_greedy(checkpoint, sampl
 
 def test_embedded_model_greedy_words(sample_audio):
     from pipeline.config import load_config
-    from pipeline.decoders.ctc_greedy import build
+    from pipeline.decoders.ctc_greedy.stage import build
     from pipeline.models import load_model
 
     cfg = load_config("ctc_greedy", ["model.family=ctc"])

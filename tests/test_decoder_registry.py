@@ -1,9 +1,13 @@
-"""A new decoder kind is one registry entry and touches no library file.
+"""A new decoder kind, or a new model family, is one registry entry with options of its own,
+and touches no library file.
 
 A toy two-stage kind, defined only here, measures each segment in its first stage and
 writes the segment's duration as text in its second: its pending state (a dataclass of its
 own) must cross the generic runner, the Arrow rows between pools and the Ray object store
-without either knowing its fields. It runs through the in-process runner and the Ray plan
+without either knowing its fields. The kind brings a config section of its own
+(``toy_duration.decimals``) and the toy family a model key of its own (``model.time_unit_ms``):
+both are set with ``--set`` style overrides, validated with the key named, and read by the
+stages in every worker. It runs through the in-process runner and the Ray plan
 on real audio with a broken file mixed in; the reference is the audio file's own length
 (soundfile), not our output.
 """
@@ -32,6 +36,32 @@ class Measured(PendingState):
     peak: np.ndarray          # an array field too, so the bytes path carries both kinds
 
 
+@dataclass
+class ToyOptions:
+    """The toy kind's own section."""
+    decimals: int = 2
+
+    def validate(self, key: str) -> None:
+        if not 0 <= self.decimals <= 6:
+            raise ConfigError(f"{key}.decimals: must be in [0, 6], got {self.decimals}")
+
+
+@dataclass
+class ToyFamilyOptions:
+    """The toy family's own model keys."""
+    time_unit_ms: bool = False
+
+    def validate(self, key: str, model) -> None:
+        if self.time_unit_ms and model.device.startswith("cuda"):
+            raise ConfigError(f"{key}.time_unit_ms: the toy family runs on CPU only")
+
+
+def _duration_text(seconds: float, cfg) -> str:
+    """What the toy writes: the duration, in the family's unit, with the kind's decimals."""
+    value = seconds * (1000.0 if getattr(cfg.model, "time_unit_ms", False) else 1.0)
+    return f"{value:.{cfg.toy_duration.decimals}f}"
+
+
 class Measure:
     name = "toy_duration"
 
@@ -52,6 +82,7 @@ class Spell:
 
     def __init__(self, cfg, first_stage):
         self.shared = first_stage is not None
+        self.cfg = cfg
 
     def cost(self, result) -> int:
         return 1
@@ -59,15 +90,15 @@ class Spell:
     def finish(self, results) -> float:
         for r in results:
             assert isinstance(r.pending.peak, np.ndarray) and r.pending.peak.shape == (1,)
-            r.text, r.stage = f"{r.pending.samples / 16000:.2f}", "toy"
+            r.text, r.stage = _duration_text(r.pending.samples / 16000, self.cfg), "toy"
         return 0.0
 
 
-TOY = DecoderKind("toy_duration", Measure, Spell)
+TOY = DecoderKind("toy_duration", Measure, Spell, config_section="toy_duration", options=ToyOptions)
 # A model family registered only here too: the toy kind needs no capability, so its model
 # is never loaded, but every worker must still know the family the config names.
 TOY_FAMILY = ModelFamily("toy_family", __name__, capabilities=lambda m: frozenset(), max_segment_s=30.0,
-                         max_segment_cost=1)
+                         max_segment_cost=1, options=ToyFamilyOptions)
 
 
 @pytest.fixture
@@ -91,7 +122,7 @@ def manifest(tmp_path_factory, samples_dir, sample_manifest):
     return rows
 
 
-def _check(rows_out, rows_in):
+def _check(rows_out, rows_in, decimals: int = 2, scale: float = 1.0):
     assert sorted(r["id"] for r in rows_out) == sorted(r["id"] for r in rows_in)
     by_id = {r["id"]: r for r in rows_out}
     assert by_id["broken"]["error"] and by_id["broken"]["text"] is None
@@ -101,9 +132,9 @@ def _check(rows_out, rows_in):
         out = by_id[row["id"]]
         assert out["error"] is None and out["stage"] == "toy" and out["decoder"] == "toy_duration"
         segs = out["segments"]
-        assert segs and all(s["text"] == f"{s['end'] - s['start']:.2f}" for s in segs)
+        assert segs and all(s["text"] == f"{(s['end'] - s['start']) * scale:.{decimals}f}" for s in segs)
         info = sf.info(row["audio"])
-        spoken = sum(float(s["text"]) for s in segs)
+        spoken = sum(float(s["text"]) for s in segs) / scale
         assert 0 < spoken <= info.frames / info.samplerate + 0.01
 
 
@@ -121,16 +152,44 @@ def test_a_kind_needing_a_capability_the_model_lacks_fails_before_any_worker():
         load_config("ar", ["decoder.kind=ctc_greedy"])
 
 
+def test_the_kinds_and_the_familys_own_options_are_config_keys(toy_registered):
+    """The toy section and the toy family's key exist only while registered, take their
+    defaults, are type-checked and validated by their own dataclasses, and a key of the toy
+    family is refused on another family's model."""
+    cfg = load_config("ar", ["decoder.kind=toy_duration", "model.family=toy_family", "toy_duration.decimals=4",
+                             "model.time_unit_ms=true"])
+    assert (cfg.toy_duration.decimals, cfg.model.time_unit_ms) == (4, True)
+    assert cfg.to_dict()["toy_duration"] == {"decimals": 4} and cfg.to_dict()["model"]["time_unit_ms"] is True
+    assert load_config("ssd").toy_duration.decimals == 2          # every job has the section
+    for overrides, message in (
+            (["toy_duration.decimals=9"], r"toy_duration.decimals: must be in \[0, 6\]"),
+            (["toy_duration.decimals=two"], "toy_duration.decimals: expected int"),
+            (["toy_duration.digits=3"], "toy_duration.digits: unknown key"),
+            (["model.family=toy_family", "model.time_unit_ms=true", "model.device=cuda"],
+             "model.time_unit_ms: the toy family runs on CPU only"),
+            (["model.time_unit_ms=true"], "model.time_unit_ms: only ToyFamilyOptions have it, model.family=whisper"),
+            (["model.family=toy_family", "model.quantize=int8"], "model.quantize: only Whisper models have it")):
+        with pytest.raises(ConfigError, match=message):
+            load_config("ar", ["decoder.kind=toy_duration", *overrides])
+
+
+def test_unregistered_sections_are_unknown_keys():
+    with pytest.raises(ConfigError, match="toy_duration: unknown key"):
+        load_config("ar", ["toy_duration.decimals=3"])
+
+
 def test_toy_kind_in_process(toy_registered, manifest, tmp_path):
-    cfg = load_config("ar", ["decoder.kind=toy_duration"])
+    cfg = load_config("ar", ["decoder.kind=toy_duration", "toy_duration.decimals=3",
+                             "model.family=toy_family", "model.time_unit_ms=true"])
     assert run_local(manifest, cfg, str(tmp_path), progress=False) == len(manifest)
-    _check(pq.read_table(sorted(str(p) for p in tmp_path.glob("*.parquet"))).to_pylist(), manifest)
+    _check(pq.read_table(sorted(str(p) for p in tmp_path.glob("*.parquet"))).to_pylist(), manifest,
+           decimals=3, scale=1000.0)
 
 
 def test_toy_kind_through_the_ray_plan(toy_registered, manifest, tmp_path):
-    cfg = load_config("ar", ["decoder.kind=toy_duration", "model.family=toy_family",
-                             "batching.recordings_per_batch=2", "ray.num_cpus=4"])
+    cfg = load_config("ar", ["decoder.kind=toy_duration", "model.family=toy_family", "toy_duration.decimals=1",
+                             "model.time_unit_ms=true", "batching.recordings_per_batch=2", "ray.num_cpus=4"])
     rows = ray_job_rows(manifest, cfg, tmp_path / "out")
-    _check(rows, manifest)
+    _check(rows, manifest, decimals=1, scale=1000.0)
     assert json.dumps([r["id"] for r in rows])  # plain rows, nothing of the toy's state left
     assert "pending_state" not in rows[0]

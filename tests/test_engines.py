@@ -212,7 +212,7 @@ def test_long_form_inputs_are_files_joining_the_clips_in_order(tmp_path, samples
     clips' speech in manifest order with 0.4-s silences between, their texts joined."""
     import soundfile as sf
 
-    from jobs.benchmark_data import load_recordings, write_long_form
+    from jobs.bench.data import load_recordings, write_long_form
     from pipeline.sources import read_source
 
     manifest = tmp_path / "clips.jsonl"

@@ -1,6 +1,6 @@
 """granite-speech behind the SSD decoders, on a tiny random model built here.
 
-The same SSD code that serves Whisper (pipeline.decoding.ssd / ssd_verify / ar_greedy)
+The same SSD code that serves Whisper (pipeline.decoding.ssd: decoder, verify; ar_greedy)
 must serve granite-speech. The references are independent of our adapter and decoders:
 transformers' own GraniteSpeechForConditionalGeneration.forward on each utterance alone,
 with its own input_features path (encoder, projector, audio-token merge), re-run over the
@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from pipeline.decoding.ar_greedy import greedy_decode
-from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
-from pipeline.decoding.ssd_verify import verify_drafts
+from pipeline.decoding.drafters import CTCLookahead
+from pipeline.decoding.ssd.decoder import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
+from pipeline.decoding.ssd.verify import verify_drafts
 from pipeline.models.granite_speech.adapter import GraniteSpeechAdapter, pad_states, split_states
 
 SPECIALS = ["<|end_of_text|>", "<|audio|>", "<|start_of_role|>", "<|end_of_role|>", "<unk>"]
@@ -355,10 +356,10 @@ def test_speculative_rounds_serve_granite_unchanged(setup):
     ad, full = setup["adapter"], setup["full"]
     damaged = [[t for k, t in enumerate(f) if k % 3 != 1] + ad.tokenize("xyz") for f in full]
     for drafts in (full, damaged):
-        got = greedy_decode(ad, setup["states"], max_new_tokens=MAX_NEW, drafts=drafts, lookahead=3)
+        got = greedy_decode(ad, setup["states"], max_new_tokens=MAX_NEW, drafter=CTCLookahead(drafts, lookahead=3))
         assert got == full
     prefixes = [f[:1] for f in full]
     plain = greedy_decode(ad, setup["states"], prefixes=prefixes, max_new_tokens=MAX_NEW)
-    got = greedy_decode(ad, setup["states"], prefixes=prefixes, max_new_tokens=MAX_NEW, drafts=damaged,
-                        draft_starts=[1] * len(full), lookahead=3)
+    got = greedy_decode(ad, setup["states"], prefixes=prefixes, max_new_tokens=MAX_NEW,
+                        drafter=CTCLookahead(damaged, [1] * len(full), 3))
     assert got == plain

@@ -63,7 +63,7 @@ def test_console_is_quiet_and_ends_with_the_table(job):
     assert not ERROR_LEVEL.search(console), console
     labels = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ")]
     assert labels[:5] == ["rows", "errors", "stages", "audio", "wall"] and "WER" in labels, proc.stdout
-    assert re.search(r"^  errors +2: (empty file 1, file not found 1|file not found 1, empty file 1)$",
+    assert re.search(r"^  errors +2: (empty 1, missing 1|missing 1, empty 1)$",
                      proc.stdout, re.MULTILINE), proc.stdout
     assert re.search(r"^  WER +\d+\.\d % over 2 rows", proc.stdout, re.MULTILINE), proc.stdout
     assert f"Output: {job['dst']}" in proc.stdout and "Read it: pandas.read_parquet(" in proc.stdout

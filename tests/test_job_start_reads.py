@@ -15,6 +15,7 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from conftest import corrupt_page_of
+from actors.job import run as job_run
 from jobs import transcribe
 from pipeline import output
 from pipeline.config import config_hash, load_config
@@ -57,7 +58,7 @@ def start(tmp_path, monkeypatch):
         args = parser.parse_args(["--input", str(manifest), "--output", str(dst), "--runner", "local", *flags]
                                  + [a for o in OVERRIDES for a in ("--set", o)])
         todo = []
-        monkeypatch.setattr(transcribe, "_transcribe", lambda *a: todo.append(a[3]) or 0)
+        monkeypatch.setattr(job_run, "_transcribe", lambda *a: todo.append(a[3]) or {"rows_in": 0, "rows_out": 0})
         opens.clear()
         code = transcribe.run(args)
         return code, (todo[0] if todo else None), dict(opens)

@@ -12,7 +12,7 @@ import torch
 
 from pipeline.lm.build import find_lmplz
 from pipeline.lm.ngpu_lm import NGramLM
-from pipeline.lm.sample_text import pydoc_sentences
+from pipeline.training.sample_text import pydoc_sentences
 
 ROOT = Path(__file__).resolve().parents[1]
 

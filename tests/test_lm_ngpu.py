@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from pipeline.lm.build import build_lm, find_lmplz, load_tokenizer
-from pipeline.lm.kenlm_ref import KenLMReference
+from pipeline.training.references.kenlm_ref import KenLMReference
 from pipeline.lm.ngpu_lm import NGramLM
-from pipeline.lm.sample_text import pydoc_sentences
+from pipeline.training.sample_text import pydoc_sentences
 
 
 TOL = 1e-4

@@ -11,7 +11,8 @@ import torch
 
 from pipeline.decoding.ar_greedy import greedy_decode
 from pipeline.decoding.draft_sync import advance, proposal
-from pipeline.decoding.ssd import SelfSpeculativeDecoder
+from pipeline.decoding.drafters import CTCLookahead
+from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
 
 from conftest import full_product_greedy
 
@@ -59,14 +60,14 @@ def test_greedy_rounds_equal_plain_greedy_for_any_draft(whisper_adapter, encoded
     kinds = [full, [_corrupt(f, rng, vocab) for f in full], [[] for _ in full],
              [[rng.randrange(vocab) for _ in range(12)] for _ in full]]
     for drafts in kinds:
-        got = greedy_decode(whisper_adapter, enc.states, drafts=drafts, lookahead=lookahead)
+        got = greedy_decode(whisper_adapter, enc.states, drafter=CTCLookahead(drafts, lookahead=lookahead))
         assert got == full
     # With forced prefixes (SSD's verified tokens < j), the draft read from position j on.
     prefixes = [f[:i % 3] for i, f in enumerate(full)]
     plain = greedy_decode(whisper_adapter, enc.states, prefixes=prefixes)
     drafts = [_corrupt(f, rng, vocab) for f in full]
-    got = greedy_decode(whisper_adapter, enc.states, prefixes=prefixes, drafts=drafts,
-                        draft_starts=[len(p) for p in prefixes], lookahead=lookahead)
+    got = greedy_decode(whisper_adapter, enc.states, prefixes=prefixes,
+                        drafter=CTCLookahead(drafts, [len(p) for p in prefixes], lookahead))
     assert got == plain
 
 
@@ -74,14 +75,14 @@ def test_greedy_rounds_stop_at_the_token_limit_like_plain_greedy(whisper_adapter
     enc, full = encoded
     for limit in (1, 2, 5):
         plain = greedy_decode(whisper_adapter, enc.states, max_new_tokens=limit)
-        got = greedy_decode(whisper_adapter, enc.states, max_new_tokens=limit, drafts=full, lookahead=8)
+        got = greedy_decode(whisper_adapter, enc.states, max_new_tokens=limit, drafter=CTCLookahead(full, lookahead=8))
         assert got == plain and all(len(g) <= limit for g in got)
 
 
 def test_oracle_draft_needs_few_rounds(whisper_adapter, encoded):
     enc, full = encoded
     timer = {}
-    greedy_decode(whisper_adapter, enc.states, drafts=full, lookahead=8, timer=timer)
+    greedy_decode(whisper_adapter, enc.states, drafter=CTCLookahead(full, lookahead=8), timer=timer)
     tokens = sum(len(f) for f in full)
     # Every guess is right: a round decides up to 9 tokens (first token excluded).
     assert timer["kept"] == timer["guessed"]
@@ -124,8 +125,8 @@ def test_tau_rule_rounds_equal_the_uncached_reference(whisper_adapter, encoded):
     drafts = [_corrupt(full[i], rng, whisper_adapter.vocab_size) for i in rows]
     prefixes = [drafts[0][:2], [], drafts[2][:1]]
     limit = 20
-    got = greedy_decode(whisper_adapter, enc.states[rows], prefixes=prefixes, drafts=drafts,
-                        draft_starts=[len(p) for p in prefixes], lookahead=3, accept_prob=0.01,
+    got = greedy_decode(whisper_adapter, enc.states[rows], prefixes=prefixes,
+                        drafter=CTCLookahead(drafts, [len(p) for p in prefixes], 3, accept_prob=0.01),
                         max_new_tokens=limit)
     plain = greedy_decode(whisper_adapter, enc.states[rows], prefixes=prefixes, max_new_tokens=limit)
     assert got != plain  # the rule kept some guess that is not the argmax

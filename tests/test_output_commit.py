@@ -129,7 +129,7 @@ def test_drop_error_rows_removes_only_the_inputs_error_rows(tmp_path):
 
     mixed = output.write_part(rows([("a", None), ("b", "file not found: b"), ("c", None),
                                     ("other", "cannot decode: other")]), str(tmp_path), "j1")
-    failed = output.write_part(rows([("d", "read timeout: d")]), str(tmp_path), "j1")
+    output.write_part(rows([("d", "read timeout: d")]), str(tmp_path), "j1")
     clean = output.write_part(rows([("e", None)]), str(tmp_path), "j1")
     before = {r["id"]: r for r in pq.read_table(tmp_path / mixed).to_pylist()}
     clean_bytes = (tmp_path / clean).read_bytes()
@@ -171,13 +171,23 @@ def test_a_second_job_is_refused_while_the_first_holds_the_folder(tmp_path):
 def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(proc.stdout)
-    info = {"job": "dead", "host": __import__("socket").gethostname(), "pid": dead_pid, "heartbeat": time.time()}
+    # The dead pid is one of this PID namespace's (same host, boot id and namespace).
+    info = {"job": "dead", **output._identity(), "pid": dead_pid, "heartbeat": time.time()}
     (tmp_path / output.SIDECAR_DIR).mkdir()
     (tmp_path / output.LOCK_NAME).write_text(json.dumps(info))
     assert output.lock_is_stale(info)
     lock = output.OutputLock(str(tmp_path), "alive").acquire()
-    assert json.loads((tmp_path / output.LOCK_NAME).read_text())["job"] == "alive"
+    held = json.loads((tmp_path / output.LOCK_NAME).read_text())
+    assert (held["job"], held["epoch"]) == ("alive", 1)
     lock.release()
+    assert not list((tmp_path / output.SIDECAR_DIR).iterdir())     # LOCK and its claim gone
+    # The same host name but another PID namespace (a container with the host's network),
+    # or a lock that records none (an older version): its pid means nothing here, so only
+    # its heartbeat counts.
+    for other in ({**info, "pid_ns": "pid:[1]"}, {**info, "boot_id": "another-boot"},
+                  {k: v for k, v in info.items() if k not in ("boot_id", "pid_ns")}):
+        assert not output.lock_is_stale(other)
+        assert output.lock_is_stale(other, now=time.time() + output.STALE_AFTER_S + 1)
     # Another host's lock is stale only once its heartbeat stops.
     remote = {"job": "r", "host": "elsewhere", "pid": 1, "heartbeat": time.time()}
     assert not output.lock_is_stale(remote)
@@ -234,7 +244,7 @@ def test_summary_read_a_batch_at_a_time_equals_one_over_all_rows(tmp_path, monke
     assert s["wer_rows"] == len(ok)
     assert (s["rows_in"], s["rows_out"], s["duplicate_rows"], s["missing_ids"]) == (24, 24, 1, ["u23"])
     assert s["extra_rows"] == 2 and s["stages"] == {"ar": 24}
-    assert (s["errors"], s["errors_by_kind"]) == (3, {"DecodeError": 3})
+    assert (s["errors"], s["errors_by_kind"]) == (3, {"other": 3})   # a kind of pipeline.output.ERROR_KINDS
     assert s["audio_seconds"] == pytest.approx(sum(r["duration_s"] for r in rows) + dup["duration_s"])
     assert (s["run_rows_out"], s["run_errors"], s["run_audio_seconds"], s["rtfx"]) == (3, 1, 9.0, 4.5)
 
@@ -363,7 +373,7 @@ def test_no_credentials_in_errors_logs_or_the_report(monkeypatch):
     message = f"ClientResponseError while preparing audio: 403, message='Forbidden', url='{decoded}'"
     assert redact_text(message) == ("ClientResponseError while preparing audio: 403, message='Forbidden', "
                                     "url='https://h.example/rec.wav'")
-    monkeypatch.setattr(prepare, "prepare_row", lambda row, seg, q: {**row, "error": message, "seg_start": []})
+    monkeypatch.setattr(prepare, "prepare_row", lambda row, seg, q, *limits: {**row, "error": message, "seg_start": []})
     monkeypatch.setattr(prepare, "_not_a_regular_file", lambda row: None)
     out = prepare.prepare_row_within({"id": "r", "audio": url}, None, "HQ", 5.0)
     assert "deadbeef" not in out["error"] and "AKIA" not in out["error"] and "rec.wav" in out["error"]

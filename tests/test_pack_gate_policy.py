@@ -1,9 +1,9 @@
-"""pipeline.pack_gate_policy: when the SSD packed gate pays, from the gate's pass rate."""
+"""pipeline.decoding.ssd.pack_gate_policy: when the SSD packed gate pays, from the gate's pass rate."""
 from __future__ import annotations
 
 import pytest
 
-from pipeline.pack_gate_policy import PackGatePolicy
+from pipeline.decoding.ssd.pack_gate_policy import PackGatePolicy
 
 
 def test_the_prior_packs_the_first_batch_and_a_batch_of_one_is_never_packed():

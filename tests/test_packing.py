@@ -89,7 +89,7 @@ def test_isolated_packing_makes_a_clips_states_its_own(head_adapter, sample_audi
     """decoder.pack_windows: several clips share one encoder pass, yet a clip's states are
     the same beside other neighbours, in another place of the sequence; the shared-window
     layout of the same clips changes them (the reference that this would catch). Its
-    accuracy: scripts/pack_isolation.py, docs/ctc_greedy.md."""
+    accuracy: docs/ctc_greedy.md."""
     from pipeline.packing import plan_sequences
 
     audios = [sample_audio[m["id"]] for m in sample_manifest][:4]

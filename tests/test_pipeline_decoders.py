@@ -48,7 +48,7 @@ def _midpoint_between(values, q):
 
 def test_ssd_two_pool_ray_plan_takes_all_three_stages(ssd_adapter, varied_manifest, tmp_path, model_cache):
     from pipeline.audio import decode_audio
-    from pipeline.decoding.ssd import SelfSpeculativeDecoder
+    from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
 
     manifest, lines = varied_manifest
     audios = [decode_audio(open(x["audio"], "rb").read())[0] for x in lines]
@@ -123,7 +123,7 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     from actors.finisher import Finisher
     from actors.transcriber import Transcriber
     from pipeline.config import load_config
-    from pipeline.decoders.ssd import SSDPending
+    from pipeline.decoders.ssd.stages import SSDPending
     from pipeline.records import INPUT_SCHEMA, table
     from pipeline.sources import read_source
 

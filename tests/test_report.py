@@ -97,9 +97,9 @@ def test_page_plots_and_tables(report):
         wer = jiwer.wer([r["reference"] for r in group], [r["text"] for r in group])
         i = cells.index(name)
         assert cells[i + 1] == f"{100 * wer:.1f} %" and cells[i + 2] == str(len(group))
-    i = cells.index("file not found")
+    i = cells.index("missing")          # error kinds: pipeline.output.ERROR_KINDS
     assert cells[i + 1:i + 3] == ["2", "bad0, bad1"]
-    i = cells.index("cannot decode audio")
+    i = cells.index("corrupt")
     assert cells[i + 1] == "1"
     assert cells[cells.index("rows") + 1] == str(len(rows))
 

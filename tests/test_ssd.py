@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from pipeline.decoding.ar_greedy import greedy_decode
-from pipeline.decoding.ssd import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
+from pipeline.decoding.ssd.decoder import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
 from ar_reference import next_token_probs, uncached_greedy
-from pipeline.decoders.ctc_greedy import CTCGreedySegmentDecoder
-from pipeline.decoders.ssd import SSDFirstPassDecoder
-from pipeline.decoding.ssd_verify import verify_drafts
+from pipeline.decoders.ctc_greedy.stage import CTCGreedySegmentDecoder
+from pipeline.decoders.ssd.stages import SSDFirstPassDecoder
+from pipeline.decoding.ssd.verify import verify_drafts
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import ConfigError, load_config
-from pipeline.ssd_gate_calibration import GateCalibration
+from pipeline.decoding.ssd.gate_calibration import GateCalibration
 
 
 def p_wrong(h):
@@ -87,7 +87,7 @@ def test_on_real_clips_the_gate_learns_from_verification(ssd_adapter, audios):
     0.1 (docs/ssd.md): the calibrated gate must stay shut and decode exactly as a gate
     that accepts nothing. With tau_slm 0 verification accepts every draft: the gate must
     open on that evidence, and what it accepts is the CTC draft."""
-    from pipeline.decoders.ssd import SSDFallback, SSDFirstPassDecoder
+    from pipeline.decoders.ssd.stages import SSDFallback, SSDFirstPassDecoder
 
     adapter = ssd_adapter
 

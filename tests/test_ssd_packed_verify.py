@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError, load_config
-from pipeline.decoding.ssd_packed_verify import joined_transcript, verify_packed_drafts
+from pipeline.decoding.ssd.packed_verify import joined_transcript, verify_packed_drafts
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_joined_transcript_leaves_out_the_clips_that_do_not_fit():
 
 
 def _decode(adapter, audios, tau_ctc, gate_verify_tau, pack_gate=True):
-    from pipeline.decoders.ssd import SSDFallback, SSDFirstPassDecoder
+    from pipeline.decoders.ssd.stages import SSDFallback, SSDFirstPassDecoder
 
     dec = SSDFirstPassDecoder(adapter, tau_ctc, 0.1, pack_gate=pack_gate, gate_verify_tau=gate_verify_tau)
     fallback = SSDFallback(dec.ssd, dec.share_seeds())
@@ -152,8 +152,8 @@ def test_unpacked_gate_verification_is_eq5_at_its_tau_then_the_usual_ssd(adapter
     """Without packing, a gated draft stays final exactly when eq. 5 at gate_verify_tau
     accepts it (on its own window); every other row is decoded as the plain SSD decoder
     decodes a row its gate rejected."""
-    from pipeline.decoding.ssd import SelfSpeculativeDecoder
-    from pipeline.decoding.ssd_verify import verify_drafts
+    from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
+    from pipeline.decoding.ssd.verify import verify_drafts
 
     audios = packed[0]
     enc = adapter.encode(audios)

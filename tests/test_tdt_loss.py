@@ -1,4 +1,4 @@
-"""The frame-synchronous TDT loss (pipeline.models.transducer.tdt_loss) against two
+"""The frame-synchronous TDT loss (pipeline.training.tdt_loss) against two
 independent references: transformers' anti-diagonal ``tdt_loss`` (values and gradients, on
 random lattices with ragged lengths, blank first or last), and a brute-force sum over every
 alignment of a tiny lattice."""
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from pipeline.models.transducer.tdt_loss import tdt_loss
+from pipeline.training.tdt_loss import tdt_loss
 
 
 @pytest.mark.parametrize("blank,durations", [(0, [0, 1, 2, 3, 4]), (0, [0, 1, 2]), (6, [0, 1, 2, 3]), (6, [0, 2, 4])])

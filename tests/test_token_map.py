@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from pipeline.config import ConfigError, load_config
-from pipeline.decoding.ar_greedy import MapDrafting, greedy_decode
-from pipeline.decoding.ssd import SelfSpeculativeDecoder
+from pipeline.decoding.ar_greedy import greedy_decode
+from pipeline.decoding.drafters import TokenMapDrafter
+from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
 from pipeline.decoding.token_map import END, TokenMap, build_token_map
-from pipeline.decoding.token_map_replay import oracle, replay_drafting
-from pipeline.draft_policy import DraftPolicy
+from pipeline.training.references.token_map_replay import oracle, replay_drafting
+from pipeline.decoding.token_map_policy import DraftPolicy
 from conftest import full_product_greedy
 from test_granite_adapter import MAX_NEW as GRANITE_MAX_NEW
 from test_granite_adapter import setup  # noqa: F401 - the tiny granite fixture
@@ -133,8 +134,8 @@ def test_policy_drafts_first_stops_below_break_even_and_probes():
 def whisper_set(whisper_adapter, sample_audio, sample_manifest):
     """The bundled samples and held-out TTS speech (maintenance sentences and prose, voices
     the CTC head never heard), encoded; plain greedy tokens; texts to build maps from."""
-    from jobs.benchmark_data import heldout_voice_speech
-    from pipeline.tts.domain_text import domain_sentences
+    from jobs.bench.data import heldout_voice_speech
+    from pipeline.training.tts.domain_text import domain_sentences
 
     ad = whisper_adapter
     domain = domain_sentences(300, 5)
@@ -151,7 +152,7 @@ def test_drafted_greedy_equals_plain_greedy_on_whisper(whisper_set, order, k):
     ad, states, plain, tokenised = whisper_set
     m = build_token_map(tokenised, order=order, min_count=1, min_share=0.0)
     timer = {}
-    got = greedy_decode(ad, states, map_drafting=MapDrafting(m, k, 6), timer=timer)
+    got = greedy_decode(ad, states, drafter=TokenMapDrafter(m, k, 6), timer=timer)
     assert got == plain
     assert timer["tm_accepted"] > 0   # the drafts were used, not just proposed
 
@@ -163,28 +164,28 @@ def test_random_and_oracle_maps_and_token_limits_on_whisper(whisper_set):
     firsts = [p[:2] for p in plain]
     noise = [f + [rng.randrange(ad.vocab_size) for _ in range(6)] for f in firsts for _ in range(2)]
     rand = build_token_map(noise, order=2, min_count=1, min_share=0.0)
-    assert greedy_decode(ad, states, map_drafting=MapDrafting(rand, 4, 8)) == plain
+    assert greedy_decode(ad, states, drafter=TokenMapDrafter(rand, 4, 8)) == plain
     # Oracle: built from the output itself (drafts run into end-of-text).
     oracle = build_token_map(plain, order=3, min_count=1, min_share=0.0)
     timer = {}
-    assert greedy_decode(ad, states, map_drafting=MapDrafting(oracle, 2, 16), timer=timer) == plain
+    assert greedy_decode(ad, states, drafter=TokenMapDrafter(oracle, 2, 16), timer=timer) == plain
     assert timer["tm_accepted"] / timer["tm_drafted"] > 0.5
     limit = 3
-    assert greedy_decode(ad, states, max_new_tokens=limit, map_drafting=MapDrafting(oracle, 2, 16)) == \
+    assert greedy_decode(ad, states, max_new_tokens=limit, drafter=TokenMapDrafter(oracle, 2, 16)) == \
         greedy_decode(ad, states, max_new_tokens=limit)
 
 
 @pytest.mark.parametrize("order,k,max_draft,batch,limit", [(2, 4, 6, 4, 224), (1, 2, 8, 5, 7)])
 def test_replay_predicts_the_decoders_passes_and_acceptance(whisper_set, order, k, max_draft, batch, limit):
-    """The replay (pipeline.decoding.token_map_replay) works from plain AR's tokens alone;
+    """The replay (pipeline.training.references.token_map_replay) works from plain AR's tokens alone;
     its pass and acceptance counts must be the ones the decoder's tree walk records,
     batch by batch, token limit included."""
     ad, states, plain, tokenised = whisper_set
     m = build_token_map(tokenised, order=order, min_count=1, min_share=0.0)
-    md = MapDrafting(m, k, max_draft)
+    md = TokenMapDrafter(m, k, max_draft)
     truth = {}
     for i in range(0, states.shape[0], batch):
-        greedy_decode(ad, states[i:i + batch], max_new_tokens=limit, map_drafting=md, timer=truth)
+        greedy_decode(ad, states[i:i + batch], max_new_tokens=limit, drafter=md, timer=truth)
     ar = [t[:limit] for t in plain]
     got = replay_drafting(ar, lambda _, h, room: md.propose(h, room, ad.eot_id, None), batch, limit, ad.eot_id)
     assert truth["tm_accepted"] > 0
@@ -206,10 +207,10 @@ def test_rows_alone_and_forced_prefixes_on_whisper(whisper_set):
     m = build_token_map(tokenised, order=3, min_count=1, min_share=0.0)
     for i in (0, states.shape[0] - 1):   # a bundled sample and a held-out domain clip
         alone = greedy_decode(ad, states[i:i + 1])
-        assert greedy_decode(ad, states[i:i + 1], map_drafting=MapDrafting(m, 2, 8)) == alone
+        assert greedy_decode(ad, states[i:i + 1], drafter=TokenMapDrafter(m, 2, 8)) == alone
     some = [0, 2, 4, states.shape[0] - 1]
     prefixes = [plain[i][:n % 3 + 1] for n, i in enumerate(some)]
-    assert greedy_decode(ad, states[some], prefixes=prefixes, map_drafting=MapDrafting(m, 2, 8, DraftPolicy())) == \
+    assert greedy_decode(ad, states[some], prefixes=prefixes, drafter=TokenMapDrafter(m, 2, 8, DraftPolicy())) == \
         greedy_decode(ad, states[some], prefixes=prefixes)
 
 
@@ -221,8 +222,8 @@ def test_ssd_fallback_with_both_draft_sources_equals_the_plain_fallback(whisper_
     # Damaged drafts (every third word dropped) fail verification part-way.
     drafts = [" ".join(w for j, w in enumerate(t.split()) if j % 3 != 2) for t in texts]
     outs = []
-    for lookahead, md in ((0, None), (4, MapDrafting(m, 2, 8, map_first=True)),
-                          (4, MapDrafting(m, 2, 8, map_first=False))):
+    for lookahead, md in ((0, None), (4, TokenMapDrafter(m, 2, 8, map_first=True)),
+                          (4, TokenMapDrafter(m, 2, 8, map_first=False))):
         ssd = SelfSpeculativeDecoder(ad, 0.0, 0.5, lookahead=lookahead, map_drafting=md)
         rows = ssd.decode(states[rows_used], drafts, torch.ones(len(drafts)))
         outs.append([r.tokens for r in rows])
@@ -238,16 +239,16 @@ def test_drafted_greedy_equals_plain_greedy_on_granite(setup):  # noqa: F811
     for order in (1, 2, 3, 4):
         for k, source in ((order, oracle), (5 - order, rand + oracle)):
             m = build_token_map(source, order=order, min_count=1, min_share=0.0)
-            got = greedy_decode(ad, states, max_new_tokens=GRANITE_MAX_NEW, map_drafting=MapDrafting(m, k, 6))
+            got = greedy_decode(ad, states, max_new_tokens=GRANITE_MAX_NEW, drafter=TokenMapDrafter(m, k, 6))
             assert got == full
     m = build_token_map(oracle, order=3, min_count=1, min_share=0.0)
     for i in range(states.shape[0]):
-        got = greedy_decode(ad, states[i:i + 1], max_new_tokens=GRANITE_MAX_NEW, map_drafting=MapDrafting(m, 2, 6))
+        got = greedy_decode(ad, states[i:i + 1], max_new_tokens=GRANITE_MAX_NEW, drafter=TokenMapDrafter(m, 2, 6))
         assert got == [full[i]]
 
 
 def test_ar_decoder_kind_drafts_from_the_configured_map(tmp_path, whisper_adapter, sample_audio):
-    from pipeline.decoders.ar import build
+    from pipeline.decoders.ar.stage import build
 
     path = tmp_path / "m.safetensors"
     build_token_map([whisper_adapter.tokenize("The quick brown fox jumps over the lazy dog.")] * 2).save(path)

@@ -155,9 +155,9 @@ def test_word_timestamps_follow_the_best_path(small):
 
 @pytest.mark.parametrize("kind", ["rnnt", "tdt"])
 def test_the_per_utterance_alsd_baseline_is_exact_where_it_must_be(tiny, small, kind):
-    """The bench's per-utterance ALSD (pipeline.decoding.transducer.per_utterance): as wide
+    """The bench's per-utterance ALSD (pipeline.training.references.transducer_alsd): as wide
     as the space it finds the brute-force best; at beam 1 it is greedy decoding."""
-    from pipeline.decoding.transducer.per_utterance import per_utterance_alsd
+    from pipeline.training.references.transducer_alsd import per_utterance_alsd
 
     model = tiny[kind]
     for seed in (0, 6):

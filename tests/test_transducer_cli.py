@@ -27,7 +27,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def lm_dir(checkpoint, tmp_path_factory):
     from pipeline.lm.build import find_lmplz
-    from pipeline.lm.sample_text import pydoc_sentences
+    from pipeline.training.sample_text import pydoc_sentences
 
     find_lmplz(build=False)
     tmp = tmp_path_factory.mktemp("lm")
@@ -60,7 +60,7 @@ def test_transcribe_transducer_beam_with_lm_phrases_and_a_broken_file(checkpoint
             assert all(seg["stage"] == "beam" for seg in row["segments"]), row["segments"]
     # the pool's text for the last clip (no key phrases) equals the search run here
     from pipeline.audio import decode_audio
-    from pipeline.decoders.transducer_beam import build_search
+    from pipeline.decoders.transducer_beam.stages import build_search
     from pipeline.models import load_model
 
     cfg = load_config("transducer_beam", sets)
@@ -90,7 +90,10 @@ def test_aes_on_a_tdt_fails_before_any_worker_starts(tmp_path, checkpoint):
     """AES++ is defined for RNN-T: a TDT (the embedded default, a Parakeet TDT directory)
     under transducer.algorithm=aes is one line and exit 2 from the driver, and the shipped
     RNN-T twin passes the same check."""
-    from pipeline.models.preflight import ModelError, check_model, check_transducer_search
+    from pipeline.decoders import decoder_kind
+    from pipeline.models.preflight import ModelError, check_model
+
+    check_transducer_search = decoder_kind("transducer_beam").check
 
     for source in ("embedded", str(checkpoint)):
         with pytest.raises(ModelError, match="AES\\+\\+ searches RNN-T models.*embedded_rnnt"):

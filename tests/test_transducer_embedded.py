@@ -62,7 +62,7 @@ def test_beam_one_is_greedy_and_a_wider_beam_scores_no_lower(adapter, encoded):
 @pytest.fixture(scope="module")
 def char_lm(tmp_path_factory):
     from pipeline.lm.build import find_lmplz
-    from pipeline.lm.sample_text import pydoc_sentences
+    from pipeline.training.sample_text import pydoc_sentences
 
     find_lmplz(build=False)
     tmp = tmp_path_factory.mktemp("lm")
@@ -122,7 +122,7 @@ def test_transducer_beam_on_ray_with_an_lm_key_phrases_and_a_broken_file(char_lm
 def test_words_follow_the_best_path(adapter, encoded):
     """Word timestamps from the tokens' frames: the words spell the text, in order, inside
     the clip; a word starts at its first letter, not at the space before it."""
-    from pipeline.decoders.transducer_greedy import TransducerGreedyDecoder
+    from pipeline.decoders.transducer_greedy.stage import TransducerGreedyDecoder
     from pipeline.decoding.transducer.greedy import transducer_greedy
 
     enc, audios = encoded

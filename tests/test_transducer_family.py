@@ -116,7 +116,7 @@ def test_greedy_decoder_honours_the_configured_max_symbols(tmp_path, sample_audi
     does the beam search's: on an RNN-T biased against blank, which emits several tokens per
     frame by default, a cap of 1 leaves at most one token on each frame it read."""
     from pipeline.config import load_config
-    from pipeline.decoders.transducer_greedy import build as build_greedy
+    from pipeline.decoders.transducer_greedy.stage import build as build_greedy
 
     build("rnnt", tmp_path, max_symbols=3, blank_bias=-3.0)
     adapter = load_transducer_adapter(str(tmp_path))

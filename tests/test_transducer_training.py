@@ -1,4 +1,4 @@
-"""The embedded transducer's training loop (pipeline.models.transducer.embedded_train)
+"""The embedded transducer's training loop (pipeline.training.transducer_train)
 learns, as a TDT and as an RNN-T: on frames that spell their text (each character as two frames of its own random
 vector), a small TDT trained for a few seconds decodes held-out words it never saw whole,
 and a saved-then-loaded model decodes the same."""
@@ -12,7 +12,7 @@ import torch
 from pipeline.metrics import corpus_cer
 from pipeline.models.transducer.embedded import (EmbeddedTransducer, EmbeddedTransducerConfig,
                                                  load_embedded_transducer, save_embedded_transducer)
-from pipeline.models.transducer.embedded_train import greedy_texts, train
+from pipeline.training.transducer_train import greedy_texts, train
 from pipeline.text import charset
 
 LETTERS = "abcdefgh "

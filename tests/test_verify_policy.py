@@ -1,4 +1,4 @@
-"""pipeline.verify_policy: when SSD's draft and verification pay for themselves, and what a
+"""pipeline.decoding.ssd.verify_policy: when SSD's draft and verification pay for themselves, and what a
 batch that skips them decodes (plain greedy AR, checked against an uncached reference)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from ar_reference import uncached_greedy
 from pipeline.config import ConfigError, load_config
-from pipeline.verify_policy import VerifyPolicy
+from pipeline.decoding.ssd.verify_policy import VerifyPolicy
 
 
 def test_the_prior_drafts_the_first_batch():
@@ -103,7 +103,7 @@ def test_a_skipped_batch_is_plain_greedy_ar_without_a_draft(ssd_adapter, audios,
     prefix: exactly an uncached greedy decoder's tokens. For a fallback pool it leaves the
     first pass pending; with the fallback in the same process it leaves it final. Its
     segments say so (stage ``ar``, no entropy) and their words get no draft agreement."""
-    from pipeline.decoders.ssd import SSDFallback, SSDFirstPassDecoder
+    from pipeline.decoders.ssd.stages import SSDFallback, SSDFirstPassDecoder
 
     adapter = ssd_adapter
     dec = SSDFirstPassDecoder(adapter, 0.6, 0.1, adaptive_verify=True, confidence=True)
@@ -176,7 +176,7 @@ def test_a_first_pool_samples_skipped_batches_to_learn_the_fallback_cost(ssd_ada
 def test_a_drafted_batch_reports_the_tokens_it_decided(ssd_adapter, audios):
     """With tau_slm 0 verification accepts every non-empty draft whole: the first pass
     decides every draft token, and the policy is told exactly that many."""
-    from pipeline.decoders.ssd import SSDFirstPassDecoder
+    from pipeline.decoders.ssd.stages import SSDFirstPassDecoder
 
     dec = SSDFirstPassDecoder(ssd_adapter, 0.0, 0.0, adaptive_verify=True)
     res = dec.decode(audios)

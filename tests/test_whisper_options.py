@@ -55,7 +55,7 @@ def audios():
 
 
 def _decoder(model_processor, **options):
-    from pipeline.decoders.ar import ARSegmentDecoder
+    from pipeline.decoders.ar.stage import ARSegmentDecoder
     from pipeline.models.whisper.adapter import WhisperAdapter
     from pipeline.models.whisper.prompting import WhisperOptions
 
@@ -65,13 +65,13 @@ def _decoder(model_processor, **options):
 
 def _ours(dec, audios):
     """Our token ids per segment, re-tokenised from nothing: the decoder's own loop."""
-    from pipeline.decoding.ar_greedy import greedy_decode
+    from pipeline.decoding.ar_greedy import TokenRules, greedy_decode
 
     adapter = dec.adapter
     enc = adapter.encode(audios)
     prompts, _, _ = adapter.language_prompts(enc.states)
     return greedy_decode(adapter, enc.states, max_new_tokens=MAX_NEW, prompts=prompts,
-                         rules=adapter.timestamp_rules)
+                         rules=TokenRules.of(adapter, adapter.timestamp_rules))
 
 
 def _generate(dec, audios, **kwargs):
@@ -333,7 +333,7 @@ def test_word_times_on_tiny_en_equal_generate(whisper_adapter, samples_dir):
     from pipeline.audio import decode_audio
     from pipeline.decoding.ar_greedy import greedy_decode
     from pipeline.models.whisper.adapter import WhisperAdapter
-    from pipeline.decoders.ar import ARSegmentDecoder
+    from pipeline.decoders.ar.stage import ARSegmentDecoder
     from pipeline.models.whisper.alignment import token_times
     from pipeline.models.whisper.prompting import WhisperOptions
 

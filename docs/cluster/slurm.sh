@@ -34,7 +34,8 @@ for node in "${nodes[@]:1}"; do
 done
 sleep 20
 
-# The driver runs on the head node and joins the cluster; a rerun of this script resumes.
+# The driver runs on the head node and joins the cluster (ray.address; exporting
+# RAY_ADDRESS="$head_ip:$port" instead does the same); a rerun of this script resumes.
 srun --nodes=1 --ntasks=1 --overlap -w "$head" \
   shardscribe transcribe --input "$INPUT" --output "$OUTPUT" \
   --set ray.address="$head_ip:$port" --set ray.decode_actors=${#nodes[@]}

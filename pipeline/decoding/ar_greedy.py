@@ -19,70 +19,27 @@ K/V are merged into the same left-padded layout the prefill would build (zeros u
 zero mask on the padding), at the same positions, so the continuation is the one greedy
 decoding forced with the prefix produces.
 
-Speculative rounds (``drafts`` + ``lookahead``; speculative decoding with greedy
-verification, the draft as proposal source): after its first token a row feeds, with
-each decided token, up to K guesses read from its draft where ``draft_sync`` says the
-decoder now is, all in one pass. Guesses are kept up to the first one that is not the
-decoder's argmax (or, with ``accept_prob``, whose probability is not above it); the
-argmax there is the round's next decided token, so every round decides at least one token
-and, under the argmax rule, exactly the tokens plain greedy decoding decides. Rows keep
-different numbers of guesses, so rejected guesses are not cut out of the batched cache:
-they stay masked out (zero attention mask), and positions count only kept tokens.
+Drafting: each pass after the first runs the call's drafter (pipeline.decoding.drafters),
+the strategy that decides what a row feeds beside its decided token and how the guesses
+are verified: none (plain greedy), speculative rounds over a CTC draft, or token-map
+drafting (with the CTC draft as one more candidate in SSD's fallback). Under greedy
+verification every drafter's output is plain greedy decoding's, token for token.
 
-Token-map drafting (``map_drafting``; "Model-free Speculative Decoding for
-Transformer-based ASR with Token Map Drafting", §III-A): after its first token a row looks
-up up to K continuations of its last N..1 decided tokens in a token map
-(pipeline.decoding.token_map), plus, in SSD's fallback, the rest of its CTC draft. All
-rows' candidates go through the decoder in one pass as candidate trees over the KV cache
-(pipeline.decoding.draft_tree: a 4D attention mask lets each node see the past and its
-ancestors only); each row keeps the longest candidate prefix that is its own argmax, then
-the correction token, so the output is plain greedy's token for token. Nodes off the kept
-path stay in the cache, masked out, as rejected guesses do above. A policy
-(pipeline.draft_policy) may switch drafting off pass by pass where it does not pay.
+Token rules (``TokenRules``): which tokens a step may not emit: the adapter's suppressed
+tokens on every step, its begin-suppressed ones on a row's first token, and optional
+edits that depend on what each row has generated so far (Whisper's timestamp rules, plain
+steps only, not with drafting).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from pipeline.decoding.draft_sync import advance, proposal
-from pipeline.decoding.draft_tree import build_trees, kept_columns, tree_inputs, walk_trees
+from pipeline.decoding.drafters import NO_DRAFT
 from pipeline.decoding.screened_argmax import greedy_tokens
-from pipeline.timing import synchronize
-
-# Guess positions per chunk of a speculative round's output projection.
-LOOKAHEAD_CHUNK = 4
-
-
-@dataclass
-class MapDrafting:
-    """Token-map drafting in greedy decoding (see the module docstring): up to
-    ``candidates`` continuations of at most ``max_draft`` tokens per row and pass, from
-    ``token_map`` (pipeline.decoding.token_map.TokenMap) and, where the call also gives
-    ``drafts`` and ``lookahead``, from the draft as one more candidate (``map_first``: the
-    map's candidates rank first). ``policy`` (pipeline.draft_policy.DraftPolicy, kept
-    across calls) decides pass by pass whether drafting pays; None drafts on every pass."""
-    token_map: object
-    candidates: int = 2
-    max_draft: int = 8
-    policy: object = None
-    map_first: bool = True
-
-    def propose(self, history: list[int], room: int, eot: int, draft: list[int] | None) -> list[list[int]]:
-        size = min(self.max_draft, room)
-        if size <= 0:
-            return []
-        cands = self.token_map.candidates(history, self.candidates, size, eot)
-        if draft:
-            cands = cands + [draft] if self.map_first else [draft] + cands
-            unique = []
-            for c in cands:
-                if c not in unique:
-                    unique.append(c)
-            cands = unique[:self.candidates]
-        return cands
 
 
 @dataclass
@@ -222,41 +179,126 @@ def _seeded_cache(seeds: list[DecodeSeed], L: int, cross: list | None = None):
     return EncoderDecoderCache(self_cache, cache_of(cross) if cross else DynamicCache()), own
 
 
+@dataclass
+class TokenRules:
+    """The per-step token rules of greedy decoding: a step never emits a token of
+    ``suppress_mask`` ([V] bool), a row whose transcript is still empty (no forced prefix)
+    never starts it with one of ``begin_suppress_ids``, and ``edit(logits, histories)``,
+    where given, edits each step's masked logits [A, V] in place from what each row holds
+    so far (prefix + generated tokens; Whisper's timestamp rules,
+    pipeline.models.whisper.prompting). :meth:`of` gives an adapter's own."""
+    suppress_mask: torch.Tensor
+    begin_suppress_ids: torch.Tensor
+    edit: Callable[[torch.Tensor, list[list[int]]], None] | None = None
+
+    @classmethod
+    def of(cls, adapter, edit: Callable | None = None) -> "TokenRules":
+        """The adapter's suppressed and begin-suppressed tokens, and ``edit``."""
+        return cls(adapter.suppress_mask, adapter.begin_suppress_ids, edit)
+
+    def plain_for(self, adapter) -> bool:
+        """Whether these are the adapter's own masks with no edit: the rules drafted steps
+        verify under, and that its screened argmax (``adapter.next_tokens``) applies."""
+        return self.edit is None and self.suppress_mask is adapter.suppress_mask
+
+    def first_tokens(self, adapter, hidden: torch.Tensor, empty: torch.Tensor,
+                     histories: list[list[int]]) -> torch.Tensor:
+        """The first step's tokens (``hidden`` [B, D]; ``empty`` [B] bool: rows with no
+        prefix), always from the full logits."""
+        logits = adapter.logits(hidden)
+        logits.masked_fill_(self.suppress_mask, float("-inf"))
+        if self.begin_suppress_ids.numel():
+            rows = empty.nonzero().squeeze(-1)
+            if rows.numel():
+                logits[rows.unsqueeze(-1), self.begin_suppress_ids] = float("-inf")
+        if self.edit is not None:
+            self.edit(logits, histories)
+        return logits.argmax(-1)
+
+    def next_tokens(self, adapter, hidden: torch.Tensor, histories: Callable[[], list[list[int]]]) -> torch.Tensor:
+        """A later step's tokens (``hidden`` [A, D]): through the adapter's screened argmax
+        where the rules are its own (no logits; pipeline.decoding.screened_argmax), else the
+        argmax of the masked logits, edited first from ``histories()`` where ``edit``."""
+        if self.plain_for(adapter):
+            return greedy_tokens(adapter, hidden)
+        logits = adapter.logits(hidden)
+        logits.masked_fill_(self.suppress_mask, float("-inf"))
+        if self.edit is not None:
+            self.edit(logits, histories())
+        return logits.argmax(-1)
+
+
+@dataclass
+class DecodeState:
+    """A greedy decoding's alive rows between passes, as drafters (pipeline.decoding.drafters)
+    see them: position n holds call row ``alive[n]``, whose newest decided token is
+    ``next_tok[n]``; ``mask`` [A, columns] and ``pos`` [A, 1] (the next position) describe
+    the decoder ``cache``. ``generated[r]`` are call row r's committed tokens after its
+    ``prefixes[r]``, at most ``limit``."""
+    adapter: object
+    rules: TokenRules
+    enc: torch.Tensor
+    cache: object
+    mask: torch.Tensor
+    pos: torch.Tensor
+    next_tok: torch.Tensor
+    alive: list[int]
+    prefixes: list[list[int]]
+    generated: list[list[int]]
+    limit: int
+    timer: dict | None = None
+
+    def history(self, r: int) -> list[int]:
+        return self.prefixes[r] + self.generated[r]
+
+    def room(self, r: int) -> int:
+        """Guesses row r may still take: its decided token after them counts too."""
+        return self.limit - len(self.generated[r]) - 1
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One decoder pass over ``ids`` [A, W] on the cache (which it grows); hidden states."""
+        hidden, self.cache = self.adapter.decoder_hidden(ids, self.enc, self.cache, attention_mask, positions)
+        return hidden
+
+    def plain_step(self) -> None:
+        """Feed each row's decided token alone; the next decided tokens under the rules."""
+        step_mask = torch.ones_like(self.pos)
+        hidden = self.forward(self.next_tok.unsqueeze(-1), torch.cat([self.mask, step_mask], 1), self.pos)
+        self.next_tok = self.rules.next_tokens(self.adapter, hidden[:, -1],
+                                               lambda: [self.history(r) for r in self.alive])
+        self.pos = self.pos + 1
+        self.mask = torch.cat([self.mask, step_mask], 1)
+
+
 @torch.inference_mode()
 def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int]] | None = None,
-                  max_new_tokens: int = 224, seeds: list[DecodeSeed] | None = None,
-                  timer: dict | None = None, drafts: list[list[int]] | None = None,
-                  draft_starts: list[int] | None = None, lookahead: int = 0,
-                  verify_chunk: int = LOOKAHEAD_CHUNK, accept_prob: float | None = None,
-                  map_drafting: MapDrafting | None = None, prompts: list[list[int]] | None = None,
-                  rules=None, cross_out: list | None = None) -> list[list[int]]:
+                  max_new_tokens: int = 224, *, prompts: list[list[int]] | None = None,
+                  seeds: list[DecodeSeed] | None = None, drafter=NO_DRAFT, rules: TokenRules | None = None,
+                  cross_out: list | None = None, timer: dict | None = None) -> list[list[int]]:
     """Return, per row, the generated tokens after its prefix (end-of-text excluded).
 
-    With ``seeds`` (one per row, each for that row's prompt + prefix), the prefill pass is
-    skipped: the first token is the seed's, the cache starts from the seeds' K/V.
-    With ``drafts`` and ``lookahead`` > 0, each step after the first also feeds up to
-    ``lookahead`` draft tokens per row (speculative rounds, see the module docstring);
-    ``draft_starts`` gives each row's draft position after its prefix (default 0).
-    With ``map_drafting``, each step after the first feeds a tree of candidate
-    continuations per row (token-map drafting, see the module docstring); the draft, if
-    given, is one of the candidates. ``timer`` (benchmarks) accumulates seconds under
-    "prefill" (the first step) and "decode" (the rest); each step already waits for its
-    tokens on the host. Drafting steps add counts: "tm_rounds" (row-steps with a
-    candidate), "tm_drafted" (draft tokens fed), "tm_accepted", "tm_passes" and
-    "tm_plain_passes".
     ``prompts`` (one per row) replace ``adapter.batch_prompts`` (Whisper's detected
-    languages); ``rules(logits, generated_per_row)`` edits each step's suppressed logits
-    in place from what each row has generated (Whisper's timestamp rules; plain steps
-    only, not with drafting).
+    languages). With ``seeds`` (one per row, each for that row's prompt + prefix), the
+    prefill pass is skipped: the first token is the seed's, the cache starts from the
+    seeds' K/V. ``drafter`` (pipeline.decoding.drafters: ``NO_DRAFT``, ``CTCLookahead``,
+    ``TokenMapDrafter``) runs every pass after the first (see the module docstring).
+    ``rules`` (default: the adapter's own, ``TokenRules.of(adapter)``) say which tokens each
+    step may not emit; a drafter that feeds guesses takes the adapter's own only.
     ``cross_out`` (a list): filled with the cross-attention K/V the decoding used, per layer
     ([B, H, T, d], every row in call order), for a later pass over the same rows
     (:func:`cross_attention_cache`); left empty for a decoder without them. Seeds without
-    them (from another process) get them projected before the first step, for every row."""
+    them (from another process) get them projected before the first step, for every row.
+    ``timer`` (benchmarks) accumulates seconds under "prefill" (the first step) and "decode"
+    (the rest); each step already waits for its tokens on the host. Drafters add counts:
+    "rounds", "guessed" and "kept" (CTCLookahead), "tm_rounds" (row-steps with a
+    candidate), "tm_drafted" (draft tokens fed), "tm_accepted", "tm_passes" and
+    "tm_plain_passes" (TokenMapDrafter)."""
     t0 = time.perf_counter()
     B = encoder_states.shape[0]
     device = encoder_states.device
     prefixes = prefixes or [[] for _ in range(B)]
     prompts = prompts if prompts is not None else adapter.batch_prompts(encoder_states)
+    rules = rules if rules is not None else TokenRules.of(adapter)
     seqs = [prompt + list(p) for prompt, p in zip(prompts, prefixes)]
     L = max(len(s) for s in seqs)
     limit = min(max_new_tokens, adapter.max_positions - L)
@@ -266,14 +308,9 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         mask[i, L - len(s):] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     empty = torch.tensor([len(p) == 0 for p in prefixes], device=device)
-    use_draft = drafts is not None and lookahead > 0
-    if use_draft and len(drafts) != B:
-        raise ValueError("one draft per row")
-    tree = map_drafting is not None
-    if rules is not None and (use_draft or tree):
+    drafter.start(B)
+    if drafter.feeds_guesses and not rules.plain_for(adapter):
         raise ValueError("logit rules apply to plain greedy steps, not to drafting")
-    speculate = use_draft and not tree  # linear rounds over the draft alone
-    ptrs = list(draft_starts) if draft_starts is not None else [0] * B
 
     cache = None
     if seeds is not None:
@@ -297,15 +334,7 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
             hidden, cache = adapter.decoder_hidden(input_ids, encoder_states, cache, mask, positions)
             if cross_out is not None:
                 cross_out[:] = _cross_layers(cache)
-            logits = adapter.logits(hidden[:, -1])
-            logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-            if adapter.begin_suppress_ids.numel():
-                rows = empty.nonzero().squeeze(-1)
-                if rows.numel():
-                    logits[rows.unsqueeze(-1), adapter.begin_suppress_ids] = float("-inf")
-            if rules is not None:
-                rules(logits, [list(p) for p in prefixes])
-            next_tok = logits.argmax(-1)
+            next_tok = rules.first_tokens(adapter, hidden[:, -1], empty, [list(p) for p in prefixes])
     generated: list[list[int]] = [[] for _ in range(B)]
     if limit <= 0:
         return generated
@@ -313,18 +342,17 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         t1 = time.perf_counter()
         timer["prefill"] = timer.get("prefill", 0.0) + t1 - t0
         t0 = t1
-    alive = list(range(B))
+    d = DecodeState(adapter, rules, encoder_states, cache, mask, positions[:, -1:] + 1, next_tok, list(range(B)),
+                    prefixes, generated, limit, timer)
     # Rows that end leave the cache in place (moved, not copied) once its tensors are this
     # call's alone: built here (the prefill, the seeds' gathered K/V) and not handed to the
     # caller through ``cross_out``. Otherwise the first drop copies the kept rows out.
     owned = cross_out is None and (seeds is None or own)
-    enc, pos = encoder_states, positions[:, -1:] + 1
     while True:
-        # next_tok holds each alive row's newest decided token: commit it, drop rows that
-        # ended, feed the rest (with their draft guesses) in one pass.
-        toks = next_tok.tolist()
+        # d.next_tok holds each alive row's newest decided token: commit it, drop rows that
+        # ended, let the drafter feed the rest (with its guesses) in one pass.
         keep = []
-        for n, (r, tok) in enumerate(zip(alive, toks)):
+        for n, (r, tok) in enumerate(zip(d.alive, d.next_tok.tolist())):
             if tok == eot:
                 continue
             generated[r].append(tok)
@@ -332,61 +360,17 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
                 keep.append(n)
         if not keep:
             break
-        if len(keep) < len(alive):
-            order = _move_rows(cache, keep) if owned else keep
+        if len(keep) < len(d.alive):
+            order = _move_rows(d.cache, keep) if owned else keep
             idx = torch.tensor(order, device=device)
             if not owned:
                 # the tensors may be the caller's or a seed's: copy the kept rows out; after
                 # that the cache's tensors are this call's alone
-                cache.batch_select_indices(idx)
+                d.cache.batch_select_indices(idx)
                 owned = True
-            alive = [alive[n] for n in order]
-            next_tok, enc, mask, pos = next_tok[idx], enc[idx], mask[idx], pos[idx]
-        guesses = [[] for _ in alive]
-        if use_draft:
-            for r in alive:
-                ptrs[r] = _advance_last(drafts[r], ptrs[r], prefixes[r], generated[r])
-        if tree:
-            next_tok, pos, mask, cache = _tree_step(adapter, map_drafting, alive, next_tok, enc, cache, mask, pos,
-                                                    prefixes, generated, limit, drafts if use_draft else None,
-                                                    ptrs, lookahead, timer)
-            continue
-        if speculate:
-            for n, r in enumerate(alive):
-                # A guess never takes a row past its token limit (the decided token after
-                # the guesses counts too), so the output is plain greedy's, truncated alike.
-                guesses[n] = proposal(drafts[r], ptrs[r], min(lookahead, limit - len(generated[r]) - 1))
-        width = 1 + max(len(g) for g in guesses)
-        step_ids = next_tok.unsqueeze(-1)
-        step_mask = torch.ones((len(alive), width), dtype=torch.long, device=device)
-        if width > 1:
-            pad = torch.full((len(alive), width - 1), eot, dtype=torch.long, device=device)
-            for n, g in enumerate(guesses):
-                if g:
-                    pad[n, :len(g)] = torch.tensor(g, device=device)
-                step_mask[n, 1 + len(g):] = 0
-            step_ids = torch.cat([step_ids, pad], 1)
-        step_pos = pos + torch.arange(width, device=device) if width > 1 else pos
-        hidden, cache = adapter.decoder_hidden(step_ids, enc, cache, torch.cat([mask, step_mask], 1), step_pos)
-        if width == 1:
-            next_tok = _plain_step_tokens(adapter, hidden[:, -1], rules,
-                                          lambda: [prefixes[r] + generated[r] for r in alive])
-            pos = pos + 1
-        else:
-            next_tok, kept = _verify_guesses(adapter, hidden, step_ids[:, 1:], [len(g) for g in guesses],
-                                             verify_chunk, accept_prob)
-            for n, (r, k) in enumerate(zip(alive, kept.tolist())):
-                if k:
-                    generated[r].extend(guesses[n][:k])
-                    ptrs[r] += k
-            # Rejected guesses stay in the cache, masked out; positions count kept tokens only.
-            step_mask = (torch.arange(width, device=device) <= kept.unsqueeze(-1)).long()
-            pos = pos + 1 + kept.unsqueeze(-1)
-        if speculate and timer is not None:
-            timer["rounds"] = timer.get("rounds", 0) + len(alive)
-            timer["guessed"] = timer.get("guessed", 0) + sum(len(g) for g in guesses)
-            timer["kept"] = timer.get("kept", 0) + (int(kept.sum()) if width > 1 else 0)
-        mask = torch.cat([mask, step_mask], 1)
+            d.alive = [d.alive[n] for n in order]
+            d.next_tok, d.enc, d.mask, d.pos = d.next_tok[idx], d.enc[idx], d.mask[idx], d.pos[idx]
+        drafter.step(d)
     if timer is not None:
         timer["decode"] = timer.get("decode", 0.0) + time.perf_counter() - t0
     return generated
@@ -419,111 +403,3 @@ def _move_rows(cache, keep: list[int]) -> list[int]:
                 t[p].copy_(t[q])
         layer.keys, layer.values = layer.keys[:n], layer.values[:n]
     return order
-
-
-def _plain_step_tokens(adapter, hidden: torch.Tensor, rules=None, histories=None) -> torch.Tensor:
-    """The greedy token after each row's newest position (``hidden`` [A, D]) with the
-    suppressed tokens masked: through the adapter's ``next_tokens`` where it has one (no
-    logits; pipeline.decoding.screened_argmax), else the logits' argmax, edited first by
-    ``rules(logits, histories())`` where given."""
-    if rules is None:
-        return greedy_tokens(adapter, hidden)
-    logits = adapter.logits(hidden)
-    logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-    rules(logits, histories())
-    return logits.argmax(-1)
-
-
-def _advance_last(draft: list[int], ptr: int, prefix: list[int], generated: list[int]) -> int:
-    """The draft pointer after the newest committed token (pipeline.decoding.draft_sync)."""
-    prev = generated[-2] if len(generated) > 1 else (prefix[-1] if prefix else None)
-    return advance(draft, ptr, generated[-1], prev)
-
-
-def _tree_step(adapter, md: MapDrafting, alive, next_tok, enc, cache, mask, pos, prefixes, generated, limit,
-               drafts, ptrs, lookahead, timer):
-    """One pass of token-map drafting over the alive rows, whose newest decided tokens
-    (``next_tok``) are committed already: feed each row's candidate tree (or, where no row
-    has a candidate or the policy says it does not pay, the decided token alone), commit
-    the accepted drafts, and return the next decided tokens with the grown mask, positions
-    and cache."""
-    clock = md.policy.clock if md.policy is not None else time.perf_counter
-    t0 = clock()
-    device, eot = next_tok.device, adapter.eot_id
-    draft_now = md.policy is None or md.policy.should_draft()
-    cands = [[] for _ in alive]
-    if draft_now:
-        for n, r in enumerate(alive):
-            room = limit - len(generated[r]) - 1
-            own = proposal(drafts[r], ptrs[r], min(lookahead, room)) if drafts is not None else None
-            cands[n] = md.propose(prefixes[r] + generated[r], room, eot, own)
-    if not any(cands):
-        hidden, cache = adapter.decoder_hidden(next_tok.unsqueeze(-1), enc, cache,
-                                               torch.cat([mask, torch.ones_like(pos)], 1), pos)
-        nxt = _plain_step_tokens(adapter, hidden[:, -1])
-        if md.policy is not None:
-            synchronize(nxt)  # a drafting pass waits for its tokens on the host too
-            md.policy.observe(False, clock() - t0, len(alive), len(alive))
-        if timer is not None:
-            timer["tm_plain_passes"] = timer.get("tm_plain_passes", 0) + 1
-        return nxt, pos + 1, torch.cat([mask, torch.ones_like(pos)], 1), cache
-    trees = build_trees(next_tok.tolist(), cands)
-    ids, mask4, step_pos, _ = tree_inputs(trees, mask, pos, eot, adapter.dtype)
-    hidden, cache = adapter.decoder_hidden(ids, enc, cache, mask4, step_pos)
-    paths, nxt, ends = walk_trees(adapter, hidden, trees, eot)
-    for n, r in enumerate(alive):
-        for tok in paths[n]:
-            generated[r].append(tok)
-            if drafts is not None:
-                ptrs[r] = _advance_last(drafts[r], ptrs[r], prefixes[r], generated[r])
-    kept = torch.tensor([len(p) for p in paths], device=device)
-    if md.policy is not None:
-        md.policy.observe(True, clock() - t0, len(alive), len(alive) + int(kept.sum()))
-    if timer is not None:
-        timer["tm_passes"] = timer.get("tm_passes", 0) + 1
-        timer["tm_rounds"] = timer.get("tm_rounds", 0) + sum(1 for c in cands if c)
-        timer["tm_drafted"] = timer.get("tm_drafted", 0) + trees.drafted
-        timer["tm_accepted"] = timer.get("tm_accepted", 0) + int(kept.sum())
-    # Nodes off the accepted paths stay in the cache, masked out; positions count kept tokens.
-    return (torch.tensor(nxt, dtype=torch.long, device=device), pos + 1 + kept.unsqueeze(-1),
-            torch.cat([mask, kept_columns(trees, ends, device)], 1), cache)
-
-
-def _verify_guesses(adapter, hidden: torch.Tensor, guesses: torch.Tensor, sizes: list[int], chunk: int,
-                    accept_prob: float | None = None):
-    """Greedy verification of a speculative round. ``hidden`` [A, 1+G, D] holds the pass
-    over (decided token, guesses); position i predicts what follows input i. Returns the
-    decoder's token after the longest run of guesses it agrees with, and that run's
-    length ([A] tensor), per row. The output projection runs over chunks of positions and stops for a
-    row at its first disagreement (most guesses after an error fail early)."""
-    A, width = hidden.shape[0], hidden.shape[1]
-    # Position i checks guess i; the last position (after every guess) has none.
-    targets = torch.cat([guesses, guesses.new_zeros((A, 1))], 1)
-    size = torch.tensor(sizes, device=hidden.device)
-    kept = size.clone()
-    next_tok = torch.zeros(A, dtype=torch.long, device=hidden.device)
-    alive = torch.arange(A, device=hidden.device)
-    for c0 in range(0, width, chunk):
-        if alive.numel() == 0:
-            break
-        c1 = min(c0 + chunk, width)
-        part = hidden[alive, c0:c1]
-        cols = torch.arange(c0, c1, device=hidden.device)
-        in_guess = cols.unsqueeze(0) < size[alive].unsqueeze(1)
-        target = targets[alive, c0:c1]
-        if accept_prob is None:
-            pred = greedy_tokens(adapter, part.reshape(-1, part.shape[-1])).view(part.shape[:2])   # [a, c]
-            miss = (pred != target) | ~in_guess
-        else:
-            logits = adapter.logits(part)
-            logits.masked_fill_(adapter.suppress_mask, float("-inf"))
-            pred = logits.argmax(-1)
-            p = logits.log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1).exp()
-            miss = (p <= accept_prob) | ~in_guess
-        has_miss = miss.any(1)
-        at = miss.float().argmax(1)
-        rows = has_miss.nonzero().squeeze(-1)
-        kept[alive[rows]] = at[rows] + c0
-        next_tok[alive[rows]] = pred[rows, at[rows]]
-        alive = alive[~has_miss]
-    return next_tok, kept

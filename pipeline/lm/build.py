@@ -110,8 +110,8 @@ def find_lmplz(build: bool = True) -> Path:
         subprocess.run(["bash", str(script)], check=True, stdout=subprocess.DEVNULL)
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError("KenLM's lmplz is not built: run `bash scripts/build_kenlm.sh` "
-                            "(scripts/setup.sh --test does it)")
+    raise FileNotFoundError("KenLM's lmplz is not built: run `bash scripts/setup.sh --dev` "
+                            "(the KenLM toolchain, then scripts/build_kenlm.sh)")
 
 
 def write_token_corpus(lines, tokenizer: TextTokenizer, path: Path) -> int:

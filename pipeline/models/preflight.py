@@ -76,104 +76,40 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 
 
-# The encoder the embedded CTC head was trained on (Whisper tiny.en): config.json values.
-TINY_EN = {"d_model": 384, "encoder_layers": 4, "num_mel_bins": 80, "vocab_size": 51864}
-
-
-def _whisper_options(model_config, generation: dict | None) -> None:
-    """model.language / task / timestamps / word_timestamps against what the checkpoint's
-    generation config offers (the embedded model is tiny.en: English-only)."""
-    from pipeline.models.whisper.prompting import WhisperTokens, options_error
-
-    gen = generation or {}
-    tokens = WhisperTokens(sot=0, eot=0, no_timestamps=gen.get("no_timestamps_token_id"), prev=None,
-                           lang_to_id={k.strip("<|>"): v for k, v in (gen.get("lang_to_id") or {}).items()},
-                           task_to_id=gen.get("task_to_id") or {}, multilingual=bool(gen.get("is_multilingual")))
-    problem = options_error(tokens, model_config.language, model_config.task, model_config.timestamps)
-    if problem:
-        raise ModelError(f"{problem} (model.source={model_config.source})")
-    if model_config.word_timestamps and not gen.get("alignment_heads"):
-        raise ModelError(f"model.word_timestamps: model.source={model_config.source} names no alignment_heads in "
-                         "its generation_config.json")
-
-
-def _whisper_components(model_config, config: dict) -> None:
-    """The feature extractor must make the mel bins the encoder reads; a CTC head reads
-    the encoder's states: its width must be the model's, and the embedded head fits the
-    encoder it was trained on (tiny.en) only."""
-    # transformers 5 saves the feature extractor inside processor_config.json, older
-    # versions beside it as preprocessor_config.json
-    features = (checkpoint_json(model_config.source, "preprocessor_config.json")
-                or (checkpoint_json(model_config.source, "processor_config.json") or {}).get("feature_extractor")
-                or {})
-    bins, size = config.get("num_mel_bins"), features.get("feature_size")
-    if bins is not None and size is not None and bins != size:
-        raise ModelError(f"model.source={model_config.source}: its feature extractor makes {size} mel bins, "
-                         f"its encoder reads {bins}")
-    if not model_config.ctc_head:
-        return
-    from pipeline.models.whisper.ctc_head import CONFIG_FILE, EMBEDDED, embedded_head_dir
-
-    head_dir = embedded_head_dir() if model_config.ctc_head == EMBEDDED else Path(model_config.ctc_head)
-    if not (head_dir / CONFIG_FILE).is_file():
-        raise ModelError(f"model.ctc_head={model_config.ctc_head}: no {CONFIG_FILE} there")
-    head_width = json.loads((head_dir / CONFIG_FILE).read_text()).get("d_model")
-    width = config.get("d_model")
-    if head_width is not None and width is not None and head_width != width:
-        raise ModelError(f"model.ctc_head={model_config.ctc_head}: the head reads {head_width}-wide encoder "
-                         f"states, model.source={model_config.source} has {width} (the embedded head fits "
-                         "Whisper tiny.en only); train a head for this model or set model.ctc_head=null "
-                         "with --config ar")
-    if model_config.ctc_head == EMBEDDED:
-        differs = [k for k, v in TINY_EN.items() if config.get(k) not in (None, v)]
-        if differs:
-            k = differs[0]
-            raise ModelError(f"model.ctc_head=embedded: the embedded CTC head reads Whisper tiny.en's encoder; "
-                             f"model.source={model_config.source} is another model ({k} {config[k]}, tiny.en "
-                             f"{TINY_EN[k]}); train a head for it (shardscribe train-ctc-head) or use a decoder "
-                             "without one (--config ar)")
-
-
 def check_model(model_config) -> None:
     """Raise ModelError for a device, source or component problem of ``model_config``."""
     from pipeline.device import check_dtype
 
+    from pipeline.models.registry import FAMILIES, model_family
+
+    family = model_family(model_config.family)
     check_device(model_config.device)
     try:
         check_dtype(model_config.device, model_config.dtype, "model.dtype")
-        for key in ("encoder_dtype", "cross_kv_dtype"):
-            if getattr(model_config, key) not in (None, "auto"):
-                check_dtype(model_config.device, getattr(model_config, key), f"model.{key}")
     except ValueError as exc:
         raise ModelError(str(exc)) from None
-    if model_config.source == "embedded_rnnt":
-        if model_config.family != "transducer":
-            raise ModelError(f"model.source=embedded_rnnt: the shipped RNN-T transducer; set "
-                             f"model.family=transducer (--config transducer_beam), not {model_config.family}")
+    if model_config.source in family.shipped:
+        family.check(model_config, None)
         return
+    owners = [f for f in FAMILIES.values() if model_config.source in f.shipped]
+    if owners:
+        raise ModelError(f"model.source={model_config.source}: a model shipped with the {owners[0].name} family; "
+                         f"set model.family={owners[0].name}, not {model_config.family}")
     if model_config.source == "embedded":
-        from pipeline.models import model_family
-
-        if not model_family(model_config.family).has_embedded:
+        if not family.has_embedded:
             raise ModelError(f"model.source=embedded: the {model_config.family} family has no embedded "
                              "model; set model.source to a checkpoint directory")
-        if model_config.family == "whisper":
-            _whisper_options(model_config, {"is_multilingual": False, "no_timestamps_token_id": 50362,
-                                            "alignment_heads": [[1, 0]]})
+        family.check(model_config, None)
         return
     config = checkpoint_config(model_config.source)
     check_family(model_config, config)
-    if model_config.family == "whisper":
-        _whisper_components(model_config, config)
-        _whisper_options(model_config, checkpoint_json(model_config.source, "generation_config.json"))
+    family.check(model_config, config)
     # Last: what the config says is wrong is the more useful message.
     folder = Path(model_config.source).expanduser()
     if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise ModelError(f"model.source={model_config.source}: the directory has a config.json but no weights "
                          f"({' or '.join(WEIGHT_FILES[::2])})")
-    from pipeline.models import model_family
-
-    model_family(model_config.family).check_components(model_config)
+    family.check_components(model_config)
 
 
 def check_family(model_config, config: dict) -> None:
@@ -181,7 +117,7 @@ def check_family(model_config, config: dict) -> None:
     against what ``model.family`` loads: a family's loader given another family's checkpoint
     fails only in the workers, or (granite_speech) builds a default-sized random model from
     a config it does not understand."""
-    from pipeline.models import FAMILIES, model_family
+    from pipeline.models.registry import FAMILIES, model_family
 
     family = model_family(model_config.family)
     archs = [str(a) for a in config.get("architectures") or []]
@@ -202,7 +138,7 @@ def check_family(model_config, config: dict) -> None:
 def _check_model_type(model_config, family, kind: str | None) -> None:
     """A config that names no architecture, judged by its ``model_type``: the key the
     family's loader goes by (``ModelFamily.model_types``)."""
-    from pipeline.models import FAMILIES
+    from pipeline.models.registry import FAMILIES
 
     if not family.model_types or (kind and family.loads_model_type(kind)) or (kind is None
                                                                              and not family.needs_model_type):
@@ -212,23 +148,6 @@ def _check_model_type(model_config, family, kind: str | None) -> None:
     raise ModelError(f"model.source={model_config.source}: its config.json names no architecture and "
                      f"{f'model_type {kind}' if kind else 'no model_type'}; model.family={family.name} loads "
                      f"model_type {', '.join(sorted(family.known_model_types()))}{hint}")
-
-
-def check_transducer_search(cfg) -> None:
-    """AES++ is defined for RNN-T: under ``transducer.algorithm=aes`` a TDT (a checkpoint
-    with token durations) is one line here instead of an error from every beam worker."""
-    if cfg.decoder.kind != "transducer_beam" or cfg.transducer.algorithm != "aes":
-        return
-    from pipeline.models.transducer.embedded import shipped_or_path
-
-    source = cfg.model.source
-    # a shipped name becomes its directory; the hub cache is the one the loader reads
-    # (model.cache_dir is ours, not the hub's)
-    config = checkpoint_config(str(shipped_or_path(source)))
-    if config.get("durations"):
-        raise ModelError(f"transducer.algorithm=aes: AES++ searches RNN-T models, and model.source={source} is "
-                         f"a TDT (durations {list(config['durations'])}); use transducer.algorithm=alsd, or "
-                         "model.source=embedded_rnnt (the shipped RNN-T)")
 
 
 def _checkpoint_config_for_flag(source: str) -> dict:
@@ -243,7 +162,7 @@ def _checkpoint_config_for_flag(source: str) -> dict:
 def family_of_checkpoint(source: str) -> str:
     """The registered family whose ``architectures`` name the checkpoint's or, for a config
     that names no architecture, whose ``model_types`` hold its model_type."""
-    from pipeline.models import FAMILIES
+    from pipeline.models.registry import FAMILIES
 
     config = _checkpoint_config_for_flag(source)
     archs = [str(a) for a in config.get("architectures") or []]

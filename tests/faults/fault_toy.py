@@ -2,7 +2,12 @@
 (nothing is loaded), "transcribes" a segment as its duration, takes a set time per batch
 so faults land mid-job, records each actor's pid (so the suite can kill one), and raises
 on a poisoned segment: one whose peak is exactly POISON_PEAK, a value that only the
-suite's poisoned file has."""
+suite's poisoned file has.
+
+``fault_toy2`` is the same first stage with a second: segments longer than PENDING_S are
+left pending for a second stage (a plain Ray actor fed by the driver, pooled across
+blocks: actors.second_pool) that takes a set time per call and records its pid in a file
+of its own (``second-<pid>``, read by ``second_stage_pids``)."""
 from __future__ import annotations
 
 import os
@@ -12,7 +17,9 @@ import time
 import numpy as np
 
 from pipeline.decoders import DECODER_KINDS, DecoderKind
-from pipeline.decoders.base import SegmentResult
+from dataclasses import dataclass
+
+from pipeline.decoders.base import PENDING, PendingState, SegmentResult
 from pipeline.models import FAMILIES, ModelFamily
 
 POISON_PEAK = 0.3125
@@ -43,11 +50,59 @@ class DurationDecoder:
         return [SegmentResult(f"{a.size / 16000:.2f}", "toy") for a in audios]
 
 
+PENDING_S = 3.0
+SECOND_STAGE = "toy_second"
+
+
+@dataclass
+class ToyPending(PendingState):
+    frames: np.ndarray
+    text: str
+
+
+class PendingDurationDecoder(DurationDecoder):
+    name = "fault_toy2"
+
+    def decode(self, audios):
+        out = super().decode(audios)
+        for res, a in zip(out, audios):
+            if a.size / 16000 > PENDING_S:
+                res.stage, res.pending = PENDING, ToyPending(np.zeros((1, 4), np.float32), res.text)
+                res.text = ""
+        return out
+
+
+class ToySecondStage:
+    name = "fault_toy2"
+    pending_type = ToyPending
+
+    def __init__(self, cfg, first_stage=None):
+        pid_dir = os.environ.get(PID_DIR_ENV)
+        if pid_dir:
+            with open(os.path.join(pid_dir, f"second-{os.getpid()}"), "w") as fh:
+                fh.write(f"{os.getpid()} second stage")
+        self.delay = float(os.environ.get(DELAY_ENV, "0"))
+
+    def cost(self, result) -> int:
+        return 1
+
+    def finish(self, results) -> float:
+        time.sleep(self.delay)
+        for r in results:
+            r.text, r.stage = r.pending.text, SECOND_STAGE
+        return self.delay
+
+
+def second_stage_pids(pid_dir) -> list[int]:
+    return [int(f.name.split("-")[1]) for f in os.scandir(pid_dir) if f.name.startswith("second-")]
+
+
 def _no_capabilities(model_config) -> frozenset:
     return frozenset()
 
 
 KIND = DecoderKind("fault_toy", DurationDecoder)
+KIND2 = DecoderKind("fault_toy2", PendingDurationDecoder, second_stage=ToySecondStage)
 # has_embedded: its "embedded" model is the toy itself (no checkpoint for the preflight to find)
 FAMILY = ModelFamily("fault_family", __name__, capabilities=_no_capabilities, max_segment_s=30.0,
                      max_segment_cost=1, has_embedded=True)
@@ -60,5 +115,6 @@ def register() -> None:
     import ray.cloudpickle
 
     DECODER_KINDS[KIND.name] = KIND
+    DECODER_KINDS[KIND2.name] = KIND2
     FAMILIES[FAMILY.name] = FAMILY
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -83,6 +83,7 @@ def cluster(tmp_path_factory):
     ray.shutdown()
     c.shutdown()
     DECODER_KINDS.pop(fault_toy.KIND.name, None)
+    DECODER_KINDS.pop(fault_toy.KIND2.name, None)
     FAMILIES.pop(fault_toy.FAMILY.name, None)
     for k, v in saved.items():
         if v is None:
@@ -282,6 +283,72 @@ def test_parts_committed_by_time_on_ray(cluster, corpus, tmp_path, fault_report)
     _check(dst, _expected_ids(corpus), "parts by time (commit_interval_s=0, rows_per_part=1000)", fault_report)
     sizes = [pq.read_metadata(p).num_rows for p in dst.glob("part-*.parquet")]
     assert len(sizes) > 1 and max(sizes) <= 3, sizes    # blocks of batching.recordings_per_batch=3
+
+
+TWO_STAGE = ("decoder.kind=fault_toy2",)
+# Recordings the toy first stage leaves pending (longer than fault_toy.PENDING_S).
+def _pending_ids(corpus) -> set[str]:
+    from pipeline.audio import decode_audio
+
+    return {f"good{i:02d}.flac" for i in range(N_GOOD)
+            if decode_audio((corpus / f"good{i:02d}.flac").read_bytes())[0].size / 16000 > fault_toy.PENDING_S}
+
+
+def test_second_stage_actor_killed_while_pooled_rows_are_pending(cluster, corpus, tmp_path, fault_report):
+    """A two-stage kind: pending rows pooled across blocks by the driver and finished by
+    a plain Ray actor two at a time (batching.max_tokens=2, one per toy segment), the
+    driver taking no block while two are held (second_stage.max_pending_segments=2). That
+    actor is SIGKILLed while pooled rows wait: it is restarted, the call it held is
+    retried, every row is committed once, each pending one after its second stage."""
+    _, _, pid_dir = cluster
+    for f in pid_dir.iterdir():
+        f.unlink()
+    dst = tmp_path / "out"
+    result = {}
+    job = threading.Thread(target=lambda: result.update(
+        rc=transcribe(corpus, dst, *TWO_STAGE, "batching.max_tokens=2", "second_stage.max_wait_s=600",
+                      "second_stage.max_pending_segments=2")))
+    job.start()
+    _wait_for(lambda: fault_toy.second_stage_pids(pid_dir) and any(dst.glob("part-*.parquet")),
+              what="the second stage's actor and a first part")
+    os.kill(fault_toy.second_stage_pids(pid_dir)[0], signal.SIGKILL)
+    job.join(timeout=300)
+    assert result.get("rc") == 0
+    assert len(fault_toy.second_stage_pids(pid_dir)) >= 2, "the killed second-stage actor was not restarted"
+    rows = {r["id"]: r for r in _check(dst, _expected_ids(corpus), "second-stage actor SIGKILLed, rows pooled",
+                                       fault_report)}
+    pending = _pending_ids(corpus)
+    assert pending and len(pending) < N_GOOD
+    for i in range(N_GOOD):
+        row = rows[f"good{i:02d}.flac"]
+        assert row["error"] is None and row["text"], row
+        assert row["stage"] in ({fault_toy.SECOND_STAGE, "mixed"} if row["id"] in pending else {"toy"}), row
+    summary = json.loads((dst / output.SUMMARY_NAME).read_text())
+    if "second_stage" in summary:
+        assert summary["second_stage"]["max_segments_per_call"] <= 2
+
+
+def test_driver_killed_while_pooled_rows_are_pending_then_rerun(cluster, corpus, tmp_path, fault_report):
+    """The driver is SIGKILLed while the rows its second stage pools wait for the end of
+    the input (a budget they never fill, max_wait_s above the job): the parts committed by
+    time hold only rows that finished the first stage, none half-finished; the rerun
+    finishes the rest, each row once."""
+    dst = tmp_path / "out"
+    held = (*TWO_STAGE, "batching.max_tokens=1000", "second_stage.max_wait_s=600",
+            "output.rows_per_part=1000", "output.commit_interval_s=1")
+    with _driver(cluster, corpus, dst, *held) as proc:
+        _wait_for(lambda: any(dst.glob("part-*.parquet")) or proc.poll() is not None, timeout=240,
+                  what="the driver's first part")
+        assert proc.poll() is None, "the job ended before the driver could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    committed = [r for p in dst.glob("part-*.parquet") for r in pq.read_table(p).to_pylist()]
+    assert committed and not {r["id"] for r in committed} & _pending_ids(corpus), \
+        [r["id"] for r in committed]
+    assert all(r["stage"] in ("toy", "error") for r in committed), [(r["id"], r["stage"]) for r in committed]
+    assert transcribe(corpus, dst, *held) == 0
+    rows = _check(dst, _expected_ids(corpus), "driver SIGKILLed with pooled rows pending, then rerun", fault_report)
+    assert {r["id"] for r in rows if r["stage"] in (fault_toy.SECOND_STAGE, "mixed")} == _pending_ids(corpus)
 
 
 def test_s3_input_and_output_through_moto(cluster, corpus, tmp_path, fault_report):

@@ -11,15 +11,17 @@ only; unlike the checkpoints it can pack short clips into shared encoder windows
 """
 from __future__ import annotations
 
-import dataclasses
+from pipeline.models.base import BEAM_VOCABULARY, CTC, PACKABLE
+from pipeline.models.registry import ModelFamily, register_family
+from pipeline.models.whisper.options import WhisperModelOptions
+
 
 EMBEDDED = "embedded"
 
 
 def embedded_whisper_config(model_config):
     """The whisper-family config of the embedded encoder + CTC head."""
-    return dataclasses.replace(model_config, family="whisper", source=EMBEDDED,
-                               ctc_head=model_config.ctc_head or EMBEDDED)
+    return model_config.with_values(family="whisper", source=EMBEDDED, ctc_head=model_config.ctc_head or EMBEDDED)
 
 
 def load(model_config, device: str, dtype):
@@ -49,3 +51,27 @@ def ctc_vocabulary(model_config):
     if model_config.source == EMBEDDED:
         return embedded_vocabulary(model_config)
     return TokenizerVocabulary.from_pretrained(model_config.source)
+
+
+def _options(source: str):
+    """The embedded model is Whisper's encoder and CTC head: it takes the whisper family's
+    keys; a checkpoint has no keys of its own."""
+    return WhisperModelOptions if source == EMBEDDED else None
+
+
+# Any transformers CTC checkpoint. Frame rates differ per model (wav2vec2: 320 samples,
+# Parakeet: 1280), but the window rule must be known before a model is loaded: the segment
+# cost is priced at the finest common stride, wav2vec2's 20 ms, so 30 s cost 1500 frames
+# and no model of the family can exceed the budget that admits one segment. Its embedded
+# model (Whisper's encoder + CTC head) packs windows like the whisper family.
+FAMILY = register_family(ModelFamily(
+    "ctc", "pipeline.models.ctc",
+    capabilities=lambda m: frozenset({CTC, BEAM_VOCABULARY} | ({PACKABLE} if m.source == "embedded" else set())),
+    max_segment_s=30.0, max_segment_cost=1500,
+    hint=lambda cap: ("use --config ctc_model_greedy or ctc_model_beam, or --set decoder.pack_windows=false"
+                      if cap == PACKABLE else ""),
+    vocabulary="pipeline.models.ctc:ctc_vocabulary",
+    # AutoModelForCTC loads the model types of this mapping
+    architectures=("*ForCTC",), model_types="transformers.models.auto.modeling_auto:MODEL_FOR_CTC_MAPPING_NAMES",
+    has_embedded=True, components="pipeline.models.ctc:check_components", options=_options,
+    preflight="pipeline.models.whisper.preflight:check"))

@@ -7,6 +7,10 @@ family offers the LLM decoder only.
 """
 from __future__ import annotations
 
+from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE
+from pipeline.models.registry import ModelFamily, register_family
+from dataclasses import dataclass
+
 import json
 from pathlib import Path
 
@@ -33,3 +37,25 @@ def check_components(model_config) -> None:
     from pipeline.models.granite_speech.adapter import load_processing
 
     load_processing(model_config.source)
+
+
+_BEAM_VOCAB_HINT = "ctc_beam has no vocabulary for this family's CTC outputs yet; use ctc_greedy"
+
+
+@dataclass
+class GraniteOptions:
+    """The granite_speech family's own keys."""
+    OWNERS = "granite_speech models"
+    FILE_KEYS = ("ctc_vocab",)        # hashed by content
+    ctc_vocab: str | None = None      # JSON list naming the encoder's CTC outputs, blank first
+
+
+FAMILY = register_family(ModelFamily(
+    "granite_speech", "pipeline.models.granite_speech",
+    capabilities=lambda m: frozenset({ATTENTION_DECODER} | ({CTC} if m.ctc_vocab else set())),
+    max_segment_s=60.0, max_segment_cost=3000,
+    hint=lambda cap: ("set model.ctc_vocab (a JSON list naming the encoder's CTC outputs, blank first)"
+                      if cap == CTC else _BEAM_VOCAB_HINT if cap == BEAM_VOCABULARY
+                      else "it cannot pack encoder windows: --set ssd.pack_gate=false" if cap == PACKABLE else ""),
+    architectures=("GraniteSpeechForConditionalGeneration",), model_types=("granite_speech",),
+    components="pipeline.models.granite_speech:check_components", options=GraniteOptions))

@@ -250,7 +250,7 @@ def load_granite_adapter(source: str, ctc_vocab: Sequence[str] | None, ctc_blank
     from the same computation in plain torch (features.GraniteFeatures)."""
     from transformers import AutoConfig, GraniteSpeechForConditionalGeneration
 
-    from pipeline.models import model_family
+    from pipeline.models.registry import model_family
     from pipeline.models.errors import ModelError
 
     try:

@@ -12,6 +12,9 @@ Hugging Face id in the local cache.
 """
 from __future__ import annotations
 
+from pipeline.models.base import TRANSDUCER
+from pipeline.models.registry import ModelFamily, register_family
+
 
 def load(model_config, device: str, dtype):
     from pipeline.models.transducer.embedded import EMBEDDED, EMBEDDED_RNNT, is_embedded_transducer_dir
@@ -36,3 +39,17 @@ def check_components(model_config) -> None:
     from pipeline.models.transducer.adapter import load_processing
 
     load_processing(model_config.source)
+
+
+# transformers' ParakeetForRNNT / ParakeetForTDT ("Pushing the Limits of Beam Search Decoding
+# for Transducer-based ASR models"): encoder frames, predictor step and joint; and the
+# embedded TDT over Whisper tiny.en. Parakeet's frames are 80 ms (30 s: 375 frames), the
+# embedded one's 40 ms (30 s: 750): priced at the finer, as the ctc family does.
+FAMILY = register_family(ModelFamily(
+    "transducer", "pipeline.models.transducer",
+    capabilities=lambda m: frozenset({TRANSDUCER}),
+    max_segment_s=30.0, max_segment_cost=750,
+    hint=lambda cap: "use --config transducer_greedy or transducer_beam" if cap != TRANSDUCER else "",
+    architectures=("ParakeetForRNNT", "ParakeetForTDT", "ShardscribeWhisperTDT"),
+    model_types=("parakeet_rnnt", "parakeet_tdt"), has_embedded=True, shipped=("embedded_rnnt",),
+    components="pipeline.models.transducer:check_components"))

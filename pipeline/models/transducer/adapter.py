@@ -173,7 +173,7 @@ def load_transducer_adapter(source: str, device: str = "cpu", dtype: torch.dtype
     tokenizer."""
     from transformers import AutoConfig, ParakeetForRNNT, ParakeetForTDT
 
-    from pipeline.models import model_family
+    from pipeline.models.registry import model_family
     from pipeline.models.errors import ModelError
 
     if _looks_local(source) and not Path(source).expanduser().is_dir():

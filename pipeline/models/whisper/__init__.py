@@ -7,6 +7,10 @@ a Hugging Face id, loaded offline.
 """
 from __future__ import annotations
 
+from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE
+from pipeline.models.registry import ModelFamily, register_family
+from pipeline.models.whisper.options import WhisperModelOptions
+
 # Segments per encoder call on CPU when model.encoder_micro_batch is null: Whisper's
 # 1500-frame attention thrashes the CPU caches at larger batches (figures: docs/ssd.md).
 # On GPU whole batches are encoded at once.
@@ -43,3 +47,16 @@ def check_components(model_config) -> None:
     from pipeline.models.whisper.loader import load_processor
 
     load_processor(model_config.source)
+
+
+FAMILY = register_family(ModelFamily(
+    "whisper", "pipeline.models.whisper",
+    capabilities=lambda m: frozenset({ATTENTION_DECODER, PACKABLE} | ({CTC, BEAM_VOCABULARY} if m.ctc_head else set())),
+    max_segment_s=30.0, max_segment_cost=1500,
+    hint=lambda cap: "set model.ctc_head (embedded, or a head directory)" if cap in (CTC, BEAM_VOCABULARY) else "",
+    # every head this family loads, embedded or a directory, is over the character set
+    vocabulary="pipeline.text.ctc_vocabulary:embedded_vocabulary",
+    architectures=("WhisperForConditionalGeneration",), model_types=("whisper",), needs_model_type=False,
+    has_embedded=True, shipped=("embedded-base",),   # embedded-base: Whisper base (multilingual), loader.py
+    components="pipeline.models.whisper:check_components", options=WhisperModelOptions,
+    preflight="pipeline.models.whisper.preflight:check"))

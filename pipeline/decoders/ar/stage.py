@@ -1,0 +1,137 @@
+"""Decoder kind ``ar``: full autoregressive greedy decoding of each segment, the baseline
+every speculative decoder must reproduce or beat (pipeline.decoding.ar_greedy); with
+``decoder.token_map``, drafted from a token map ("Model-free Speculative Decoding for
+Transformer-based ASR with Token Map Drafting"), with the same output.
+
+On Whisper it also runs the model options that need per-row decoding: a language
+detected per segment (the prompt then differs per row), timestamp tokens (the segment's
+text cut into timed spans) and word times from cross-attention alignment
+(pipeline.models.whisper.prompting, pipeline.models.whisper.alignment)."""
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.audio import SAMPLE_RATE
+from pipeline.decoders.base import SegmentResult, encode_then
+from pipeline.decoding.ar_greedy import TokenRules, greedy_decode
+from pipeline.decoding.drafters import NO_DRAFT, TokenMapDrafter
+
+
+def map_drafting(adapter, cfg) -> TokenMapDrafter | None:
+    """The token-map drafting ``cfg`` asks for (None where decoder.token_map is null), its
+    map checked against the adapter's vocabulary; one policy per decoder, kept across
+    batches."""
+    if cfg.decoder.token_map is None:
+        return None
+    from pipeline.decoding.token_map import TokenMap
+    from pipeline.decoding.token_map_policy import DraftPolicy
+
+    token_map = TokenMap.load(cfg.decoder.token_map)
+    if token_map.max_token >= adapter.vocab_size:
+        raise ValueError(f"decoder.token_map: {cfg.decoder.token_map} holds token {token_map.max_token}, beyond the "
+                         f"model's vocabulary ({adapter.vocab_size}): built with another tokenizer")
+    tm = cfg.token_map
+    return TokenMapDrafter(token_map, tm.candidates, tm.max_draft, DraftPolicy() if tm.adaptive else None,
+                           map_first=not tm.lookahead_first)
+
+
+class ARSegmentDecoder:
+    name = "ar"
+
+    def __init__(self, adapter, max_new_tokens: int = 224, drafting: TokenMapDrafter | None = None,
+                 confidence: bool = False):
+        self.adapter = adapter
+        self.max_new_tokens = max_new_tokens
+        self.drafting = drafting
+        self.confidence = confidence
+
+    def segment_cost(self, audio: np.ndarray) -> int:
+        return self.adapter.segment_cost(len(audio))
+
+    def _decode(self, enc):
+        cross = []
+        tokens = greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens,
+                               drafter=self.drafting or NO_DRAFT, cross_out=cross if self.confidence else None)
+        tokens = _unheard_rows_empty(tokens, enc.valid_frames)
+        return tokens, self._confidence_words(enc, tokens, cross_kv=cross) if self.confidence else None
+
+    def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
+        options = getattr(self.adapter, "options", None)
+        if options is None:
+            (tokens, words), t_enc, t_dec = encode_then(self.adapter, audios, self._decode)
+            out = [SegmentResult(self.adapter.text(t), "ar", len(t), t_enc, t_dec, generated=len(t)) for t in tokens]
+            for res, w in zip(out, words or []):
+                res.words, res.word_features = w
+            return out
+        seconds = [len(a) / SAMPLE_RATE for a in audios]
+        out, t_enc, t_dec = encode_then(self.adapter, audios, lambda enc: self._decode_whisper(enc, seconds))
+        for res in out:
+            res.t_encode_s, res.t_decode_s = t_enc, t_dec
+        return out
+
+    def _decode_whisper(self, enc, seconds: list[float]) -> list[SegmentResult]:
+        from pipeline.models.whisper.prompting import split_timestamps
+
+        adapter, options = self.adapter, self.adapter.options
+        prompts, languages, probs = adapter.language_prompts(enc.states)
+        cross = []
+        tokens = greedy_decode(adapter, enc.states, max_new_tokens=self.max_new_tokens, prompts=prompts,
+                               drafter=self.drafting or NO_DRAFT, rules=TokenRules.of(adapter, adapter.timestamp_rules),
+                               cross_out=cross if self.confidence else None)
+        times = None
+        if options.word_timestamps:
+            from pipeline.models.whisper.alignment import token_times
+
+            times = token_times(adapter, enc.states, enc.valid_frames.tolist(), prompts, tokens,
+                                adapter.alignment_heads, adapter.median_filter_width)
+        results = []
+        for b, toks in enumerate(tokens):
+            res = SegmentResult(adapter.text(toks), "ar", len(toks), generated=len(toks),
+                                language=languages[b], language_prob=probs[b])
+            if options.timestamps:
+                # Whisper reads a 30-s window: a time past the segment's audio is clamped to it.
+                last = seconds[b]
+                _, spans = split_timestamps(toks, adapter.special.timestamp_begin)
+                res.spans = [{"start": round(min(a, last), 3), "end": round(min(last if e is None else e, last), 3),
+                              "text": adapter.text(ids)} for a, e, ids in spans]
+            if times is not None:
+                res.words = self._words(toks, times[b], seconds[b])
+            results.append(res)
+        if self.confidence:
+            for res, (words, feats) in zip(results, self._confidence_words(enc, tokens, prompts,
+                                                                           [r.words for r in results], cross)):
+                res.words, res.word_features = words, feats
+        return results
+
+    def _confidence_words(self, enc, tokens, prompts=None, timed=None, cross_kv=None):
+        from pipeline.confidence.features import decoder_words
+        from pipeline.models.base import CTC
+
+        # A model with a CTC head offers a second view for free: agreement with its draft.
+        drafts = self.adapter.ctc_draft(enc).texts if CTC in self.adapter.capabilities else None
+        # the confidence pass reuses greedy decoding's cross-attention K/V (same rows, same
+        # order) instead of projecting the encoder states again
+        return decoder_words(self.adapter, enc.states, tokens, drafts, timed=timed, prompts=prompts,
+                             cross_kv=cross_kv or None)
+
+    def _words(self, toks: list[int], times: list[float], last: float) -> list[dict]:
+        from pipeline.models.whisper.alignment import words_of
+
+        adapter = self.adapter
+        special = {i for i, t in enumerate(toks) if t >= adapter.special.timestamp_begin} \
+            if adapter.options.timestamps else set()
+        words = words_of(toks, times, adapter.tokenizer.decode, special)
+        # encoder frames are 20 ms: the last one may reach past the audio's end
+        return [{**w, "start": round(min(w["start"], last), 3), "end": round(min(w["end"], last), 3)} for w in words]
+
+
+def _unheard_rows_empty(tokens: list[list[int]], valid_frames) -> list[list[int]]:
+    """No tokens for a row with no encoder frame (a clip shorter than one model frame): the
+    decoder would only continue the bare prompt, so its text would be whatever the LM says
+    without audio."""
+    return [t if int(n) > 0 else [] for t, n in zip(tokens, valid_frames.tolist())]
+
+
+def build(adapter, cfg) -> ARSegmentDecoder:
+    return ARSegmentDecoder(adapter, cfg.decoder.max_new_tokens, map_drafting(adapter, cfg),
+                            confidence=cfg.confidence.enabled)

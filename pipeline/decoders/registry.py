@@ -1,0 +1,103 @@
+"""The decoder-kind registry: what a kind is made of and what it needs.
+
+An entry says what a kind is made of and what it needs, so config validation, the actors,
+the Ray plan and the in-process runner never name a kind:
+- ``first_stage(adapter, cfg)``: builds the segment decoder the model actor runs;
+- ``second_stage(cfg, first_stage)``: optional; builds the finisher of the pending
+  results, run by a second actor pool. ``first_stage`` is the first stage's decoder when
+  both share a process (so its model and in-process state can be reused), else None; a
+  second stage that needs a model and gets None loads its own;
+- ``needs``: capabilities the model must have (pipeline.models.base), and
+  ``config_needs(cfg)`` those that options of the kind add (SSD's packed gate packs);
+- ``packs_windows``: whether ``decoder.pack_windows`` may be set (it reads encoder
+  states alone, so clips may share encoder windows);
+- ``options`` and ``config_section``: the dataclass of the kind's own options and the
+  JobConfig section that holds them (``cfg.<section>``), so a kind of your own brings its
+  keys with it (validated by the dataclass's ``validate(key)``, set with ``--set``);
+- ``check_config(cfg)``: checks across sections (the kind's options against the decoder's);
+- ``preflight(cfg)``: checks against the model's files, run by the driver;
+- ``traits``: what else the kind's decoding loop offers (``AR_LOOP``: Whisper's full greedy
+  loop, which per-row prompts, language detection and timestamp rules need).
+
+Factories are "module:attribute" strings (imported when used, so validating a config does
+not import torch) or callables. A DecoderKind travels to Ray actors with the plan, so a
+kind registered by a user's own code works in every worker without touching this package.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+
+def _resolve(ref):
+    if callable(ref):
+        return ref
+    module, attr = ref.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class DecoderKind:
+    name: str
+    first_stage: str | Callable
+    second_stage: str | Callable | None = None
+    needs: frozenset = field(default_factory=frozenset)
+    packs_windows: bool = False
+    config_section: str | None = None
+    options: type | None = None           # a dataclass; its instance is cfg.<config_section>
+    check_config: Callable | None = None   # cfg -> None, raising pipeline.config_values.ConfigError
+    traits: frozenset = field(default_factory=frozenset)
+    config_needs: Callable | None = None   # cfg -> extra capabilities the kind's options need
+    # "module:function" (or a callable): cfg -> None, raising pipeline.models.errors.ModelError
+    # where the kind's options do not fit the model's files; the driver runs it before any
+    # worker starts (it may read checkpoint configs, never weights)
+    preflight: str | Callable | None = None
+
+    @property
+    def two_stage(self) -> bool:
+        return self.second_stage is not None
+
+    def needs_for(self, cfg) -> frozenset:
+        """Capabilities the model must have for this kind under ``cfg``."""
+        return self.needs | (frozenset(self.config_needs(cfg)) if self.config_needs else frozenset())
+
+    def check(self, cfg) -> None:
+        """The kind's preflight of ``cfg`` (a no-op for a kind with none)."""
+        if self.preflight is not None:
+            _resolve(self.preflight)(cfg)
+
+    def build_first_stage(self, adapter, cfg):
+        return _resolve(self.first_stage)(adapter, cfg)
+
+    def build_second_stage(self, cfg, first_stage=None):
+        return _resolve(self.second_stage)(cfg, first_stage)
+
+
+# The trait of a kind that runs Whisper's full greedy decoding loop.
+AR_LOOP = "ar_loop"
+
+DECODER_KINDS: dict[str, DecoderKind] = {}
+
+
+def register_decoder_kind(kind: DecoderKind) -> DecoderKind:
+    if kind.options is not None and not kind.config_section:
+        raise ValueError(f"decoder kind {kind.name!r}: options need a config_section")
+    for other in DECODER_KINDS.values():
+        if other.name != kind.name and kind.config_section and other.config_section == kind.config_section:
+            raise ValueError(f"decoder kind {kind.name!r}: section {kind.config_section!r} belongs to {other.name!r}")
+    DECODER_KINDS[kind.name] = kind
+    return kind
+
+
+def option_sections() -> dict[str, type]:
+    """The JobConfig sections the registered kinds bring: section name -> dataclass."""
+    return {k.config_section: k.options for k in DECODER_KINDS.values() if k.options is not None}
+
+
+def decoder_kind(name: str) -> DecoderKind:
+    try:
+        return DECODER_KINDS[name]
+    except KeyError:
+        raise KeyError(f"no decoder kind {name!r} (known: {', '.join(sorted(DECODER_KINDS))})") from None

@@ -1,0 +1,123 @@
+"""The ``ssd`` kind: "Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts"
+(CTC draft, entropy gate, one verification pass, AR fallback from the verified prefix)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.config_values import ConfigError, choice, at_least, coerce
+from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
+from pipeline.decoders.registry import DecoderKind, register_decoder_kind
+from pipeline.models.base import ATTENTION_DECODER, CTC, PACKABLE
+
+
+@dataclass
+class SSDOptions:
+    """Self-speculative decoding thresholds: a named preset, optionally overridden."""
+    preset: str = "high_accuracy"
+    tau_ctc: float | None = None      # overrides the preset's gate threshold (nats)
+    tau_slm: float | None = None      # overrides the preset's verification threshold
+    reuse_kv: bool = True             # fallback starts from the verification KV cache (eqs. 6-7)
+    verify_max_entropy: float | None = None  # skip verification at/above this max entropy (nats): straight to AR
+    lookahead: int = 0                # fallback feeds up to this many draft tokens per step (0: plain AR)
+    lookahead_rule: str = "greedy"    # greedy: keep argmax guesses (plain AR's text) | tau_slm: eq. 5 again
+    # Gate on packed-window drafts (null: the preset's, else false). Off in both presets:
+    # a packed draft, hence an accepted text, depends on the clips sharing its window.
+    pack_gate: bool | None = None
+    gate_verify_tau: float | None = None  # gated drafts verified at this tau too (null: the preset's, else off)
+    # Calibrate tau_ctc online so that at most this share of the drafts the gate accepts
+    # would be rejected by verification; tau_ctc is then the cap (pipeline.decoding.ssd.gate_calibration).
+    # null: the preset's, else off (tau_ctc fixed, the paper's gate).
+    max_draft_error: float | None = None
+    # With pack_gate: pack a batch only while the running gate pass rate is above that
+    # batch's break-even (pipeline.decoding.ssd.pack_gate_policy); false packs every batch.
+    adaptive_pack_gate: bool = True
+    # Draft and verify a batch only while the first pass pays for itself in tokens the
+    # fallback need not decode (pipeline.decoding.ssd.verify_policy); a skipped batch is decoded as plain
+    # AR. null: on while the gate calibrates itself (max_draft_error), else off.
+    adaptive_verify: bool | None = None
+    # Its break-even in tokens decided per segment (null: measured as the job runs, from
+    # timings, so that which batches draft, hence their text, may differ between runs).
+    verify_break_even: float | None = None
+    # Named threshold sets (docs/ssd.md has how each was chosen and what it measured).
+    presets: dict = field(default_factory=lambda: {
+        "high_accuracy": {"tau_ctc": 0.6, "tau_slm": 0.1},
+        "high_rtfx": {"tau_ctc": 2.0, "tau_slm": 0.1, "gate_verify_tau": 3.0e-5},
+    })
+
+    # A preset's gate_verify_tau may be null (off), so that an override can switch a shipped
+    # preset's gate verification off: --set ssd.presets.high_rtfx.gate_verify_tau=null.
+    PRESET_KEYS = {"tau_ctc": float, "tau_slm": float, "pack_gate": bool, "gate_verify_tau": float | None,
+                   "max_draft_error": float | None}
+
+    def validate(self, key: str) -> None:
+        shape = "{tau_ctc, tau_slm[, pack_gate, gate_verify_tau, max_draft_error]}"
+        if not isinstance(self.presets, dict) or not self.presets:
+            raise ConfigError(f"{key}.presets: expected a mapping of name -> {shape}")
+        for name, p in self.presets.items():
+            if not isinstance(p, dict) or not {"tau_ctc", "tau_slm"} <= set(p) <= set(self.PRESET_KEYS):
+                raise ConfigError(f"{key}.presets.{name}: expected {shape}")
+            for k, v in p.items():
+                coerce(f"{key}.presets.{name}.{k}", v, self.PRESET_KEYS[k])
+        choice(f"{key}.preset", self.preset, tuple(self.presets))
+        tau_ctc, tau_slm = self.thresholds()
+        if tau_ctc < 0:
+            raise ConfigError(f"{key}.tau_ctc: must be >= 0, got {tau_ctc}")
+        if not 0.0 <= tau_slm <= 1.0:
+            raise ConfigError(f"{key}.tau_slm: must be in [0, 1], got {tau_slm}")
+        tau_gate = self.gate_verify_threshold()
+        if tau_gate is not None and not 0.0 <= tau_gate <= 1.0:
+            raise ConfigError(f"{key}.gate_verify_tau: must be in [0, 1] or null, got {tau_gate}")
+        target = self.draft_error_target()
+        if target is not None and not 0.0 < target < 1.0:
+            raise ConfigError(f"{key}.max_draft_error: must be in (0, 1) or null, got {target}")
+        at_least(f"{key}.lookahead", self.lookahead, 0)
+        choice(f"{key}.lookahead_rule", self.lookahead_rule, LOOKAHEAD_RULES)
+        if self.verify_break_even is not None and self.verify_break_even < 0:
+            raise ConfigError(f"{key}.verify_break_even: must be >= 0 or null, got {self.verify_break_even}")
+        if self.verify_max_entropy is not None and self.verify_max_entropy < 0:
+            raise ConfigError(f"{key}.verify_max_entropy: must be >= 0 or null, got {self.verify_max_entropy}")
+
+    def _pick(self, name: str, default):
+        """The override where one is set, else the selected preset's value, else ``default``."""
+        value = getattr(self, name)
+        return value if value is not None else self.presets[self.preset].get(name, default)
+
+    def packs_gate(self) -> bool:
+        return bool(self._pick("pack_gate", False))
+
+    def gate_verify_threshold(self) -> float | None:
+        """tau of the gated drafts' verification; None where it is off."""
+        tau = self._pick("gate_verify_tau", None)
+        return None if tau is None else float(tau)
+
+    def draft_error_target(self) -> float | None:
+        """The calibrated gate's target error share; None where tau_ctc is fixed."""
+        target = self._pick("max_draft_error", None)
+        return None if target is None else float(target)
+
+    def thresholds(self) -> tuple[float, float]:
+        return float(self._pick("tau_ctc", None)), float(self._pick("tau_slm", None))
+
+    def verifies_adaptively(self, gate_calibrates: bool | None = None) -> bool:
+        """ssd.adaptive_verify resolved: as set, else whether the gate calibrates itself
+        (``gate_calibrates`` where the caller builds the gate itself, else this config's
+        max_draft_error)."""
+        if self.adaptive_verify is not None:
+            return bool(self.adaptive_verify)
+        return self.draft_error_target() is not None if gate_calibrates is None else gate_calibrates
+
+
+def _config_needs(cfg) -> frozenset:
+    return frozenset({PACKABLE}) if cfg.ssd.packs_gate() else frozenset()
+
+
+def _check_config(cfg) -> None:
+    if cfg.decoder.token_map is not None and cfg.ssd.lookahead and cfg.ssd.lookahead_rule != "greedy":
+        raise ConfigError("decoder.token_map: token-map drafting verifies greedily; "
+                          f"ssd.lookahead_rule={cfg.ssd.lookahead_rule} cannot draft with it")
+
+
+KIND = register_decoder_kind(DecoderKind(
+    "ssd", "pipeline.decoders.ssd.stages:build_first_pass", "pipeline.decoders.ssd.stages:build_fallback",
+    needs=frozenset({CTC, ATTENTION_DECODER}), config_section="ssd", options=SSDOptions,
+    config_needs=_config_needs, check_config=_check_config))

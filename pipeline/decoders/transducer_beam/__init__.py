@@ -1,0 +1,39 @@
+"""The ``transducer_beam`` kind: "Pushing the Limits of Beam Search Decoding for
+Transducer-based ASR models" (ALSD++ and AES++)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.config_values import ConfigError, at_least, choice
+from pipeline.decoders.registry import DecoderKind, register_decoder_kind
+from pipeline.models.base import TRANSDUCER
+
+@dataclass
+class TransducerOptions:
+    """ALSD++ / AES++ ("Pushing the Limits of Beam Search Decoding for Transducer-based ASR
+    models"); beam width, LM and key phrases come from the ``beam`` section."""
+    algorithm: str = "alsd"           # alsd (RNN-T, TDT) | aes (RNN-T)
+    blank_scoring: str = "lm"         # lm: eq. 3 (blank scored with the LM weight) | asr: eq. 2
+    pruning: str = "late"             # late: LM before the per-hypothesis top-k | early: after
+    max_symbols: int | None = None    # tokens per frame (null: the model's max_symbols_per_step)
+    expansion_gamma: float | None = None  # aes: expand only tokens within gamma of a hypothesis's best (mAES)
+
+    def validate(self, key: str) -> None:
+        choice(f"{key}.algorithm", self.algorithm, ("alsd", "aes"))
+        if self.expansion_gamma is not None:
+            if self.algorithm != "aes":
+                raise ConfigError(f"{key}.expansion_gamma: AES++'s expansion beam; set {key}.algorithm=aes or "
+                                  "leave it null")
+            if not isinstance(self.expansion_gamma, (int, float)) or self.expansion_gamma < 0:
+                raise ConfigError(f"{key}.expansion_gamma: must be a number >= 0, got {self.expansion_gamma!r}")
+        choice(f"{key}.blank_scoring", self.blank_scoring, ("lm", "asr"))
+        choice(f"{key}.pruning", self.pruning, ("late", "early"))
+        if self.max_symbols is not None:
+            at_least(f"{key}.max_symbols", self.max_symbols, 1)
+
+
+KIND = register_decoder_kind(DecoderKind(
+    "transducer_beam", "pipeline.decoders.transducer_beam.stages:build_frames",
+    "pipeline.decoders.transducer_beam.stages:build_search",
+    needs=frozenset({TRANSDUCER}), config_section="transducer", options=TransducerOptions,
+    preflight="pipeline.decoders.transducer_beam.preflight:check_search"))

@@ -1,0 +1,111 @@
+"""The whisper family's own config keys (``model.<key>``): the decoder prompt, timestamps,
+the CTC draft head, and the CPU precision choices. Imports no torch, so a config is
+validated without it."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pipeline.config_values import ConfigError, at_least, choice
+from pipeline.models.base import ATTENTION_DECODER
+
+WHISPER_TASKS = ("transcribe", "translate")
+# Options that change Whisper's decoding: the decoder kinds with an attention decoder read
+# them; some need a kind with the full AR loop (per-row prompts, timestamp rules).
+PROMPT_OPTIONS = ("language", "task", "initial_prompt")
+AR_ONLY_OPTIONS = ("timestamps", "word_timestamps")
+
+
+@dataclass
+class WhisperModelOptions:
+    OWNERS = "Whisper models"
+    EXECUTION_KEYS = ("screened_argmax", "encoder_micro_batch")   # not in config_hash
+    FILE_KEYS = ("ctc_head",)                                     # hashed by content
+
+    ctc_head: str | None = None       # whisper: "embedded" (the shipped head), a head directory, or null
+    # Segments per encoder call: a batch is encoded in slices of this many (0: whole
+    # batches; null: the family's default for the device, e.g. Whisper's on CPU).
+    encoder_micro_batch: int | None = None
+    # Whisper's decoder prompt (docs/ar.md, "Whisper options"). language: a code such as
+    # "de" (checked against the checkpoint's languages before any worker starts), "auto"
+    # (detected per segment from Whisper's language token), or null: the model's own
+    # default (none on an English-only model, "en" on a multilingual one).
+    language: str | None = None
+    task: str = "transcribe"          # transcribe | translate (into English; multilingual models)
+    initial_prompt: str | None = None  # text the decoder reads as previous text (<|startofprev|>)
+    timestamps: bool = False          # decode with Whisper's timestamp tokens: segments[].spans
+    word_timestamps: bool = False     # segments[].words from cross-attention alignment (DTW)
+
+    # Each changes transcripts a little (figures: docs/results.md).
+    # int8: the Linear layers' weights in int8, one scale per output channel, activations
+    # quantised per batch at run time (torch dynamic quantisation; CPU only).
+    quantize: str = "none"            # none | int8
+    # The encoder's own dtype (null: model.dtype); bfloat16 on CPU needs AMX or AVX512-BF16.
+    # auto: bfloat16 on a CPU that has them, with model.dtype float32 (the encoder is ~70%
+    # of a CPU job; WER within faster-whisper's +2% on held-out and real speech, figures:
+    # docs/engines.md), else model.dtype. Transcripts then depend on the CPU's flags.
+    encoder_dtype: str | None = "auto"
+    # The dtype of the decoder's cross-attention K/V projection, a function of the encoder
+    # states alone (pipeline.models.whisper.cross_projection). auto: the encoder's dtype as
+    # model.encoder_dtype resolves it; null: model.dtype.
+    cross_kv_dtype: str | None = "auto"
+    # Whisper: greedy steps pick their token through a low-precision screen of the output
+    # projection, rescored in float32 (pipeline.decoding.screened_argmax): the float32
+    # argmax for a half (bfloat16, on a CPU with AMX or AVX512-BF16) or a quarter (int8
+    # through fbgemm, other x86 CPUs) of the weight traffic. Applies to a float32 decoder
+    # on a CPU; elsewhere, and when false, the full product.
+    screened_argmax: bool = True
+
+
+    def validate(self, key: str, model) -> None:
+        choice(f"{key}.task", self.task, WHISPER_TASKS)
+        if self.language is not None and not re.fullmatch(r"auto|[a-z]{2,3}|[a-z]{2}-[a-z]{2,4}", self.language):
+            raise ConfigError(f"{key}.language: expected a language code such as en or de, auto, or null; "
+                              f"got {self.language!r}")
+        choice(f"{key}.quantize", self.quantize, ("none", "int8"))
+        for name in ("encoder_dtype", "cross_kv_dtype"):
+            if getattr(self, name) is not None:
+                choice(f"{key}.{name}", getattr(self, name), ("auto", "float32", "float16", "bfloat16"))
+        if self.quantize != "none" and self.cross_kv_dtype not in (None, "auto", model.dtype):
+            raise ConfigError(f"{key}.cross_kv_dtype: the cross-attention projections are {self.quantize} "
+                              f"under model.quantize={self.quantize}; leave it auto")
+        if self.quantize != "none" and model.device.startswith("cuda"):
+            raise ConfigError(f"{key}.quantize: {self.quantize} runs on CPU only, model.device={model.device}")
+        if self.encoder_micro_batch is not None:
+            at_least(f"{key}.encoder_micro_batch", self.encoder_micro_batch, 0)
+
+    def check_job(self, cfg, kind) -> None:
+        """The prompt options need an attention decoder; detection, timestamps and word
+        times need a kind with the full AR loop; timestamp rules and drafting do not mix."""
+        from pipeline.decoders.registry import AR_LOOP, DECODER_KINDS
+
+        default = WhisperModelOptions()
+        set_options = [o for o in PROMPT_OPTIONS + AR_ONLY_OPTIONS if getattr(self, o) != getattr(default, o)]
+        if not set_options:
+            return
+        if cfg.model.family != "whisper":
+            raise ConfigError(f"model.{set_options[0]}: a Whisper option; model.family={cfg.model.family}")
+        if ATTENTION_DECODER not in kind.needs_for(cfg):
+            raise ConfigError(f"model.{set_options[0]}: decoder.kind={kind.name} does not run Whisper's decoder")
+        ar_only = [o for o in AR_ONLY_OPTIONS if getattr(self, o)] + (["language"] if self.language == "auto" else [])
+        if ar_only and AR_LOOP not in kind.traits:
+            option = ar_only[0] + ("=auto" if ar_only[0] == "language" else "")
+            loops = ", ".join(n for n, k in DECODER_KINDS.items() if AR_LOOP in k.traits)
+            raise ConfigError(f"model.{option}: only decoder.kind={loops} decodes with it, not {kind.name}")
+        if self.timestamps and cfg.decoder.token_map is not None:
+            raise ConfigError("decoder.token_map: token-map drafting does not apply Whisper's timestamp rules; "
+                              "set decoder.token_map=null with model.timestamps")
+
+    @staticmethod
+    def canonical(model: dict) -> None:
+        """What ``auto`` means on this machine, for config_hash: null where it changes
+        nothing, so configs that do not use it hash as before the default existed."""
+        from pipeline.device import cross_kv_dtype_name, encoder_dtype_name
+
+        encoder = encoder_dtype_name(model.get("encoder_dtype"), model.get("device", "auto"),
+                                     model.get("dtype", "float32"))
+        cross = cross_kv_dtype_name(model.pop("cross_kv_dtype", None), encoder, model.get("dtype", "float32"),
+                                    model.get("quantize", "none"))
+        model["encoder_dtype"] = encoder
+        if cross is not None:
+            model["cross_kv_dtype"] = cross
