@@ -1,6 +1,11 @@
 """Second-pool actor of a two-stage decoder kind: finishes the segments the model pool
 left pending (SSD's AR fallback, CTC beam search), re-batched by token budget across the
-rows of a batch; every other row and segment passes through untouched.
+rows it is given; every other row and segment passes through untouched.
+
+The runners pool pending rows across input batches (pipeline.pending_pool) and hand this
+actor full token-budget batches: ``price_rows`` tells them each pending segment's cost,
+``finish_rows`` finishes a batch. On Ray it is a plain actor fed by the driver
+(actors.second_pool); ``__call__`` keeps it usable as a Ray Data stage.
 
 In-process (``first_stage`` given) the kind's second stage may share the first stage's
 model and in-process state; in its own Ray pool it builds what it needs from the config.
@@ -16,7 +21,7 @@ from pipeline.decoders import decoder_kind
 from pipeline.device import torch_threads, worker_threads
 from pipeline.filters import mark_rows
 from pipeline.records import OUTPUT_SCHEMA, stamp, table
-from pipeline.segment_runner import complete_pending
+from pipeline.segment_runner import complete_pending, pending_costs
 
 
 class Finisher:
@@ -33,10 +38,17 @@ class Finisher:
     def __call__(self, batch: pa.Table) -> pa.Table:
         return self.finish_rows(batch.to_pylist())
 
-    def finish_rows(self, rows: list[dict]) -> pa.Table:
+    def price_rows(self, rows: list[dict]) -> list[list[int]]:
+        """Per row, the second stage's cost of each of its pending segments."""
+        return [pending_costs(row, self.stage) for row in rows]
+
+    def finish_rows(self, rows: list[dict], stats=None, trigger: str | None = None) -> pa.Table:
         """The first stage's rows, as dicts (``Transcriber.rows`` in this process, or a
-        batch of its table), finished into an output table."""
+        batch of its table), finished into an output table. ``stats``: a
+        pipeline.pending_pool.SecondStageStats to record the calls in, ``trigger`` what
+        dispatched these rows."""
         with torch_threads(self.threads):
-            rows = complete_pending(rows, self.stage, self.cfg.batching.max_tokens, confidence=self.confidence)
+            rows = complete_pending(rows, self.stage, self.cfg.batching.max_tokens, confidence=self.confidence,
+                                    stats=stats, trigger=trigger)
         rows = mark_rows(rows, self.cfg.filters)
         return table(stamp(rows, self.config_hash), OUTPUT_SCHEMA)

@@ -1,5 +1,6 @@
-"""The Ray Data plan: read (Ray tasks) -> decode/segment (CPU actors) -> model actor pool [-> second
-pool of a two-stage decoder kind] -> Parquet.
+"""The Ray Data plan: read (Ray tasks) -> decode/segment (CPU actors) -> model actor pool -> the
+driver, which commits finished rows to Parquet [and feeds a two-stage decoder kind's pending
+rows to its second pool in full token-budget batches across blocks: actors.second_pool].
 
 One linear chain (a fork re-runs the model once per branch). Errors are caught per row
 inside the stages, never through `max_errored_blocks`, which drops blocks silently.
@@ -11,11 +12,14 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import warnings
 
 from pipeline.device import resolve_device
 from pipeline.decoders import decoder_kind
 from pipeline.models import model_family
-from pipeline.records import INPUT_SCHEMA, table
+from pipeline.records import INPUT_SCHEMA, OUTPUT_SCHEMA, table
+
+OUTPUT_NAMES = OUTPUT_SCHEMA.names
 
 
 def init_ray(cfg) -> None:
@@ -111,7 +115,6 @@ def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None):
     from ray.data import ActorPoolStrategy, DataContext
 
     from actors.audio_prep import AudioPrep
-    from actors.finisher import Finisher
     from actors.transcriber import Transcriber
 
     ctx = DataContext.get_current()
@@ -144,13 +147,19 @@ def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None):
                         batch_size=per_block, batch_format="pyarrow",
                         compute=ActorPoolStrategy(size=cfg.ray.decode_actors),
                         num_cpus=_decode_actor_cpus(cfg, kind), **extra)
-    # Second pool: only the pending segments are decoded there (SSD's AR fallback, CTC
-    # beam search); their state arrives through the object store as bytes in the rows.
-    if kind.two_stage:
-        ds = ds.map_batches(Finisher, fn_constructor_kwargs=args,
-                            batch_size=per_block, batch_format="pyarrow",
-                            compute=ActorPoolStrategy(size=cfg.ray.fallback_actors),
-                            num_cpus=cfg.ray.fallback_actor_cpus, **extra)
+    # A two-stage kind's second pool is no stage of this plan: the driver pools the
+    # pending rows of every block and feeds that pool's actors (actors.second_pool), whose
+    # resources Ray Data must leave alone (none for a one-stage kind: the setting is the
+    # process's, and a previous job's must not stay).
+    from ray.data import ExecutionResources
+
+    second = cfg.ray.fallback_actors if kind.two_stage else 0
+    with warnings.catch_warnings():
+        # Deprecated in favour of node labels, which a single node or a user's own
+        # cluster does not have; still honoured in 2.60.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ctx.execution_options.exclude_resources = ExecutionResources(
+            cpu=second * cfg.ray.fallback_actor_cpus, gpu=second * extra["num_gpus"] if gpu else 0.0)
     return ds
 
 
@@ -163,7 +172,7 @@ def _decode_actor_cpus(cfg, kind) -> float:
     return cfg.ray.cpus(kind.two_stage, instance_cpus=running).decode_actor
 
 
-def write_output(ds, cfg, dst: str, job_id: str, on_batch=None) -> None:
+def write_output(ds, cfg, dst: str, job_id: str, on_batch=None, kind=None, on_second_stage=None) -> dict | None:
     """The write side: the driver takes the plan's finished blocks as they come and
     commits them under the output protocol and the local runner's policy
     (pipeline.output.PartCommitter: ``output.rows_per_part`` rows, or
@@ -172,27 +181,73 @@ def write_output(ds, cfg, dst: str, job_id: str, on_batch=None) -> None:
     finished rows per writer. The rows already taken are committed however the run ends
     (an interrupt, a failed block, the watchdog); a stalled plan ends in one line naming
     the watchdog's setting. ``on_batch(table)`` sees each block once it is held for a
-    commit (the job's progress)."""
+    commit (the job's progress).
+
+    For a two-stage decoder kind (``kind``, default: decoder.kind's) the blocks hold the
+    model pool's rows: those with nothing pending are committed at once, the others go to
+    the second pool (actors.second_pool) and are committed once finished, never before;
+    rows still pending when the run stops are not committed, so a rerun redoes them. The
+    second stage's counts (pipeline.pending_pool.SecondStageStats.as_dict) go to
+    ``on_second_stage(stats)`` however the run ends, and are returned (None for a
+    one-stage kind)."""
+    import threading
+
+    import pyarrow.compute as pc
     from ray.data.exceptions import ExecutionTimeoutError
 
     from pipeline.output import PartCommitter
 
+    kind = kind or decoder_kind(cfg.decoder.kind)
     parts = PartCommitter(dst, job_id, cfg.output.rows_per_part, cfg.output.commit_interval_s, cfg.storage.options)
-    try:
-        # Each block whole (batch_size=None) and as soon as it is finished: with Ray's
-        # default prefetch_batches=1 the iterator yields a block only once the next one has
-        # arrived, which holds a finished block back for as long as the next one takes.
-        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
-            table = _output_table(block)
+    lock = threading.Lock()   # the second pool's thread commits too
+
+    def commit(table):
+        with lock:
             parts.add(table)
             if on_batch is not None:
                 on_batch(table)
             parts.commit_if_due()
+
+    second = None
+    stats = None
+    try:
+        if kind.two_stage:
+            from actors.second_pool import RaySecondStage
+
+            second = RaySecondStage(cfg, kind, model_family(cfg.model.family), commit,
+                                    gpu=resolve_device(cfg.model.device).startswith("cuda"))
+        # Each block whole (batch_size=None) and as soon as it is finished: with Ray's
+        # default prefetch_batches=1 the iterator yields a block only once the next one has
+        # arrived, which holds a finished block back for as long as the next one takes.
+        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
+            if second is None:
+                commit(_output_table(block))
+                continue
+            if not block.num_rows:
+                continue
+            counts = pc.list_value_length(block.column("pending_index")).fill_null(0)
+            waiting = pc.greater(counts, 0)
+            done = block.filter(pc.invert(waiting))
+            if done.num_rows:
+                commit(_output_table(done.select(OUTPUT_NAMES)))
+            pending = block.filter(waiting)
+            if pending.num_rows:
+                second.offer(pending, int(pc.sum(counts).as_py()))
+            # The next block only while the pending rows held stay under the bound.
+            second.throttle()
+        if second is not None:
+            second.drain()
     except ExecutionTimeoutError as exc:
         raise JobStalled(f"no progress for ray.no_progress_timeout_s={cfg.ray.no_progress_timeout_s:g} s; "
                          "parts written so far are kept and a rerun resumes after them") from exc
     finally:
-        parts.flush()
+        if second is not None:
+            stats = second.close()
+            if on_second_stage is not None:
+                on_second_stage(stats)
+        with lock:
+            parts.flush()
+    return stats
 
 
 def _output_table(block):
@@ -211,8 +266,11 @@ class JobStalled(RuntimeError):
 
 
 def run_ray(rows, cfg, dst: str, kind=None, items: list[dict] | None = None, job_id: str | None = None,
-            on_batch=None) -> None:
+            on_batch=None, on_second_stage=None) -> dict | None:
+    """The job on Ray; returns a two-stage kind's second-stage counts (write_output)."""
     from pipeline.output import new_job_id
 
     init_ray(cfg)
-    write_output(build_dataset(rows, cfg, kind, items), cfg, dst, job_id or new_job_id(), on_batch=on_batch)
+    kind = kind or decoder_kind(cfg.decoder.kind)
+    return write_output(build_dataset(rows, cfg, kind, items), cfg, dst, job_id or new_job_id(), on_batch=on_batch,
+                        kind=kind, on_second_stage=on_second_stage)

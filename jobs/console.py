@@ -174,8 +174,9 @@ def _counts(mapping: dict, limit: int = 4) -> str:
 
 
 def summary_table(summary: dict) -> list[str]:
-    """The job's closing table: rows, errors by kind, stages, audio, wall time, RTFx and
-    WER as a percentage, each only where it was measured."""
+    """The job's closing table: rows, errors by kind, stages, audio, wall time, RTFx, a
+    two-stage kind's second-stage batches and WER as a percentage, each only where it was
+    measured."""
     rows = [("rows", f"{summary['rows_out']} of {summary['rows_in']}"
                      + (f" ({summary['run_rows']} this run, {summary['skipped_existing']} already there)"
                         if summary.get("skipped_existing") else ""))]
@@ -186,6 +187,13 @@ def summary_table(summary: dict) -> list[str]:
     rows.append(("wall time", _clock(summary.get("wall_seconds") or 0.0)))
     if summary.get("run_rows") and summary.get("rtfx"):
         rows.append(("RTFx", f"{summary['rtfx']:.1f} (audio / wall time of this run)"))
+    second = summary.get("second_stage") or {}
+    if second.get("calls"):
+        # A two-stage decoder kind's second stage (pipeline.pending_pool): its mean batch.
+        rows.append(("second stage", f"{second['segments']} segments in {second['calls']} calls "
+                                     f"(mean {second['mean_segments_per_call']:.1f}, max "
+                                     f"{second['max_segments_per_call']} a call; mean wait "
+                                     f"{second.get('mean_wait_s', 0.0):.1f} s)"))
     if summary.get("wer") is not None:
         rows.append(("WER", f"{100 * summary['wer']:.1f} % over {summary.get('wer_rows', 0)} rows with a reference"))
     width = max(len(k) for k, _ in rows)

@@ -19,7 +19,7 @@ import yaml
 
 from pipeline.config_sections import (RAY_TASK_CPUS, AudioConfig, BatchingConfig, ConfidenceConfig, DecoderConfig,
                                       FiltersConfig, ModelConfig, OutputConfig, PseudoLabelConfig, RayConfig,
-                                      StorageConfig)
+                                      SecondStageConfig, StorageConfig)
 from pipeline.config_values import ConfigError, build, choice, coerce, merge, safe_yaml, takes_text
 from pipeline.models.base import ATTENTION_DECODER, PACKABLE
 
@@ -55,6 +55,7 @@ class JobConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     filters: FiltersConfig = field(default_factory=FiltersConfig)
     pseudo_label: PseudoLabelConfig = field(default_factory=PseudoLabelConfig)
+    second_stage: SecondStageConfig = field(default_factory=SecondStageConfig)
     # The registered decoder kinds' option sections, by section name (cfg.ssd, cfg.beam, ...)
     sections: dict = field(default_factory=lambda: {name: cls() for name, cls in _option_sections().items()})
 
@@ -377,7 +378,7 @@ def config_from_dict(data: dict) -> JobConfig:
 # slow mount, or moves to another endpoint, is the same job. An options dataclass adds its
 # own as EXECUTION_KEYS (field names).
 _EXECUTION_KEYS = {"name", "ray", "batching", "model.cache_dir", "model.num_threads", "model.device",
-                   "pseudo_label", "output", "storage", "audio.read_timeout_s"}
+                   "pseudo_label", "output", "storage", "audio.read_timeout_s", "second_stage"}
 
 
 # Keys naming files whose content decides transcripts: config_hash covers what they hold.

@@ -332,3 +332,26 @@ class StorageConfig:
         if secret:
             raise ConfigError(f"{key}.options.{secret[0]}: credentials are read from the standard chain "
                               "(environment, profile, instance metadata), not from the config")
+
+
+@dataclass
+class SecondStageConfig:
+    """How a two-stage decoder kind's second stage (SSD's AR fallback, beam search) is fed:
+    its pending segments pooled across input batches into full token-budget batches
+    (pipeline.pending_pool), or decoded batch by batch. How a job runs, not what it writes."""
+    # Pool pending segments across batches (false: each batch's own pending segments
+    # together, 1-15 of 32 rows for SSD: latency-bound on a GPU)
+    pooled: bool = True
+    # A pooled segment is decoded at the latest this long after it arrived, full batch or
+    # not (a slow source cannot hold finished first-stage work back)
+    max_wait_s: float = 30.0
+    # Pending segments held at most (pooled and being decoded): beyond it the first stage
+    # waits (the Ray driver stops taking blocks; the local runner decodes what it holds)
+    max_pending_segments: int = 512
+
+    def validate(self, key: str) -> None:
+        if not isinstance(self.pooled, bool):
+            raise ConfigError(f"{key}.pooled: expected true or false, got {self.pooled!r}")
+        if not (math.isfinite(self.max_wait_s) and self.max_wait_s >= 0):
+            raise ConfigError(f"{key}.max_wait_s: must be a finite number >= 0, got {self.max_wait_s}")
+        at_least(f"{key}.max_pending_segments", self.max_pending_segments, 1)

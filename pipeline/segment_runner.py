@@ -8,8 +8,10 @@ to the segment that really fails, so only that segment's recording gets an `erro
 second stage isolates its failures the same way.
 
 A first stage may leave segments pending with its own state; ``complete_pending`` hands
-them to the kind's second stage, re-batched across rows by that stage's cost. Neither
-function knows any decoder's fields (pipeline.decoders.base).
+them to the kind's second stage, re-batched across rows by that stage's cost
+(``pending_costs`` prices a row's pending segments for the runners' pool across batches,
+pipeline.pending_pool). None of these functions knows any decoder's fields
+(pipeline.decoders.base).
 """
 from __future__ import annotations
 
@@ -114,21 +116,40 @@ def _finish_isolating(finisher, items: list[SegmentResult], batch: list[int]):
             + _finish_isolating(finisher, items[half:], batch[half:]))
 
 
-def complete_pending(rows: list[dict], finisher, max_tokens: int, confidence=None) -> list[dict]:
+def _pending_results(row: dict, finisher) -> list[tuple[int, SegmentResult]]:
+    """(segment index, pending result) of ``row``'s pending segments, states rebuilt from
+    their packed bytes (or taken as they are, in-process)."""
+    out = []
+    for s, state in zip(row.get("pending_index") or [], row.get("pending_state") or []):
+        seg = row["segments"][s]
+        if not isinstance(state, PendingState):
+            state = finisher.pending_type.from_bytes(state)
+        out.append((s, SegmentResult("", PENDING, max_entropy=seg["max_entropy"], min_prob=seg["min_prob"],
+                                     drafted=seg["drafted"], pending=state, key_phrases=row.get("key_phrases"))))
+    return out
+
+
+def pending_costs(row: dict, finisher) -> list[int]:
+    """The second stage's cost of each pending segment of ``row`` (its price in the token
+    budget), for a pool that batches rows before they are finished
+    (pipeline.pending_pool)."""
+    return [int(finisher.cost(res)) for _, res in _pending_results(row, finisher)]
+
+
+def complete_pending(rows: list[dict], finisher, max_tokens: int, confidence=None, stats=None,
+                     trigger: str | None = None) -> list[dict]:
     """Finish every pending segment of ``rows`` with ``finisher`` (a second stage),
     re-batched across rows under the token budget; other segments and rows pass through
-    untouched. A pending state is its packed bytes, or the object itself in-process."""
+    untouched. A pending state is its packed bytes, or the object itself in-process.
+    ``stats``: a pipeline.pending_pool.SecondStageStats that records each call of the
+    second stage (its segments, widest cost and ``trigger``: what dispatched the rows)."""
     work: list[tuple[int, int, SegmentResult]] = []
     for r, row in enumerate(rows):
-        for s, state in zip(row.get("pending_index") or [], row.get("pending_state") or []):
-            seg = row["segments"][s]
-            if not isinstance(state, PendingState):
-                state = finisher.pending_type.from_bytes(state)
-            res = SegmentResult("", PENDING, max_entropy=seg["max_entropy"], min_prob=seg["min_prob"],
-                                drafted=seg["drafted"], pending=state,
-                                key_phrases=row.get("key_phrases"))
-            work.append((r, s, res))
-    for batch in pack_by_budget([finisher.cost(w[2]) for w in work], max_tokens):
+        work += [(r, s, res) for s, res in _pending_results(row, finisher)]
+    costs = [finisher.cost(w[2]) for w in work]
+    for batch in pack_by_budget(costs, max_tokens):
+        if stats is not None:
+            stats.record_call(len(batch), max(costs[i] for i in batch), trigger)
         for part, seconds in _finish_isolating(finisher, [work[i][2] for i in batch], batch):
             _score(confidence, [work[i][2] for i in part])
             for i in part:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from jobs import bench_regimes
+from jobs.bench import regimes as bench_regimes
 
 
 def test_quick_regimes_bench_runs_with_its_checks(tmp_path):
@@ -30,7 +30,14 @@ def test_quick_regimes_bench_runs_with_its_checks(tmp_path):
         # model's few steps can bring to 0 on a loaded machine (seen once in CI).
         assert ha["fallback_equals_ar"] == 1.0, model
         assert by[(f"ssd {model}", "high_rtfx")]["verify_s"] < ha["verify_s"]   # nearly every row gated
-    for key in ("ssd_high_accuracy_vs_ar_whisper", "ssd_high_rtfx_vs_ar_granite", "ctc_beam_eager_vs_greedy",
+        # Pooled rows: the rejected rows of 8 and 32 batches in one fallback call, still AR's tokens.
+        for n in (8, 32):
+            pooled = by[(f"ssd {model}", f"high_accuracy, pooled x{n}")]
+            assert pooled["fallback_rows"] == n * ha["fallback_rows"] > 0
+            assert pooled["fallback_equals_ar"] == 1.0 and pooled["vs_ar"] > 0, (model, n)
+            assert (f"ssd {model}", f"high_rtfx, pooled x{n}") in by
+    for key in ("ssd_high_accuracy_vs_ar_whisper", "ssd_high_rtfx_vs_ar_granite", "ssd_high_accuracy_pooled8_vs_ar_whisper",
+                "ssd_high_rtfx_pooled32_vs_ar_granite", "ctc_beam_eager_vs_greedy",
                 "transducer_alsd4_vs_greedy"):
         assert summary[key] > 0, key
     assert summary["ctc_beam_native_equals_eager"] is True
@@ -39,7 +46,8 @@ def test_quick_regimes_bench_runs_with_its_checks(tmp_path):
     assert (tmp_path / "r.png").is_file()
     # the processor written on the first run is what a machine without the embedded model reads
     assert (tmp_path / "processor" / "tokenizer.json").is_file()
-    args.sections, args.ssd_models, args.out = "ssd", "whisper", None
+    args.sections, args.ssd_models, args.out, args.pool = "ssd", "whisper", None, "4"
     again = bench_regimes.run(args)
     assert {(r["section"], r["regime"]) for r in again["rows"]} == {
-        ("ssd whisper toy", "full AR"), ("ssd whisper toy", "high_accuracy"), ("ssd whisper toy", "high_rtfx")}
+        ("ssd whisper toy", "full AR"), ("ssd whisper toy", "high_accuracy"), ("ssd whisper toy", "high_rtfx"),
+        ("ssd whisper toy", "high_accuracy, pooled x4"), ("ssd whisper toy", "high_rtfx, pooled x4")}

@@ -245,10 +245,11 @@ def _transcribe(spec: JobSpec, cfg, ids: list[str], todo: list[str], rows, items
                     + (f"; Ray and worker output: {console.url}" if console.captures_output else ""))
         start, started_at = time.perf_counter(), time.time()
         ray_was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+        second_stage: dict = {}   # a two-stage decoder kind's second-stage counts
         try:
             if todo:
                 report(0, 0.0, 0)
-                _dispatch(spec.runner, rows, items, cfg, spec.output, report, job_id)
+                _dispatch(spec.runner, rows, items, cfg, spec.output, report, job_id, second_stage.update)
         except KeyboardInterrupt as exc:
             _release_ray(spec.runner, ray_was_up)
             raise JobInterrupted(f"the rows committed so far stay in {dst}; the same command resumes after "
@@ -271,7 +272,7 @@ def _transcribe(spec: JobSpec, cfg, ids: list[str], todo: list[str], rows, items
         summary = JobSummary(summarize(spec.output, ids, {
             "config": cfg.name, "config_hash": job_hash, "runner": spec.runner, "run_rows": len(todo),
             "skipped_existing": len(ids) - len(todo), "started_at": started_at, "wall_seconds": wall,
-            "log": console.url,
+            "log": console.url, **({"second_stage": second_stage} if second_stage else {}),
         }, run_ids=set(todo), options=cfg.storage.options))
         try:
             # The formats first, then the summary and _SUCCESS: a consumer waiting for
@@ -296,7 +297,7 @@ def _transcribe(spec: JobSpec, cfg, ids: list[str], todo: list[str], rows, items
     return summary
 
 
-def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str) -> None:
+def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_second_stage=None) -> None:
     """The workers: the in-process runner or the Ray Data plan; ``report(rows, audio_s,
     errors)`` gets the running totals."""
     from actors.progress import block_counts
@@ -314,7 +315,8 @@ def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str) -> N
             report(*totals[0])
 
         with _sigterm_as_interrupt():
-            run_local(rows, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id, items=items)
+            run_local(rows, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id, items=items,
+                      on_second_stage=on_second_stage)
         return
     from actors.plan import init_ray, run_ray
     from actors.progress import hide_ray_data_progress
@@ -334,7 +336,7 @@ def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str) -> N
         # After init_ray: ray.init installs its own SIGTERM handler, which ends the driver
         # where it stands and leaves the local instance's agents running.
         with _sigterm_as_interrupt():
-            run_ray(rows, cfg, dst, items=items, on_batch=count, job_id=job_id)
+            run_ray(rows, cfg, dst, items=items, on_batch=count, job_id=job_id, on_second_stage=on_second_stage)
     finally:
         stop.set()
         watcher.join()

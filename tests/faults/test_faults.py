@@ -323,9 +323,8 @@ def test_second_stage_actor_killed_while_pooled_rows_are_pending(cluster, corpus
         row = rows[f"good{i:02d}.flac"]
         assert row["error"] is None and row["text"], row
         assert row["stage"] in ({fault_toy.SECOND_STAGE, "mixed"} if row["id"] in pending else {"toy"}), row
-    summary = json.loads((dst / output.SUMMARY_NAME).read_text())
-    if "second_stage" in summary:
-        assert summary["second_stage"]["max_segments_per_call"] <= 2
+    second = json.loads((dst / output.SUMMARY_NAME).read_text())["second_stage"]
+    assert second["segments"] >= len(pending) and second["max_segments_per_call"] <= 2, second
 
 
 def test_driver_killed_while_pooled_rows_are_pending_then_rerun(cluster, corpus, tmp_path, fault_report):

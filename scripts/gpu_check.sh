@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Everything a lent GPU machine checks, in one call, under 8 minutes; JSON results in $OUT.
+#
+#   1. installs the wheels carried in $WHEELS (Ray is not among them: the GPU machine runs
+#      the in-process runner; see ../shared/gpu/README.md for how they are built);
+#   2. the CUDA tests (the files that skip without CUDA);
+#   3. `shardscribe bench regimes` with the pooled second-stage rows (SSD against full AR,
+#      both presets, the rejected rows of 8 and 32 batches in one fallback call);
+#   4. the end-to-end job, `--runner local --set model.device=cuda`, on a random-weight
+#      checkpoint of whisper-large-v3-turbo's shape (d_model 1280, 32 encoder layers, 4
+#      decoder layers, 128 mel bins, vocab 51866; tiny.en's tokenizer, carried in
+#      $PROCESSOR) saved here with transformers, with a random CTC head of its width, over
+#      $CLIPS copies of the bundled samples: ssd pooled and ssd second_stage.pooled=false
+#      (blocks of 4), each job's summary.json (its second_stage counts) copied to $OUT, all
+#      gathered in $OUT/results.json.
+#
+# Build the carried files on a machine with the project (not needed for GPU_CHECK_QUICK=1):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+#     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d wheels \
+#     transformers==5.24.0 jiwer rapidfuzz soundfile soxr cffi pycparser silero-vad
+#   .venv/bin/python -c "from jobs.bench.regimes import whisper_parts; whisper_parts('wheels/processor')"
+#
+# GPU_CHECK_QUICK=1: toy sizes and a few clips on the CPU, the same steps (how this script is
+# checked where there is no GPU). Each step has its own time limit and its exit status in
+# $OUT/steps.jsonl; a failing step does not stop the next.
+set -uo pipefail
+
+OUT=${OUT:-/tmp/gpu_check_out}
+WHEELS=${WHEELS:-wheels}
+QUICK=${GPU_CHECK_QUICK:-0}
+PY=${PYTHON:-python3}
+WORK=${GPU_CHECK_WORK:-/tmp/gpu_check_work}
+# tiny.en's tokenizer, feature extractor and configs (written from the embedded model where
+# the directory does not exist yet: here, never on the GPU machine, which lacks that model)
+if [ "$QUICK" = 1 ]; then PROCESSOR=${PROCESSOR:-$WORK/processor}; else PROCESSOR=${PROCESSOR:-$WHEELS/processor}; fi
+mkdir -p "$OUT" "$WORK"
+: > "$OUT/steps.jsonl"
+
+if [ "$QUICK" = 1 ]; then
+    CLIPS=${CLIPS:-16}; DEVICE=cpu; BENCH_ARGS=(--quick --device cpu --batch 6)
+    LIMIT_TESTS=120; LIMIT_BENCH=240; LIMIT_JOB=300
+else
+    # Worst case, every step at its limit: 30 + 60 + 180 + 90 + 2 x 50 = 460 s, plus the
+    # wheels' install: under 8 minutes.
+    CLIPS=${CLIPS:-256}; DEVICE=cuda; BENCH_ARGS=(--pool 8,32 --rounds 2)
+    LIMIT_TESTS=60; LIMIT_BENCH=180; LIMIT_JOB=50
+fi
+
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl > "$OUT/pip.log" 2>&1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+
+step() {   # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, record status
+    local name=$1 limit=$2 start rc
+    shift 2
+    start=$(date +%s)
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    printf '{"step": "%s", "rc": %d, "seconds": %d}\n' "$name" "$rc" "$(( $(date +%s) - start ))" \
+        >> "$OUT/steps.jsonl"
+    echo "$name: rc=$rc ($(( $(date +%s) - start )) s)"
+    return 0
+}
+
+step env 30 "$PY" -c "
+import json, platform, torch, transformers
+print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__,
+                  'transformers': transformers.__version__, 'cuda': torch.cuda.is_available(),
+                  'device': torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}))" 
+cp "$OUT/env.log" "$OUT/env.json" 2>/dev/null
+
+# 2. CUDA tests: the files whose tests skip without CUDA (graph replay = eager, NGPU-LM GPU = CPU).
+step cuda_tests "$LIMIT_TESTS" "$PY" -m pytest -q -p no:cacheprovider tests/test_beam_graphs.py tests/test_lm_ngpu.py \
+    -k "cuda or graph"
+
+# 3. The regimes bench with the pooled rows.
+step bench_regimes "$LIMIT_BENCH" "$PY" -m jobs.cli bench regimes "${BENCH_ARGS[@]}" \
+    --whisper-processor "$PROCESSOR" --out "$OUT/regimes.json"
+
+# 4. End to end on a turbo-shaped random checkpoint.
+cat > "$WORK/make_checkpoint.py" <<'EOF'
+"""A random-weight Whisper of large-v3-turbo's shape (toy dims with quick), tiny.en's
+tokenizer and generation config, a 128-bin feature extractor, a random CTC head of its
+width; and a manifest of N copies of the bundled samples."""
+import json
+import sys
+from pathlib import Path
+
+import torch
+from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+from jobs.bench.regimes import TOY_WHISPER, TURBO, whisper_parts
+from pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig, save_ctc_head
+
+work, quick, processor_dir, clips = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3], int(sys.argv[4])
+processor, generation, base = whisper_parts(processor_dir)
+dims = {**(TOY_WHISPER if quick else TURBO), "num_mel_bins": 128, "vocab_size": 51866}
+config = base.__class__(**{**base.to_dict(), **dims})
+torch.manual_seed(0)
+model = WhisperForConditionalGeneration(config)
+model.generation_config = generation
+model.save_pretrained(work / "turbo")
+processor.feature_extractor = WhisperFeatureExtractor(feature_size=128)
+processor.save_pretrained(work / "turbo")
+save_ctc_head(CTCHead(CTCHeadConfig(d_model=config.d_model, num_classes=96, frame_stack=2)), work / "head")
+samples = Path("pipeline/assets/samples")
+lines = [json.loads(x) for x in (samples / "samples.jsonl").read_text().splitlines()]
+with open(work / "clips.jsonl", "w") as fh:
+    for i in range(clips):
+        x = lines[i % len(lines)]
+        fh.write(json.dumps({"id": f"{x['id']}-{i:04d}", "audio": str((samples / x["audio"]).resolve()),
+                             "text": x.get("text")}) + "\n")
+print(json.dumps({"parameters": sum(p.numel() for p in model.parameters()), "clips": clips}))
+EOF
+step checkpoint 90 "$PY" "$WORK/make_checkpoint.py" "$WORK" "$QUICK" "$PROCESSOR" "$CLIPS"
+
+job() {   # job NAME EXTRA-SETS...: the local runner on the GPU, summary to $OUT/job_NAME.json
+    local name=$1
+    shift
+    rm -rf "$WORK/out_$name"
+    local sets=()
+    local dtype=float32
+    [ "$DEVICE" = cuda ] && dtype=bfloat16
+    for s in "model.device=$DEVICE" "model.dtype=$dtype" "model.ctc_head=$WORK/head" "decoder.max_new_tokens=48" "$@"; do
+        sets+=(--set "$s")
+    done
+    step "job_$name" "$LIMIT_JOB" "$PY" -m jobs.cli transcribe --input "$WORK/clips.jsonl" --output "$WORK/out_$name" \
+        --config ssd --model "$WORK/turbo" --runner local --progress-interval 0 "${sets[@]}"
+    cp "$WORK/out_$name/__shardscribe__/summary.json" "$OUT/job_$name.json" 2>/dev/null || true
+}
+# Blocks of 4 recordings: every row of a random head is rejected, so unpooled calls get a
+# block's 4 rows, pooled ones the budget's 16 (24000 / 1500 encoder frames).
+job ssd_pooled batching.recordings_per_batch=4
+job ssd_unpooled batching.recordings_per_batch=4 second_stage.pooled=false
+
+"$PY" - "$OUT" <<'EOF'
+"""One results.json: the steps, the bench's summary, each job's second-stage counts."""
+import json
+import sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+result = {"steps": [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]}
+for name in ("env", "regimes", "job_ssd_pooled", "job_ssd_unpooled"):
+    path = out / f"{name}.json"
+    if path.is_file():
+        data = json.loads(path.read_text())
+        if name == "regimes":
+            data = data.get("summary", data)
+        elif name.startswith("job_"):
+            data = {k: data.get(k) for k in ("rows_in", "rows_out", "errors", "wall_seconds", "rtfx",
+                                             "second_stage", "stages") if k in data}
+        result[name] = data
+(out / "results.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+print(json.dumps(result, default=str)[:4000])
+EOF
