@@ -131,7 +131,7 @@ def model_card(metrics: dict, manifests: list[str], corpus_notes: str = "") -> s
     lines += ["", "AR = Whisper tiny.en greedy (`model.generate`, no timestamps) on the same encoder pass.",
               "heldout_voice: voices never trained on, training-pool texts; heldout_text: training",
               "voices, texts never trained on. real: the only real human recordings found in",
-              "packages here (not in git): `moonshine_onnx/assets/beckett.wav` from the PyPI wheel",
+              "installed packages (not shipped with this project): `moonshine_onnx/assets/beckett.wav` from the PyPI wheel",
               "`useful-moonshine-onnx` (MIT; \"Ever tried, ever failed. ...\"), and the eight channel",
               "announcements `/usr/share/sounds/alsa/{Front,Rear,Side}_*.wav` of the Debian package",
               "`alsa-utils` (GPL-2; \"Front left.\" etc.): 9 clips, a smoke test, not a benchmark.",

@@ -28,9 +28,9 @@ def load(model_config, device: str, dtype):
     from pipeline.models.ctc.adapter import load_ctc_adapter
 
     if model_config.source == EMBEDDED:
-        from pipeline.models import whisper
+        from pipeline.models.whisper import load as load_whisper
 
-        return whisper.load(embedded_whisper_config(model_config), device=device, dtype=dtype)
+        return load_whisper(embedded_whisper_config(model_config), device=device, dtype=dtype)
     return load_ctc_adapter(model_config.source, device=device, dtype=dtype)
 
 
