@@ -64,17 +64,14 @@ def config_keys() -> list[Key]:
     from pipeline.config_sections import ModelConfig
     from pipeline.decoders import DECODER_KINDS
     from pipeline.models import FAMILIES
+    from pipeline.models.registry import option_classes
 
     hints = typing.get_type_hints(JobConfig)
     out = [Key("name", "str", "ar", "the config's name, shown in the console and the summary")]
     out += _keys("model", ModelConfig, skip=("options",))
-    seen = set()
-    for family in FAMILIES.values():
-        for cls in {family.options_class("embedded"), family.options_class("")} - {None}:
-            if cls not in seen:
-                seen.add(cls)
-                owners = [f.name for f in FAMILIES.values() if cls in (f.options_class("embedded"), f.options_class(""))]
-                out += _keys("model", cls, owner=f"model.family={'|'.join(owners)}")
+    for cls in option_classes():
+        owners = [f.name for f in FAMILIES.values() if cls in f.option_classes()]
+        out += _keys("model", cls, owner=f"model.family={'|'.join(owners)}")
     for f in dataclasses.fields(JobConfig):
         if f.name not in ("name", "model", "sections"):
             out += _keys(f.name, hints[f.name])

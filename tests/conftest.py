@@ -29,6 +29,19 @@ def _share_the_cores_between_workers() -> None:
 _share_the_cores_between_workers()
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for a module (``pytestmark = pytest.mark.usefixtures(...)``):
+    two-thread kernels on a shared two-core machine spin against each other, and against
+    ctranslate2's own pool where a test runs both."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def samples_dir() -> Path:
     return SAMPLES

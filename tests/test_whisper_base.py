@@ -11,21 +11,13 @@ from pathlib import Path
 import ctranslate2
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from conftest import espeak
 from pipeline.decoding.ar_greedy import greedy_decode
 from pipeline.models.whisper.loader import EMBEDDED_BASE, embedded_base_ct2_dir, embedded_base_files
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Both runtimes on one thread: a shared two-core machine, and ctranslate2's and
-    # torch's pools would spin against each other.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,7 @@ from whisper_tiny import NO_TS, PREV, build_tiny_whisper
 MAX_NEW = 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Two-thread kernels on a shared two-core machine spin against each other: a tiny
-    # model's decoder step goes from milliseconds to a third of a second.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -78,6 +78,12 @@ class ModelFamily:
         types = self.model_types
         return tuple(_named(types) if isinstance(types, str) else types)
 
+    def option_classes(self) -> list[type]:
+        """Every options dataclass the family may use: its shipped model's ("embedded")
+        and a checkpoint's (any other source)."""
+        found = {self.options_class("embedded"), self.options_class("")} - {None}
+        return sorted(found, key=lambda c: c.__name__)
+
     def check(self, model_config, checkpoint_config: dict | None) -> None:
         """The family's preflight of ``model_config`` (a no-op for a family with none)."""
         if self.preflight is not None:
@@ -119,27 +125,18 @@ def model_family(name: str) -> ModelFamily:
 def option_default(name: str) -> tuple[bool, object]:
     """Whether some registered family's options have key ``name``, and its default there."""
     for family in FAMILIES.values():
-        for cls in _option_classes(family):
+        for cls in family.option_classes():
             for f in dataclasses.fields(cls):
                 if f.name == name:
                     return True, (f.default_factory() if f.default is dataclasses.MISSING else f.default)
     return False, None
 
 
-def _option_classes(family: ModelFamily) -> list[type]:
-    opts = family.options
-    if opts is None:
-        return []
-    if dataclasses.is_dataclass(opts):
-        return [opts]
-    return [c for c in {opts(s) for s in ("embedded", "")} if c is not None]
-
-
 def option_classes() -> list[type]:
     """Every registered family's options dataclasses."""
     out = []
     for family in FAMILIES.values():
-        out += [c for c in _option_classes(family) if c not in out]
+        out += [c for c in family.option_classes() if c not in out]
     return out
 
 
