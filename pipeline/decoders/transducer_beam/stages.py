@@ -61,7 +61,8 @@ class TransducerBeamFinisher:
         self.search = TransducerBeamSearch(
             adapter, beam.size, algorithm=tcfg.algorithm, lm=lm, alpha_lm=beam.alpha_lm if lm is not None else 0.0,
             alpha_boost=beam.alpha_boost, blank_scoring=tcfg.blank_scoring, pruning=tcfg.pruning,
-            max_symbols=tcfg.max_symbols, expansion_gamma=tcfg.expansion_gamma)
+            max_symbols=tcfg.max_symbols, expansion_gamma=tcfg.expansion_gamma,
+            use_cuda_graphs=tcfg.use_cuda_graphs)
 
     def cost(self, result: SegmentResult) -> int:
         return int(result.pending.frames.shape[0]) * self.cfg.size

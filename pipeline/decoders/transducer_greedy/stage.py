@@ -1,6 +1,8 @@
 """Decoder kind ``transducer_greedy``: batched greedy RNN-T / TDT decoding, the baseline of
 "Pushing the Limits of Beam Search Decoding for Transducer-based ASR models", equal to
-transformers' ``generate`` (pipeline.decoding.transducer.greedy)."""
+transformers' ``generate`` (pipeline.decoding.transducer.greedy); on CUDA by the
+label-looping of "Label-Looping: Highly Efficient Decoding for Transducers" replayed as
+CUDA graphs (pipeline.decoding.transducer.label_looping), with the same tokens."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,18 +14,20 @@ from pipeline.decoding.transducer.words import best_path_words
 class TransducerGreedyDecoder:
     name = "transducer_greedy"
 
-    def __init__(self, adapter, confidence: bool = False, max_symbols: int | None = None):
+    def __init__(self, adapter, confidence: bool = False, max_symbols: int | None = None,
+                 use_cuda_graphs: bool = True):
+        from pipeline.decoding.transducer.label_looping import LabelLoopingGreedy
+
         self.adapter = adapter
         self.confidence = confidence
         self.max_symbols = max_symbols      # tokens per frame; None: the model's
+        self.greedy = LabelLoopingGreedy(adapter, max_symbols, use_cuda_graphs=use_cuda_graphs)
 
     def segment_cost(self, audio: np.ndarray) -> int:
         return self.adapter.segment_cost(len(audio))
 
     def _greedy(self, enc):
-        from pipeline.decoding.transducer.greedy import transducer_greedy
-
-        out = transducer_greedy(self.adapter, enc.states, enc.valid_frames, self.max_symbols)
+        out = self.greedy(enc.states, enc.valid_frames)
         if not self.confidence:
             return out, None
         from pipeline.confidence.features import transducer_words
@@ -45,4 +49,5 @@ class TransducerGreedyDecoder:
 
 def build(adapter, cfg) -> TransducerGreedyDecoder:
     return TransducerGreedyDecoder(adapter, confidence=cfg.confidence.enabled,
-                                   max_symbols=cfg.transducer.max_symbols)
+                                   max_symbols=cfg.transducer.max_symbols,
+                                   use_cuda_graphs=cfg.transducer.use_cuda_graphs)

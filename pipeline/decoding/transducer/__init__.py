@@ -41,12 +41,16 @@ class TransducerModel(Protocol):
     def joint(self, frames: torch.Tensor, pred_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
-def advance_predictor(model: TransducerModel, state, tokens: torch.Tensor, emit: torch.Tensor):
+def advance_predictor(model: TransducerModel, state, tokens: torch.Tensor, emit: torch.Tensor,
+                      masked: bool | None = None):
     """The predictor state after reading ``tokens`` [N] where ``emit`` [N], unchanged
     elsewhere. On a GPU every row is stepped and the mask applied (no host sync); on a CPU,
     where reading the mask back is free and the LSTM's arithmetic is the cost, only the
-    emitting rows are stepped."""
-    if emit.device.type != "cpu":
+    emitting rows are stepped. ``masked`` forces one way (None: by the device); a captured
+    CUDA graph needs the masked way, and CPU tests run it to check what a GPU runs."""
+    if masked is None:
+        masked = emit.device.type != "cpu"
+    if masked:
         return model.where_state(emit, model.predictor_step(tokens, state), state)
     index = emit.nonzero().squeeze(1)
     if index.numel() == 0:
@@ -55,3 +59,14 @@ def advance_predictor(model: TransducerModel, state, tokens: torch.Tensor, emit:
         return model.predictor_step(tokens, state)
     rows = model.predictor_step(tokens.index_select(0, index), model.select_state(state, index))
     return model.put_state(state, index, rows)
+
+
+def copy_state_(dst, src) -> None:
+    """Write predictor state ``src`` into ``dst`` in place: a captured graph reads and
+    writes fixed addresses, so a new state must land in the old one's tensors."""
+    for d, x in zip(dst, src):
+        d.copy_(x)
+
+
+def clone_state(state):
+    return tuple(x.clone() for x in state)

@@ -43,7 +43,7 @@ import torch
 
 from pipeline.decoding.ctc_beam.fusion import LookupCache, ShallowFusion, add_final_scores, initial_states
 from pipeline.decoding.ctc_beam.state import HASH_BASE, HASH_MOD, NEG_INF
-from pipeline.decoding.transducer import advance_predictor
+from pipeline.decoding.transducer import advance_predictor, beam_static
 from pipeline.decoding.transducer.fusion import (BLANK_SCORINGS, PRUNINGS, blank_terms, full_rows,
                                                  lm_token_map)
 
@@ -110,12 +110,23 @@ class TransducerBeamSearch:
             expansion beam of mAES ("Accelerating RNN Transducer Inference via Adaptive
             Expansion Search", the paper's reference [7] for AES); None: every one of its
             top-``beam`` tokens.
+        use_cuda_graphs: on CUDA, run the step over static buffers captured into a CUDA
+            graph per bucket (:mod:`.beam_static`; eager where capture fails).
+        loop: "auto" (CUDA graphs on CUDA when enabled, ``beam_static.CPU_LOOP`` on a
+            CPU), or one of "eager", "static" (static buffers, no capture), "cuda_graph".
+        masked: every hypothesis through the joint and the predictor, masked, as on a
+            GPU (None: by the device); CPU tests set it to check the GPU's arithmetic.
+        check_every: steps between reads of the end test in the static loops (default:
+            8 on CUDA, else 1).
+
+    ``last_loop`` names the loop that ran the last call.
     """
 
     def __init__(self, model, beam_size: int, algorithm: str = "alsd", lm=None, alpha_lm: float = 0.0,
                  boost=None, alpha_boost: float = 0.0, blank_scoring: str = "lm", pruning: str = "late",
                  max_symbols: int | None = None, dense_fusion_max_bytes: int = 256 * 2 ** 20,
-                 expansion_gamma: float | None = None):
+                 expansion_gamma: float | None = None, use_cuda_graphs: bool = True, loop: str = "auto",
+                 masked: bool | None = None, check_every: int | None = None):
         if beam_size < 1:
             raise ValueError("beam_size must be >= 1")
         if algorithm not in ALGORITHMS:
@@ -138,6 +149,11 @@ class TransducerBeamSearch:
         self.blank_scoring, self.pruning = blank_scoring, pruning
         self.max_symbols = int(max_symbols or model.max_symbols)
         self.expansion_gamma = expansion_gamma
+        if loop not in beam_static.LOOPS:
+            raise ValueError(f"loop must be one of {beam_static.LOOPS}")
+        self.use_cuda_graphs, self.loop, self.masked, self.check_every = use_cuda_graphs, loop, masked, check_every
+        self._static = beam_static.StaticLoops(self)
+        self.last_loop: str | None = None
         self._lookups = LookupCache()
         self._masks: dict = {}
 
@@ -152,6 +168,10 @@ class TransducerBeamSearch:
         lookups = self._lookups.lookups(fusion, 0.0, self.model.vocab_size - 1, device)
         hyps = self._initial(b, k, device, initial_states(fusion, lookups, b, k, device))
         self._setup(device)
+        out = self._static.run(frames, lengths, fusion, lookups, hyps)
+        if out is not None:
+            return out
+        self.last_loop = "eager"
         trie = []
         lim = lengths[:, None]
         if self.algorithm == "alsd":
@@ -179,6 +199,10 @@ class TransducerBeamSearch:
                      fusion_states)
 
     def _setup(self, device) -> None:
+        # made once per device: a captured graph reads these tensors by address
+        if getattr(self, "_setup_for", None) == str(device):
+            return
+        self._setup_for = str(device)
         m = self.model
         v = m.vocab_size
         self.lm_ids = lm_token_map(v, m.blank, device)
@@ -296,7 +320,7 @@ class TransducerBeamSearch:
         emitted = (tk >= 0) & (tk != m.blank) & (top > NEG_INF)
         flat_parent = (parent + rows[:, None] * k).reshape(-1)
         pred = m.select_state(hyps.pred, flat_parent)
-        pred = advance_predictor(m, pred, tk.clamp(min=0).reshape(-1), emitted.reshape(-1))
+        pred = advance_predictor(m, pred, tk.clamp(min=0).reshape(-1), emitted.reshape(-1), masked=self.masked)
         states = []
         tcol = torch.div(col, kd, rounding_mode="floor").clamp(max=kt - 1)   # the noop column reads a dummy
         for lookup, old, hnd in zip(lookups, hyps.fusion, handles):
@@ -310,7 +334,8 @@ class TransducerBeamSearch:
         """The joint of every hypothesis; on a CPU only of those that expand (frozen ones
         offer only themselves, so their outputs are never read: they get a uniform row).
         On a GPU every row, so shapes stay static and nothing is read back."""
-        if frames.device.type != "cpu" or not bool(frozen.any()) or bool(frozen.all()):
+        masked = self.masked if self.masked is not None else frames.device.type != "cpu"
+        if masked or not bool(frozen.any()) or bool(frozen.all()):
             return self.model.joint(frames, pred_out)
         live = (~frozen).nonzero().squeeze(1)
         n = frozen.shape[0]
