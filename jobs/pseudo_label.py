@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rule.add_argument("--min-confidence", type=_fraction(False), default=None, metavar="C",
                       help="keep rows whose calibrated confidence is at least C")
     rule.add_argument("--keep-fraction", type=_fraction(True), default=None, metavar="F",
-                      help="keep the best fraction F of the rows that pass the filters, ranked by "
+                      help="keep the best round(F x n) of the n rows that pass the filters (halves "
+                           "rounded up: 0.8 of 7 keeps 6, 0.5 of 5 keeps 3), ranked by "
                            "pseudo_label.rank_by (default: fewest excess expected word errors)")
 
 

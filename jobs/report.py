@@ -1,8 +1,10 @@
 """Write a one-page HTML report of a transcription output: `shardscribe report DST`.
 
-Throughput over time, stage shares, the duration histogram, WER by stage and by duration
-bucket (where references exist) and the errors table, as DST/__shardscribe__/report.html
-with its PNG plots beside it. Needs matplotlib (`pip install shardscribe[report]`).
+Throughput over the job's time, stage shares, the duration histogram, WER by stage and by
+duration bucket (where references exist), the errors table and the transcripts (the first
+rows by id; the worst rows by WER where references exist), WER in percent throughout, as
+DST/__shardscribe__/report.html with its PNG plots beside it. Needs matplotlib
+(`pip install shardscribe[report]`).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Per-recording transcript files (SRT, WebVTT, JSON, TSV) and a NeMo manifest with
-``pred_text``, written from a finished output folder.
+"""Per-recording transcript files (SRT, WebVTT, JSON, TSV, plain text) and a NeMo manifest
+with ``pred_text``, written from a finished output folder.
 
 Captions follow the usual subtitle limits: a cue is cut at segment boundaries and at word
 boundaries (preferably where a sentence ends), holds at most ``MAX_LINES`` lines of at most ``MAX_CHARS`` characters and
@@ -24,7 +24,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-FORMATS = ("srt", "vtt", "json", "tsv", "nemo")
+FORMATS = ("srt", "vtt", "json", "tsv", "txt", "nemo")
 MAX_CHARS = 42
 MAX_LINES = 2
 MAX_CUE_S = 7.0
@@ -180,6 +180,13 @@ def to_tsv(row: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def to_txt(row: dict) -> str:
+    """The recording's text on one line; empty for a row that failed or heard no speech, so
+    that every recording still has its file."""
+    text = re.sub(r"\s+", " ", row.get("text") or "").strip()
+    return text + "\n" if text else ""
+
+
 def to_json(row: dict) -> str:
     segments = []
     measured = True
@@ -265,7 +272,7 @@ def write_formats(dst: str, formats: list[str], options: dict | None = None) -> 
                 name = safe_name(row["id"], taken)
                 cues = captions(row.get("segments") or []) if not row.get("error") else []
                 render = {"srt": lambda: to_srt(cues), "vtt": lambda: to_vtt(cues),
-                          "json": lambda: to_json(row), "tsv": lambda: to_tsv(row)}
+                          "json": lambda: to_json(row), "tsv": lambda: to_tsv(row), "txt": lambda: to_txt(row)}
                 for fmt in per_file:
                     with fs.open(posixpath.join(staging, fmt, f"{name}.{fmt}"), "w", encoding="utf-8") as fh:
                         fh.write(render[fmt]())

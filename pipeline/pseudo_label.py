@@ -2,8 +2,9 @@
 `shardscribe pseudo-label` writes beside the rows).
 
 - The keep rule: a row is kept iff it has no ``error``, no ``filter_reasons``
-  (pipeline.filters) and its ``confidence`` is at least C, or is among the top fraction F
-  of the rows that pass the first two. A row without a confidence passes no threshold.
+  (pipeline.filters) and its ``confidence`` is at least C, or is among the best
+  ``round(F x n)`` of the n rows that pass the first two (halves rounded up). A row
+  without a confidence passes no threshold.
   Rows are never dropped from the Parquet: the rule only picks what the exports hold.
 - The ranking of ``--keep-fraction`` (``pseudo_label.rank_by``): by ``confidence`` (the
   calibrated P(no error) of the row), or, the default, by *excess expected errors*: a
@@ -130,6 +131,13 @@ def rank_scores(rows: list[RowStat], rank_by: str = "excess_errors") -> list[flo
     return [None if x is None else -x for x in excess_errors(counts)]
 
 
+def kept_count(keep_fraction: float, rows: int) -> int:
+    """``round(F x rows)`` with halves rounded up (0.5 of 5 rows keeps 3): Python's
+    ``round`` takes halves to the even neighbour, so 0.5 would keep 2 of 5 yet 4 of 7. The
+    tolerance keeps a product such as 0.29 x 50 = 14.499999999999998 a half."""
+    return math.floor(keep_fraction * rows + 0.5 + 1e-9)
+
+
 def keep_flags(rows: list[RowStat], min_confidence: float | None = None,
                keep_fraction: float | None = None, rank_by: str = "excess_errors",
                filter_unit: str = "row") -> list[bool]:
@@ -140,9 +148,9 @@ def keep_flags(rows: list[RowStat], min_confidence: float | None = None,
         return [o and r.confidence is not None and r.confidence >= min_confidence for o, r in zip(ok, rows)]
     if keep_fraction is None:
         return ok
-    # At most the fraction F of the eligible rows, the best ranked first; ties broken by id
-    # so that a rerun keeps the same rows.
-    n_keep = math.floor(keep_fraction * sum(ok) + 1e-9)
+    # The fraction F of the eligible rows, the best ranked first; ties broken by id so that
+    # a rerun keeps the same rows.
+    n_keep = kept_count(keep_fraction, sum(ok))
     candidates = [i for i in range(len(rows)) if ok[i]]
     scores = dict(zip(candidates, rank_scores([rows[i] for i in candidates], rank_by)))
     ranked = sorted((i for i in candidates if scores[i] is not None), key=lambda i: (-scores[i], rows[i].id))

@@ -1,13 +1,15 @@
-"""A one-page HTML report of a finished output folder, with PNG plots beside it: throughput
-over time (from each row's ``finished_at``), stage shares (segments by decoding stage and
-time by pipeline step), the duration histogram, WER by stage and by duration bucket where
-references exist, and the errors table.
+"""A one-page HTML report of a finished output folder, with PNG plots beside it
+(pipeline.report_plots): throughput over the job's time, stage shares, the duration
+histogram, WER by stage and by duration bucket where references exist; the errors table;
+and the transcripts: the first rows by id and, where references exist, the worst rows by
+WER. Every WER on the page is in percent, as the console shows it.
 
 Reads only the Parquet parts (and the summary where there is one), so it works on any
 output folder, resumed or not; written into the folder's sidecar folder.
 """
 from __future__ import annotations
 
+import heapq
 import html
 import json
 import posixpath
@@ -15,6 +17,7 @@ from collections import Counter, defaultdict
 
 from pipeline.metrics import word_error_counts
 from pipeline.output import SIDECAR_DIR, SUMMARY_NAME, error_kind, iter_output, sidecar_path
+from pipeline.report_plots import MODEL_TIMES, duration_text, plots
 from pipeline.storage import redact_uri
 
 REPORT_NAME = "report.html"
@@ -23,6 +26,10 @@ COLUMNS = ["id", "duration_s", "text", "reference", "segments", "stage", "error"
            "t_encode_s", "t_decode_s", "t_fallback_s", "finished_at"]
 STEP_TIMES = [("prepare", "t_prepare_s"), ("encode", "t_encode_s"), ("decode", "t_decode_s"),
               ("fallback", "t_fallback_s")]
+FIRST_ROWS = 50
+WORST_ROWS = 20
+# A transcript cell is cut here: the page stays readable (and small) for hour-long rows.
+TEXT_CHARS = 400
 
 
 def bucket_name(low: float, high: float) -> str:
@@ -30,59 +37,81 @@ def bucket_name(low: float, high: float) -> str:
 
 
 class _Wer:
-    """Word errors and reference words summed over batches (their ratio is the corpus WER),
+    """Word errors and reference words summed over rows (their ratio is the corpus WER),
     and the rows counted."""
 
     def __init__(self):
         self.errors = self.words = self.rows = 0
 
-    def add(self, pairs: list[tuple[str, str]]) -> None:
-        if pairs:
-            e, w = word_error_counts([a for a, _ in pairs], [b for _, b in pairs])
-            self.errors, self.words, self.rows = self.errors + e, self.words + w, self.rows + len(pairs)
+    def add(self, errors: int, words: int) -> None:
+        self.errors, self.words, self.rows = self.errors + errors, self.words + words, self.rows + 1
 
     def value(self):
         return self.errors / self.words if self.words else None
 
 
+def _cut(text: str | None) -> str:
+    text = text or ""
+    return text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS - 1] + "\u2026"
+
+
+def _transcript(r: dict, counts: tuple[int, int] | None) -> dict:
+    errors, words = counts or (0, 0)
+    return {"id": r["id"], "duration_s": r["duration_s"], "stage": r["stage"], "text": _cut(r["text"]),
+            "reference": _cut(r["reference"]), "error": r["error"], "errors": errors, "words": words,
+            "wer": errors / words if words else None}
+
+
 def report_data(batches) -> dict:
     """Everything the page shows, from output rows given a batch (a list of dicts) at a time
-    (``iter_output``), so a million-row output is never held whole."""
+    (``iter_output``), so a million-row output is never held whole: what is kept of each
+    row is a few numbers, and of the transcripts only the rows the tables show."""
     segment_stages: Counter = Counter()
     step_seconds = {name: 0.0 for name, _ in STEP_TIMES}
     total, by_stage, by_bucket = _Wer(), defaultdict(_Wer), defaultdict(_Wer)
     errors: dict[str, dict] = {}
     finished, durations, n_rows, audio_s = [], [], 0, 0.0
+    first: list[dict] = []
+    worst: list[tuple] = []
     for rows in batches:
         n_rows += len(rows)
-        pairs_stage, pairs_bucket, pairs = defaultdict(list), defaultdict(list), []
+        shown, ranked = [], []
         for r in rows:
             for name, col in STEP_TIMES:
                 step_seconds[name] += r.get(col) or 0.0
             audio_s += r["duration_s"] or 0.0
             if r.get("finished_at"):
-                finished.append((r["finished_at"], r["duration_s"] or 0.0))
+                busy = sum(r.get(col) or 0.0 for col in MODEL_TIMES)
+                finished.append((r["finished_at"], busy, r["duration_s"] or 0.0))
+            counts = None
             if r["error"]:
                 e = errors.setdefault(error_kind(r["error"]), {"count": 0, "ids": [], "message": r["error"]})
                 e["count"] += 1
                 if len(e["ids"]) < 3:
                     e["ids"].append(r["id"])
-                continue
-            segment_stages.update(sg["stage"] for sg in (r["segments"] or []))
-            if r["duration_s"]:
-                durations.append(r["duration_s"])
-            if r["reference"]:
-                pair = (r["reference"], r["text"] or "")
-                pairs.append(pair)
-                pairs_stage[r["stage"]].append(pair)
+            else:
+                segment_stages.update(sg["stage"] for sg in (r["segments"] or []))
+                if r["duration_s"]:
+                    durations.append(r["duration_s"])
+                if r["reference"]:
+                    counts = word_error_counts([r["reference"]], [r["text"] or ""])
+            shown.append((r, counts))
+            if counts and counts[1]:
+                total.add(*counts)
+                by_stage[r["stage"]].add(*counts)
                 for low, high in DURATION_BUCKETS:
                     if low <= (r["duration_s"] or 0.0) < high:
-                        pairs_bucket[bucket_name(low, high)].append(pair)
-        total.add(pairs)
-        for key, group in pairs_stage.items():
-            by_stage[key].add(group)
-        for key, group in pairs_bucket.items():
-            by_bucket[key].add(group)
+                        by_bucket[bucket_name(low, high)].add(*counts)
+                # Highest WER first; more word errors, then the id, break ties. A row without
+                # a word error is no example of one.
+                if counts[0]:
+                    ranked.append(((-counts[0] / counts[1], -counts[0], r["id"]), r, counts))
+        worst = heapq.nsmallest(WORST_ROWS, worst + [(key, _transcript(r, c)) for key, r, c in
+                                                     heapq.nsmallest(WORST_ROWS, ranked, key=lambda x: x[0])],
+                                key=lambda w: w[0])
+        first = heapq.nsmallest(FIRST_ROWS, first + [_transcript(r, c) for r, c in
+                                                     heapq.nsmallest(FIRST_ROWS, shown, key=lambda x: x[0]["id"])],
+                                key=lambda t: t["id"])
     order = [bucket_name(low, high) for low, high in DURATION_BUCKETS]
     return {"rows": n_rows, "errors": sum(e["count"] for e in errors.values()), "audio_s": audio_s,
             "durations": durations, "segment_stages": dict(segment_stages.most_common()),
@@ -90,63 +119,7 @@ def report_data(batches) -> dict:
             "wer_by_stage": {k: (w.value(), w.rows) for k, w in sorted(by_stage.items())},
             "wer_by_bucket": {k: (by_bucket[k].value(), by_bucket[k].rows) for k in order if k in by_bucket},
             "errors_table": dict(sorted(errors.items(), key=lambda kv: -kv[1]["count"])),
-            "finished": sorted(finished)}
-
-
-def _plots(data: dict, save) -> list[tuple[str, str]]:
-    """(file name, caption) of each PNG written through ``save(fig, name)``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = []
-    if data["finished"]:
-        # From the last run's start where the summary has it (else the first finished row).
-        t0 = min(data["finished"][0][0], data.get("started_at") or float("inf"))
-        minutes = [0.0] + [(t - t0) / 60 for t, _ in data["finished"]]
-        audio_h, total = [0.0], 0.0
-        for _, d in data["finished"]:
-            total += d
-            audio_h.append(total / 3600)
-        fig, ax = plt.subplots(figsize=(7, 3.2))
-        ax.step(minutes, range(len(minutes)), where="post", color="tab:blue")
-        ax.set_xlabel("minutes since the start" if data.get("started_at") else "minutes since the first finished row")
-        ax.set_ylabel("recordings finished", color="tab:blue")
-        ax2 = ax.twinx()
-        ax2.step(minutes, audio_h, where="post", color="tab:orange")
-        ax2.set_ylabel("audio hours finished", color="tab:orange")
-        ax.set_title("Throughput over time")
-        out.append((save(fig, "report_throughput.png"), "Recordings and audio hours finished over time"))
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.2))
-    stages = data["segment_stages"] or {"(none)": 0}
-    a1.barh(list(stages), list(stages.values()), color="tab:green")
-    a1.set_title("Segments by decoding stage")
-    a1.invert_yaxis()
-    steps = {k: v for k, v in data["step_seconds"].items() if v > 0} or {"(none)": 0}
-    a2.barh(list(steps), list(steps.values()), color="tab:purple")
-    a2.set_title("Time by pipeline step (s)")
-    a2.invert_yaxis()
-    fig.tight_layout()
-    out.append((save(fig, "report_stages.png"), "Stage shares: segments per stage, seconds per step"))
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.hist(data["durations"] or [0.0], bins=30, color="tab:gray")
-    ax.set_xlabel("recording duration (s)")
-    ax.set_ylabel("recordings")
-    ax.set_title("Duration histogram")
-    out.append((save(fig, "report_durations.png"), "Recording durations (rows without an error)"))
-    if data["wer_by_stage"] or data["wer_by_bucket"]:
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3.2))
-        for ax, table, title in ((a1, data["wer_by_stage"], "WER by stage (%)"),
-                                 (a2, data["wer_by_bucket"], "WER by duration (%)")):
-            names = list(table)
-            ax.bar(names, [100 * (table[n][0] or 0.0) for n in names], color="tab:red")
-            ax.set_title(title)
-            ax.tick_params(axis="x", rotation=30)
-        fig.tight_layout()
-        out.append((save(fig, "report_wer.png"), "WER by recording stage and by duration bucket"))
-    plt.close("all")
-    return out
+            "finished": finished, "first_rows": first, "worst_rows": [w[1] for w in worst]}
 
 
 def _table(header: list[str] | None, rows: list[list]) -> str:
@@ -159,11 +132,25 @@ def _pct(value) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
-def render_html(dst: str, data: dict, summary: dict | None, plots: list[tuple[str, str]]) -> str:
-    facts = [["rows", data["rows"]], ["errors", data["errors"]], ["audio", f"{data['audio_s'] / 3600:.2f} h"]]
+def _seconds(value) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _transcripts(rows: list[dict], with_reference: bool) -> str:
+    header = ["id", "duration", "stage"] + (["WER", "text", "reference"] if with_reference else ["text"])
+    body = []
+    for t in rows:
+        text = f"error: {t['error']}" if t["error"] else t["text"]
+        cells = [t["id"], _seconds(t["duration_s"]), t["stage"] or "-"]
+        body.append(cells + ([_pct(t["wer"]), text, t["reference"]] if with_reference else [text]))
+    return _table(header, body).replace("<table>", "<table class=transcripts>", 1)
+
+
+def render_html(dst: str, data: dict, summary: dict | None, figures: list[tuple[str, str]]) -> str:
+    facts = [["rows", data["rows"]], ["errors", data["errors"]], ["audio", duration_text(data["audio_s"])]]
     if summary:
         if summary.get("wall_seconds"):
-            facts.append(["wall time of the last run", f"{summary['wall_seconds']:.1f} s"])
+            facts.append(["wall time of the last run", duration_text(summary["wall_seconds"])])
         if summary.get("rtfx"):
             facts.append(["RTFx of the last run", f"{summary['rtfx']:.1f}"])
         if summary.get("config"):
@@ -171,7 +158,7 @@ def render_html(dst: str, data: dict, summary: dict | None, plots: list[tuple[st
     if data["wer"] is not None:
         facts.append(["WER", f"{_pct(data['wer'])} over {data['wer_rows']} rows with a reference"])
     parts = [f"<h1>shardscribe report</h1><p class=dst>{html.escape(redact_uri(dst))}</p>", _table(None, facts)]
-    for name, caption in plots:
+    for name, caption in figures:
         parts.append(f"<figure><img src=\"{html.escape(name)}\" alt=\"{html.escape(caption)}\">"
                      f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     if data["wer_by_stage"] or data["wer_by_bucket"]:
@@ -187,9 +174,20 @@ def render_html(dst: str, data: dict, summary: dict | None, plots: list[tuple[st
                              for k, e in data["errors_table"].items()]))
     else:
         parts.append("<p>No errors.</p>")
+    with_reference = data["wer"] is not None
+    if with_reference:
+        n = len(data["worst_rows"])
+        parts.append(f"<h2 id=worst>The {n} row{'s' if n != 1 else ''} with the highest WER</h2>")
+        parts.append(_transcripts(data["worst_rows"], True) if data["worst_rows"] else
+                     "<p>No row with a reference has a word error.</p>")
+    if data["first_rows"]:
+        shown = len(data["first_rows"])
+        parts.append(f"<h2 id=transcripts>Transcripts: the first {shown} of {data['rows']} rows by id</h2>")
+        parts.append(_transcripts(data["first_rows"], with_reference))
     style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;"
-             "text-align:left}figure{margin:1em 0}img{max-width:100%}.dst{color:#666}")
+             "text-align:left;vertical-align:top}figure{margin:1em 0}img{max-width:100%}.dst{color:#666}"
+             ".transcripts td{font-size:90%;overflow-wrap:break-word}")
     return (f"<!doctype html><html><head><meta charset=utf-8><title>shardscribe report</title>"
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
 
@@ -220,7 +218,8 @@ def write_report(dst: str, options: dict | None = None) -> str:
             summary = json.load(fh)
     data = report_data(iter_output(dst, COLUMNS, options))
     data["started_at"] = (summary or {}).get("started_at")
-    page = render_html(dst, data, summary, _plots(data, save))
+    data["wall_seconds"] = (summary or {}).get("wall_seconds")
+    page = render_html(dst, data, summary, plots(data, save))
     with fs.open(posixpath.join(side, REPORT_NAME), "w") as fh:
         fh.write(page)
     return sidecar_path(redact_uri(dst), REPORT_NAME)

@@ -1,6 +1,7 @@
 """Subtitle and manifest outputs: SRT and WebVTT read back with real parsers (srt,
 webvtt-py), every cue within the length limits, in time order without overlap, and no
-word lost or reordered; JSON, TSV and the NeMo manifest from a real output folder."""
+word lost or reordered; JSON, TSV, plain text and the NeMo manifest from a real output
+folder."""
 from __future__ import annotations
 
 import io
@@ -102,7 +103,7 @@ def test_a_sentence_end_closes_a_long_enough_cue():
 
 
 def test_format_names_and_file_names():
-    assert parse_formats("srt, VTT,srt") == ["srt", "vtt"]
+    assert parse_formats("srt, VTT,srt,txt") == ["srt", "vtt", "txt"]
     with pytest.raises(ValueError, match="--format docx"):
         parse_formats("srt,docx")
     taken: set[str] = set()
@@ -123,7 +124,7 @@ def test_write_formats_from_an_output_folder(tmp_path):
          "segments": [{"start": 1.0, "end": 2.0, "text": "later on", "stage": "ar"}]},
     ]
     pq.write_table(table(rows, OUTPUT_SCHEMA), tmp_path / "part-0.parquet")
-    written = write_formats(str(tmp_path), ["srt", "vtt", "json", "tsv", "nemo"])
+    written = write_formats(str(tmp_path), ["srt", "vtt", "json", "tsv", "txt", "nemo"])
     side = tmp_path / SIDECAR_DIR
     assert written[-1] == f"{SIDECAR_DIR}/manifest.nemo.jsonl"
     subs = list(srt.parse((side / "srt" / "dir_one.wav.srt").read_text()))
@@ -134,6 +135,11 @@ def test_write_formats_from_an_output_folder(tmp_path):
         ["hello", "there.", "general"]
     assert json.loads((side / "json" / "bad.wav.json").read_text())["error"].startswith("file not found")
     assert (side / "tsv" / "dir_one.wav.tsv").read_text() == "start\tend\ttext\n500\t3500\thello there. general\n"
+    # txt: the recording's text alone, one file per recording beside the other formats
+    assert f"{SIDECAR_DIR}/txt/" in written
+    assert sorted(p.name for p in (side / "txt").iterdir()) == ["bad.wav.txt", "data_long.wav_600.txt", "dir_one.wav.txt"]
+    assert (side / "txt" / "dir_one.wav.txt").read_text() == "hello there. general\n"
+    assert (side / "txt" / "bad.wav.txt").read_text() == ""
     nemo = [json.loads(line) for line in (side / "manifest.nemo.jsonl").read_text().splitlines()]
     assert nemo[0] == {"audio_filepath": "/data/dir/one.wav", "duration": 4.0, "text": "Hello there, general.",
                        "pred_text": "hello there. general", "id": "dir/one.wav"}

@@ -43,6 +43,15 @@ def test_keep_rule_never_keeps_bad_rows():
         assert pl.keep_flags(rows, keep_fraction=1.0, rank_by=rank_by) == [False, False, True, True, True, False, True]
 
 
+def test_keep_fraction_keeps_the_rounded_share():
+    """round(F x n) rows, halves up: 0.8 of 7 is 5.6, so 6 (floor kept 5)."""
+    rows = _stats(*(_row(i, 0.9 - 0.1 * i) for i in range(7)))
+    for rank_by in ("confidence", "excess_errors"):
+        assert pl.keep_flags(rows, keep_fraction=0.8, rank_by=rank_by) == [True] * 6 + [False]
+    assert [pl.kept_count(f, n) for f, n in ((0.8, 7), (0.5, 5), (0.5, 7), (0.29, 50), (0.1, 4), (1.0, 7))] == \
+        [6, 3, 4, 15, 0, 7]
+
+
 def test_excess_errors_ranking_by_hand():
     """Where P(no error) and expected excess errors disagree: a long row with one weak word
     against a short row with two middling ones. Hand values: long row (10 words, nine at
@@ -113,12 +122,13 @@ def test_curve_and_reliability_by_hand(tmp_path):
     # error) at 0.85, 0.1-0.2 holds 0 at 0.15.
     assert [(b["low"], b["rows"], b["accuracy"]) for b in rel["bins"]] == [(0.1, 1, 0.0), (0.8, 1, 0.0), (0.9, 1, 1.0)]
     assert rel["ece"] == pytest.approx((0.15 + 0.85 + 0.05) / 3)
-    # --keep-fraction 0.5 of the three good rows keeps floor(1.5) = 1 row: the most confident.
+    # --keep-fraction 0.5 of the three good rows keeps round(1.5) = 2 rows (halves up): the
+    # two most confident.
     kept = pl.keep_flags(rows, keep_fraction=0.5)
-    assert kept == [True, False, False, False]
+    assert kept == [True, True, False, False]
     data = pl.report_data(rows, kept, pl.UtteranceTally(), {"keep_fraction": 0.5}, 10)
-    assert data["wer_all"] == pytest.approx(3 / 10) and data["wer_kept"] == 0.0
-    assert data["kept_point"] == {"kept_fraction": pytest.approx(1 / 3), "wer": 0.0}
+    assert data["wer_all"] == pytest.approx(3 / 10) and data["wer_kept"] == pytest.approx(1 / 8)
+    assert data["kept_point"] == {"kept_fraction": pytest.approx(2 / 3), "wer": pytest.approx(1 / 8)}
     written = pl.write_exports(str(tmp_path), [], data)
     assert (tmp_path / pl.PLOT_NAME).read_bytes()[:4] == b"\x89PNG" and len(written) == 4
     assert (tmp_path / pl.MANIFEST_NAME).read_text() == ""

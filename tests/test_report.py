@@ -1,6 +1,8 @@
 """`shardscribe report DST`: the page and its plots from an output folder, WER per stage and
-duration bucket against jiwer on the same rows, the errors table; and, where Debian's
-Chromium is installed, the page rendered headless to a screenshot."""
+duration bucket against jiwer on the same rows, the errors table, the transcript tables
+(the first rows by id, the worst rows by WER), the audio total in a fitting unit, the
+throughput spread of rows finished together; and, where Chromium is installed, the page
+rendered headless: its DOM and a screenshot."""
 from __future__ import annotations
 
 import random
@@ -15,6 +17,7 @@ import pytest
 from jobs.cli import main
 from pipeline.output import SIDECAR_DIR
 from pipeline.records import OUTPUT_SCHEMA, table
+from pipeline.report_plots import duration_text, spread_finishes
 
 VOCAB = "the pump valve tank was checked drained cleaned before after lunch".split()
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -23,7 +26,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def _rows(seed=0):
     rng = random.Random(seed)
     rows, t = [], 1_700_000_000.0
-    for i in range(40):
+    for i in range(70):
         ref = " ".join(rng.choice(VOCAB) for _ in range(rng.randint(3, 9)))
         words = ref.split()
         if rng.random() < 0.4:
@@ -69,8 +72,8 @@ def report(tmp_path_factory):
     dst = tmp_path_factory.mktemp("report") / "out"
     dst.mkdir()
     rows = _rows()
-    pq.write_table(table(rows[:25], OUTPUT_SCHEMA), dst / "part-0.parquet")
-    pq.write_table(table(rows[25:], OUTPUT_SCHEMA), dst / "part-1.parquet")
+    pq.write_table(table(rows[:45], OUTPUT_SCHEMA), dst / "part-0.parquet")
+    pq.write_table(table(rows[45:], OUTPUT_SCHEMA), dst / "part-1.parquet")
     assert main(["report", str(dst)]) == 0
     return dst, rows
 
@@ -102,6 +105,44 @@ def test_page_plots_and_tables(report):
     i = cells.index("corrupt")
     assert cells[i + 1] == "1"
     assert cells[cells.index("rows") + 1] == str(len(rows))
+    audio = sum(r["duration_s"] for r in ok)
+    assert cells[cells.index("audio") + 1] == f"{audio / 60:.1f} min"
+
+
+def _row_wer(r):
+    return jiwer.wer(r["reference"], r["text"])
+
+
+def test_transcript_tables(report):
+    """The first 50 rows by id (error rows too, with their error), and the 20 rows with the
+    highest WER (ties: more word errors, then the id), every WER in percent."""
+    dst, rows = report
+    page = (dst / SIDECAR_DIR / "report.html").read_text()
+    worst_html, first_html = page.split("id=worst>")[1].split("id=transcripts>")
+    first = sorted(rows, key=lambda r: r["id"])[:50]
+    assert f"the first 50 of {len(rows)} rows by id" in first_html
+    firsts = _Page()
+    firsts.feed(first_html)
+    ids = [c for c in firsts.cells if c in {r["id"] for r in rows}]
+    assert ids == [r["id"] for r in first]
+    assert "error: file not found: /a/x.wav" in firsts.cells
+    wrong = [r for r in rows if not r["error"] and _row_wer(r) > 0]
+    wrong.sort(key=lambda r: (-_row_wer(r), -jiwer.process_words(r["reference"], r["text"]).substitutions, r["id"]))
+    worsts = _Page()
+    worsts.feed(worst_html)
+    ids = [c for c in worsts.cells if c in {r["id"] for r in rows}]
+    assert ids == [r["id"] for r in wrong[:20]]
+    i = worsts.cells.index(wrong[0]["id"])
+    assert worsts.cells[i + 3] == f"{100 * _row_wer(wrong[0]):.1f} %"
+
+
+def test_audio_units_and_throughput_spread():
+    assert [duration_text(s) for s in (10.0, 600.0, 36000.0)] == ["10.0 s", "10.0 min", "10.00 h"]
+    # Seven rows committed together (one batch) at t=100, each reporting 0.4 s of model
+    # time, then one row alone: the batch's rows end 0.4 s apart, the last at t=100.
+    batch = [(100.0, 0.4, 3.0)] * 7 + [(105.0, 0.5, 2.0)]
+    times = [t for t, _ in spread_finishes(batch)]
+    assert times == pytest.approx([97.6 + 0.4 * k for k in range(7)] + [105.0])
 
 
 def test_not_an_output_folder_is_one_line(tmp_path, capsys):
@@ -109,18 +150,22 @@ def test_not_an_output_folder_is_one_line(tmp_path, capsys):
     assert "no Parquet parts" in capsys.readouterr().err
 
 
-CHROMIUM = shutil.which("chromium")
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (bash scripts/setup.sh --test installs it)")
 def test_page_renders_in_headless_chromium(report, tmp_path):
-    dst, _ = report
+    """One Chromium run gives both the rendered DOM and a screenshot."""
+    dst, rows = report
     shot = tmp_path / "shot.png"
-    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,1400", f"--screenshot={shot}",
-                    (dst / SIDECAR_DIR / "report.html").as_uri()],
-                   capture_output=True, timeout=120, check=True)
+    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,1400",
+                           f"--screenshot={shot}", "--dump-dom", (dst / SIDECAR_DIR / "report.html").as_uri()],
+                          capture_output=True, text=True, timeout=120, check=True)
+    dom = done.stdout
+    assert '<img src="report_throughput.png"' in dom
+    assert dom.count('<table class="transcripts">') == 2 and ">r00</td>" in dom
     from PIL import Image
 
     image = Image.open(shot).convert("L")
