@@ -31,7 +31,11 @@ def init_ray(cfg) -> None:
     default: the host's routable address, bound on all interfaces). A fresh random token
     per job lives only in this process's environment, inherited by the Ray processes it
     starts. ``address="local"`` keeps ray.init from joining whatever cluster another user
-    of this machine left in /tmp/ray."""
+    of this machine left in /tmp/ray. A job's SIGINT or SIGTERM stops ``ray.init`` where it
+    stands (Ray's own SIGTERM handler is kept out); what it started is killed on the way
+    out (actors.ray_local)."""
+    from actors.ray_local import starting
+
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         return
     if cfg.ray.address:
@@ -43,7 +47,8 @@ def init_ray(cfg) -> None:
         # RAY_AUTH_TOKEN[_PATH], ~/.ray/auth_token), as for any Ray client. The cluster's
         # workers get the job's storage options through the job's runtime environment.
         env = options_environment()
-        ray.init(address=cfg.ray.address, **({"runtime_env": {"env_vars": env}} if env else {}), **_INIT_KWARGS)
+        with starting(local=False):
+            ray.init(address=cfg.ray.address, **({"runtime_env": {"env_vars": env}} if env else {}), **_INIT_KWARGS)
         return
     _loopback_environment()
     import ray
@@ -52,7 +57,8 @@ def init_ray(cfg) -> None:
     # model actors and Ray Data's tasks fit together on small machines; the OS shares the
     # real cores.
     two_stage = decoder_kind(cfg.decoder.kind).two_stage
-    ray.init(address="local", num_cpus=cfg.ray.cpus(two_stage).local, **_INIT_KWARGS)
+    with starting(local=True):
+        ray.init(address="local", num_cpus=cfg.ray.cpus(two_stage).local, **_INIT_KWARGS)
 
 
 _INIT_KWARGS = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}

@@ -61,13 +61,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    # Benchmarks take options of their own; everything else must parse exactly.
-    args, extra = parser.parse_known_args(argv)
-    if extra and not getattr(args, "accepts_extra", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.extra = extra
-    return int(args._run(args) or 0)
+    from actors.job.signals import describe, interrupts
+
+    # SIGTERM as well as SIGINT unwinds the command from its first line (a job inside
+    # commits, shuts Ray down and releases its lock on the way out): exit 130, one line.
+    with interrupts():
+        try:
+            parser = build_parser()
+            # Benchmarks take options of their own; everything else must parse exactly.
+            args, extra = parser.parse_known_args(argv)
+            if extra and not getattr(args, "accepts_extra", False):
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            args.extra = extra
+            return int(args._run(args) or 0)
+        except KeyboardInterrupt as exc:
+            print(f"shardscribe: interrupted: {describe(exc)}", file=sys.stderr, flush=True)
+            return 130
 
 
 def entry() -> None:

@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runner", choices=["ray", "local"], default="ray",
                         help="Ray Data plan (default) or in-process without Ray")
     parser.add_argument("--format", default="", metavar="LIST",
-                        help="also write srt,vtt,json,tsv per recording and/or nemo (a manifest with "
+                        help="also write srt,vtt,json,tsv,txt per recording and/or nemo (a manifest with "
                              "pred_text), comma-separated, into DST/__shardscribe__/")
     rerun = parser.add_mutually_exclusive_group()
     rerun.add_argument("--overwrite", action="store_true",
@@ -182,9 +182,11 @@ class Console(JobConsole):
 
     @contextlib.contextmanager
     def session(self, dst: str):
+        from actors.job.signals import shielded
         from jobs.console import JobLog
 
-        with JobLog(dst, LOG_NAME, verbose=self.verbose) as log:
+        # Opened and closed whole: a signal halfway would leave the console's output in the log.
+        with shielded(JobLog(dst, LOG_NAME, verbose=self.verbose)) as log:
             if self.configure_logging:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                                     force=True)

@@ -12,8 +12,9 @@
   job into the same folder is refused; a lock whose heartbeat stopped, or whose process is
   gone in the reader's own PID namespace, is stale and taken over.
 - A job's start reads every part once, whole (all columns, page checksums verified;
-  :func:`scan_output`), for all it needs: the config check, the ids already done, the
-  error rows ``--retry-errors`` removes, the parts that fail. Once the job is sure to
+  :func:`scan_output`), for all it needs: the config check, the rows already done (id and
+  source, spilled to disk by bucket: pipeline.id_buckets), the error rows
+  ``--retry-errors`` removes, the parts that fail. Once the job is sure to
   run, a part that fails is moved to the quarantine folder and its rows are redone. Only
   final part names are ever moved: temporary files belong to the job that holds the
   lock, and leftovers of a dead job are removed only by the job that took its lock over.
@@ -105,6 +106,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from pipeline.id_buckets import IdBuckets
 from pipeline.metrics import word_error_counts
 from pipeline.storage import redact_uri, url_to_fs
 
@@ -303,47 +305,69 @@ def _quarantine(fs, path: str, part: str, job_id: str, reason: Exception) -> Non
 
 # Columns of the first output version: a part without them is not one of ours.
 _COLUMNS_SINCE_FIRST = ("id", "audio", "duration_s", "text", "segments", "stage", "error")
-_SCAN_SCHEMA = pa.schema([("id", pa.string()), ("error", pa.bool_()), ("part", pa.int32())])
+# A stored row's id and source (what resume matches an input row by), whether it holds an
+# error, and its part (an index into OutputScan.parts).
+_SCAN_SCHEMA = pa.schema([("id", pa.string()), ("audio", pa.string()), ("stamp", pa.string()),
+                          ("offset_s", pa.float64()), ("error", pa.bool_()), ("part", pa.int32())])
 
 
-@dataclass(frozen=True)
+@dataclass
 class OutputScan:
     """DST's committed parts as a job's start judges them, from one read of each part.
 
-    - ``rows``: every row of the parts that read whole (page checksums verified) and hold
-      every column of the first output version: its ``id``, whether it holds an ``error``,
-      and its ``part`` (an index into ``parts``). These rows are what the job finds done.
+    - ``index``: every row of the parts that read whole (page checksums verified) and hold
+      every column of the first output version, spilled to disk by bucket
+      (pipeline.id_buckets): its ``id`` and source (``audio``, ``audio_stamp`` as ``stamp``,
+      ``offset_s``), whether it holds an ``error``, and its ``part`` (an index into
+      ``parts``). These rows are what the job may find done (pipeline.resume).
     - ``unreadable``: the other parts, and why; resume quarantines them and redoes their rows.
     - ``config_hashes``: rows per ``config_hash`` (None: parts written before the column),
       over every part that reads at all, unreadable ones included: their rows are another
       config's all the same, and a refused job leaves them where they are.
     """
     parts: list[str]
-    rows: pa.Table
+    index: IdBuckets
     unreadable: dict[str, Exception]
     config_hashes: dict[str | None, int]
 
+    @property
+    def rows(self) -> pa.Table:
+        """``index`` whole, in memory: for small folders (tests, tools)."""
+        tables = [t for t in self.index if t.num_rows]
+        return pa.concat_tables(tables) if tables else _SCAN_SCHEMA.empty_table()
+
+    @property
+    def row_count(self) -> int:
+        return self.index.rows
+
     def done_ids(self) -> pa.Array:
-        """The distinct ids of ``rows``: the recordings the job skips."""
+        """The distinct ids of ``rows`` (in memory: for small folders)."""
         return pc.unique(self.rows.column("id"))
+
+    def close(self) -> None:
+        self.index.close()
 
 
 def scan_output(dst: str, options: dict | None = None) -> OutputScan:
     """Read each committed part of ``dst`` once, whole, and judge it as resume does;
-    nothing is moved or written (a dry run and a refused job use it too)."""
+    nothing is moved or written (a dry run and a refused job use it too). The caller
+    closes the scan (its spill folder)."""
     fs, path = url_to_fs(dst, options)
     parts = _parts(fs, path)
-    tables, unreadable, counts = [], {}, {}
+    spill, unreadable, counts = IdBuckets(_SCAN_SCHEMA), {}, {}
     for index, part in enumerate(parts):
         rows, hashes, reason = _scan_part(fs, part, index)
         for value, n in hashes.items():
             counts[value] = counts.get(value, 0) + n
         if reason is None:
-            tables.append(rows)
+            spill.add(rows)
         else:
             unreadable[part] = reason
-    rows = pa.concat_tables(tables) if tables else _SCAN_SCHEMA.empty_table()
-    return OutputScan(parts, rows, unreadable, counts)
+    return OutputScan(parts, spill.finish(), unreadable, counts)
+
+
+def _column_or_nulls(table: pa.Table, name: str, type_: pa.DataType):
+    return table.column(name).cast(type_) if name in table.column_names else pa.nulls(table.num_rows, type_)
 
 
 def _scan_part(fs, part: str, index: int) -> tuple[pa.Table | None, dict[str | None, int], Exception | None]:
@@ -367,7 +391,9 @@ def _scan_part(fs, part: str, index: int) -> tuple[pa.Table | None, dict[str | N
     missing = set(_COLUMNS_SINCE_FIRST) - set(table.column_names)
     if missing:
         return None, hashes, ValueError(f"columns missing: {sorted(missing)}")
-    rows = pa.table([table.column("id"), pc.is_valid(table.column("error")),
+    rows = pa.table([table.column("id"), table.column("audio").cast(pa.string()),
+                     _column_or_nulls(table, "audio_stamp", pa.string()),
+                     _column_or_nulls(table, "offset_s", pa.float64()), pc.is_valid(table.column("error")),
                      pa.repeat(pa.scalar(index, pa.int32()), table.num_rows)], schema=_SCAN_SCHEMA)
     return rows, hashes, None
 
@@ -425,7 +451,35 @@ def drop_error_rows(dst: str, scan: OutputScan, ids: pa.Array, job_id: str,
             _fence(fs, path, job_id)
             fs.rm(part)
     gone = pc.or_(retried, pc.is_in(rows.column("part"), value_set=pa.array(lost, pa.int32())))
-    return replace(scan, rows=rows.filter(pc.invert(gone)))
+    index = IdBuckets(_SCAN_SCHEMA)
+    index.add(rows.filter(pc.invert(gone)))
+    return replace(scan, index=index.finish())
+
+
+def drop_rows(dst: str, scan: OutputScan, hits: pa.Table, job_id: str, options: dict | None = None) -> list[int]:
+    """Remove the committed error rows ``hits`` (columns ``part``, ``id``: pipeline.resume
+    found them, ``--retry-errors``) by rewriting their parts whole, as drop_error_rows does;
+    returns the parts (indices into ``scan.parts``) that no longer read and were
+    quarantined: their rows are redone."""
+    fs, path = url_to_fs(dst, options)
+    lost = []
+    for index in pc.unique(hits.column("part")).to_pylist():
+        part = scan.parts[index]
+        try:
+            table = read_part(fs, part)
+        except Exception as exc:
+            _quarantine(fs, path, part, job_id, exc)
+            lost.append(index)
+            continue
+        mine = hits.filter(pc.equal(hits.column("part"), index)).column("id").combine_chunks()
+        drop = pc.and_(pc.is_valid(table.column("error")), pc.is_in(table.column("id"), value_set=mine))
+        kept = table.filter(pc.invert(drop))
+        if kept.num_rows:
+            _put_part(fs, path, posixpath.basename(part), kept, job_id)
+        else:
+            _fence(fs, path, job_id)
+            fs.rm(part)
+    return lost
 
 
 def _part_tables(dst: str, columns: list[str], options: dict | None, batch_rows: int | None = None):
@@ -848,51 +902,94 @@ def iter_output(dst: str, columns: list[str], options: dict | None = None, batch
         yield table.to_pylist()
 
 
-def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | None = None,
+# What summarize keeps of each output row, spilled by bucket: text and reference only for
+# a row whose WER counts.
+_SUMMARY_SCHEMA = pa.schema([("id", pa.string()), ("duration_s", pa.float64()), ("stage", pa.string()),
+                             ("kind", pa.string()), ("text", pa.string()), ("reference", pa.string())])
+# The input side of summarize: each id the input holds, and whether this run read it.
+WANTED_SCHEMA = pa.schema([("id", pa.string()), ("run", pa.bool_())])
+
+
+def wanted_ids(input_ids, run_ids=None) -> IdBuckets:
+    """``input_ids`` (and whether each is in ``run_ids``) spilled as summarize reads them."""
+    ids = [str(i) for i in input_ids]
+    spill = IdBuckets(WANTED_SCHEMA)
+    spill.add_rows({"id": ids, "run": [bool(run_ids) and i in run_ids for i in ids]})
+    return spill.finish()
+
+
+def _summary_rows(dst: str, options: dict | None) -> IdBuckets:
+    spill = IdBuckets(_SUMMARY_SCHEMA)
+    for table in _part_tables(dst, ["id", "duration_s", "text", "reference", "stage", "error"], options, 8192):
+        errors = table.column("error").to_pylist()
+        # An audit row (shardscribe validate) has no transcript to score.
+        scored = pc.and_(pc.and_(pc.is_valid(table.column("reference")), pc.is_null(table.column("error"))),
+                         pc.fill_null(pc.not_equal(table.column("stage"), "audit"), True))
+        scored = pc.and_(scored, pc.fill_null(pc.not_equal(table.column("reference"), ""), False))
+        spill.add(pa.table({
+            "id": table.column("id"), "duration_s": table.column("duration_s"), "stage": table.column("stage"),
+            "kind": pa.array([error_kind(e) if e else None for e in errors], pa.string()),
+            "text": pc.if_else(scored, pc.fill_null(table.column("text"), ""), None),
+            "reference": pc.if_else(scored, table.column("reference"), None)}))
+    return spill.finish()
+
+
+def summarize(dst: str, input_ids, run: dict, run_ids: set[str] | None = None,
               options: dict | None = None) -> dict:
     """Reconcile DST against the input; returns the summary (``commit_job`` writes it).
 
-    ``run`` holds this run's facts (``wall_seconds`` among them); the RTFx of the run is
-    the audio of the rows it decoded (``run_ids``) over that wall time. The output is read
-    a batch at a time: the driver's memory grows with the ids, not with the rows' text."""
-    wanted = set(input_ids)
-    seen: set[str] = set()
-    rows_out = duplicates = errors = run_rows = run_errors = 0
+    ``input_ids``: the input's ids (a list, with ``run_ids`` the ones this run read), or
+    an IdBuckets of WANTED_SCHEMA (a job's: pipeline.resume). ``run`` holds this run's
+    facts (``wall_seconds`` among them); the RTFx of the run is the audio of the rows it
+    read over that wall time. The output is read a batch at a time and both sides are
+    spilled by bucket (pipeline.id_buckets): the driver holds one bucket of ids at a time."""
+    wanted = input_ids if isinstance(input_ids, IdBuckets) else wanted_ids(input_ids, run_ids)
+    found = _summary_rows(dst, options)
+    rows_in = wanted.rows
+    rows_out = duplicates = errors = run_rows = run_errors = extra = wer_errors = wer_words = wer_rows = 0
     audio = run_audio = 0.0
+    any_run = False
     stages: dict[str, int] = {}
     kinds: dict[str, int] = {}
-    wer_errors = wer_words = wer_rows = extra = 0
-    for batch in iter_output(dst, ["id", "duration_s", "text", "reference", "stage", "error"], options):
-        # Rows of ids this input does not hold (an earlier job's, into the same folder) are
-        # counted, not described: the summary is about this input.
-        rows = [r for r in batch if r["id"] in wanted]
-        extra += len(batch) - len(rows)
-        for r in rows:
-            rows_out += 1
-            duplicates += r["id"] in seen
-            seen.add(r["id"])
-            stages[r["stage"]] = stages.get(r["stage"], 0) + 1
-            audio += r["duration_s"] or 0.0
-            if r["error"]:
-                errors += 1
-                kind = error_kind(r["error"])
-                kinds[kind] = kinds.get(kind, 0) + 1
-            if run_ids and r["id"] in run_ids:
-                run_rows += 1
-                run_errors += bool(r["error"])
-                run_audio += r["duration_s"] or 0.0
-        # An audit row (shardscribe validate) has no transcript to score.
-        refs = [(r["reference"], r["text"] or "") for r in rows
-                if r["reference"] and not r["error"] and r["stage"] != "audit"]
-        if refs:
-            e, w = word_error_counts([a for a, _ in refs], [b for _, b in refs])
-            wer_errors, wer_words, wer_rows = wer_errors + e, wer_words + w, wer_rows + len(refs)
-    missing = sorted(wanted - seen)
+    missing: list[str] = []
+    try:
+        for b in range(wanted.buckets):
+            want, got = wanted.read(b), found.read(b)
+            # Rows of ids this input does not hold (an earlier job's, into the same folder)
+            # are counted, not described: the summary is about this input.
+            mine = got.filter(pc.is_in(got.column("id"), value_set=want.column("id")))
+            extra += got.num_rows - mine.num_rows
+            rows_out += mine.num_rows
+            duplicates += mine.num_rows - (pc.count_distinct(mine.column("id")).as_py() if mine.num_rows else 0)
+            audio += pc.sum(mine.column("duration_s")).as_py() or 0.0
+            for name, counter in (("stage", stages), ("kind", kinds)):
+                counted = pc.value_counts(mine.column(name))
+                for value, n in zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist()):
+                    if value is not None:
+                        counter[value] = counter.get(value, 0) + n
+            errors += pc.count(mine.column("kind")).as_py()
+            ran = want.filter(want.column("run")).column("id")
+            any_run = any_run or len(ran) > 0
+            theirs = mine.filter(pc.is_in(mine.column("id"), value_set=ran))
+            run_rows += theirs.num_rows
+            run_errors += pc.count(theirs.column("kind")).as_py()
+            run_audio += pc.sum(theirs.column("duration_s")).as_py() or 0.0
+            refs = mine.filter(pc.is_valid(mine.column("reference")))
+            if refs.num_rows:
+                e, w = word_error_counts(refs.column("reference").to_pylist(), refs.column("text").to_pylist())
+                wer_errors, wer_words, wer_rows = wer_errors + e, wer_words + w, wer_rows + refs.num_rows
+            lacking = want.column("id").filter(pc.invert(pc.is_in(want.column("id"), value_set=mine.column("id"))))
+            if len(lacking):
+                missing = sorted(missing + pc.take(lacking, pc.sort_indices(lacking)[:20]).to_pylist())[:20]
+    finally:
+        found.close()
+        if wanted is not input_ids:
+            wanted.close()
     summary = {
-        "rows_in": len(input_ids),
+        "rows_in": rows_in,
         "rows_out": rows_out,
         "duplicate_rows": duplicates,
-        "missing_ids": missing[:20],
+        "missing_ids": missing,
         "extra_rows": extra,
         "errors": errors,
         "errors_by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
@@ -906,7 +1003,7 @@ def summarize(dst: str, input_ids: list[str], run: dict, run_ids: set[str] | Non
     summary["run_rows_out"] = run_rows
     summary["run_errors"] = run_errors
     summary["run_audio_seconds"] = run_audio
-    summary["rtfx"] = run_audio / wall if run_ids and wall > 0 else None
+    summary["rtfx"] = run_audio / wall if any_run and wall > 0 else None
     return summary
 
 

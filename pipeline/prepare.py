@@ -32,7 +32,7 @@ def prepare_row(row: dict, segmenter: VadSegmenter, quality: str = "HQ", max_sec
     start = time.perf_counter()
     out = {"id": row["id"], "audio": row["audio"], "reference": row.get("reference"),
            "key_phrases": row.get("key_phrases"), "offset_s": row.get("offset_s"), "duration_s": None,
-           "seg_start": [], "seg_end": [], "seg_audio": [], "error": None}
+           "seg_start": [], "seg_end": [], "seg_audio": [], "error": None, "audio_stamp": row.get("audio_stamp")}
     try:
         try:
             fh = open_audio(row)
@@ -120,7 +120,8 @@ def prepare_row_within(row: dict, segmenter: VadSegmenter, quality: str, timeout
     return {"id": row["id"], "audio": redact_uri(row["audio"]), "reference": row.get("reference"),
             "key_phrases": row.get("key_phrases"), "offset_s": row.get("offset_s"), "duration_s": None,
             "seg_start": [], "seg_end": [],
-            "seg_audio": [], "error": error, "t_prepare_s": time.perf_counter() - start, "reader_alive": alive}
+            "seg_audio": [], "error": error, "t_prepare_s": time.perf_counter() - start, "reader_alive": alive,
+            "audio_stamp": row.get("audio_stamp")}
 
 
 def _not_a_regular_file(row: dict) -> str | None:

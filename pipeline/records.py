@@ -39,11 +39,14 @@ SEGMENT_TYPE = pa.struct([
 # offset_s / duration_s: the span of the file that is the recording (NeMo manifests'
 # offset and duration); null: from the start / to the end. error: what the source
 # already knows is wrong with the row (a file name that is not UTF-8); the row goes
-# through the plan as an error row.
+# through the plan as an error row. audio_stamp: "<size>:<mtime>" of a listed audio file
+# as its folder's listing showed it (null for manifest and table rows); the output row
+# keeps it, and resume compares it (pipeline.resume).
 INPUT_SCHEMA = pa.schema([
     ("id", pa.string()), ("audio", pa.string()), ("audio_bytes", pa.binary()),
     ("reference", pa.string()), ("key_phrases", pa.list_(pa.string())),
     ("offset_s", pa.float64()), ("duration_s", pa.float64()), ("error", pa.string()),
+    ("audio_stamp", pa.string()),
 ])
 
 PREPARED_SCHEMA = pa.schema([
@@ -51,7 +54,7 @@ PREPARED_SCHEMA = pa.schema([
     ("key_phrases", pa.list_(pa.string())), ("offset_s", pa.float64()), ("duration_s", pa.float64()),
     ("seg_start", pa.list_(pa.float64())), ("seg_end", pa.list_(pa.float64())),
     ("seg_audio", pa.list_(pa.list_(pa.float32()))), ("error", pa.string()),
-    ("t_prepare_s", pa.float64()),
+    ("t_prepare_s", pa.float64()), ("audio_stamp", pa.string()),
 ])
 
 OUTPUT_SCHEMA = pa.schema([
@@ -74,6 +77,10 @@ OUTPUT_SCHEMA = pa.schema([
     # segments' detection probabilities. Null otherwise.
     ("language", pa.string()), ("language_prob", pa.float64()),
     ("confidence", pa.float64()),
+    # The source's "<size>:<mtime>" where its listing had them (INPUT_SCHEMA); with the
+    # id, audio and offset_s it is what resume matches a row by. Null in rows written
+    # before the column, and for manifest and table rows: resume then matches by the rest.
+    ("audio_stamp", pa.string()),
 ])
 
 # Between a model pool and a second pool: the segments still waiting, each with its

@@ -88,7 +88,7 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int, confidence=N
         pending = [(s, res) for s, res in segs if res.stage == PENDING]
         out_row = {
             "id": row["id"], "audio": row["audio"], "offset_s": row.get("offset_s"),
-            "duration_s": row.get("duration_s"),
+            "duration_s": row.get("duration_s"), "audio_stamp": row.get("audio_stamp"),
             "reference": row.get("reference"), "key_phrases": row.get("key_phrases"),
             "prepare_error": row.get("error"),
             "segments": [segment_dict(row["seg_start"][s], row["seg_end"][s], res) for s, res in segs],

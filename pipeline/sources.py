@@ -10,9 +10,12 @@ that split it into pieces of a few thousand rows), and its rows are read piece b
 local runner. Every piece yields tables of the INPUT schema of at most
 `rows_per_batch` rows, so the model stages get blocks of that size without a shuffle.
 
-Ids must be unique: output rows are matched to input rows by id, which is what makes
-reruns resumable. A manifest line with an `offset` is one span of its file, with the id
-`<audio>#<offset>`, so two spans of one file are two recordings.
+Ids must be unique: output rows are matched to input rows by id and source (the audio
+URI, a span's offset, and for a listed file its size and modification time), which is
+what makes reruns resumable (pipeline.resume). A manifest line with an `offset` is one
+span of its file, with the id `<audio>#<offset>`, so two spans of one file are two
+recordings. The scan spills each row's id and source to disk in hash buckets
+(pipeline.id_buckets): the driver never holds every id.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.id_buckets import IdBuckets
 from pipeline.records import INPUT_SCHEMA, table
 from pipeline.storage import redact_uri, utf8_name
 
@@ -53,9 +57,11 @@ class Source:
     root: str = ""                     # "files", a folder of tables: ids are paths relative to this
     audio_column: str | None = None    # None: the first of AUDIO_NAMES present
     text_column: str | None = None     # None: the first of TEXT_NAMES present
-    # Ids to leave out (already in the output): a resume's anti-join, applied as each
-    # piece is read.
+    # Ids to leave out (already in the output), applied as each piece is read; a job's
+    # resume puts its plan in the work items instead (pipeline.resume).
     exclude: pa.Array | None = dataclasses.field(default=None, compare=False)
+    # "files": each file's "<size>:<mtime>" as the listing showed it (None: not listed)
+    stamps: tuple[str | None, ...] | None = dataclasses.field(default=None, compare=False)
 
     def excluding(self, ids: Iterable[str] | pa.Array) -> "Source":
         arr = ids if isinstance(ids, (pa.Array, pa.ChunkedArray)) else pa.array(sorted(ids), pa.string())
@@ -64,10 +70,31 @@ class Source:
         return dataclasses.replace(self, exclude=arr if len(arr) else None)
 
 
-@dataclass(frozen=True)
+# What the scan spills per row: its id and source, and ``seq``, its place in source order.
+INDEX_SCHEMA = pa.schema([("id", pa.string()), ("audio", pa.string()), ("stamp", pa.string()),
+                          ("offset_s", pa.float64()), ("seq", pa.int64())])
+
+
+@dataclass
 class Scan:
-    ids: pa.Array          # every row's id, in source order
-    items: list[dict]      # work items for read_item, in source order
+    """A source's rows as the driver knows them: ``rows`` (their count), ``items`` (work
+    items for read_item, in source order; each with ``first_row``, the ``seq`` of its first
+    row, and ``rows``) and ``index``, every row's id and source spilled by bucket."""
+    rows: int
+    items: list[dict]
+    index: IdBuckets
+
+    @property
+    def ids(self) -> pa.Array:
+        """Every id in source order, in memory: for small sources (tests, tools)."""
+        tables = [t for t in self.index if t.num_rows]
+        if not tables:
+            return pa.array([], pa.string())
+        table = pa.concat_tables(tables)
+        return table.column("id").take(pc.sort_indices(table.column("seq"))).combine_chunks()
+
+    def close(self) -> None:
+        self.index.close()
 
 
 def _protocol(fs) -> str:
@@ -77,6 +104,18 @@ def _protocol(fs) -> str:
 def _uri(fs, path: str) -> str:
     protocol = _protocol(fs)
     return path if protocol in ("file", "local") else f"{protocol}://{path}"
+
+
+def _stamp(info: dict) -> str | None:
+    """A listed file's "<size>:<mtime>" (whichever the filesystem reports), or None."""
+    if info.get("type") == "directory":
+        return None
+    size = info.get("size")
+    mtime = next((info[k] for k in ("mtime", "LastModified", "updated", "last_modified", "modified")
+                  if info.get(k) is not None), None)
+    if size is None and mtime is None:
+        return None
+    return f"{size}:{mtime.isoformat() if hasattr(mtime, 'isoformat') else mtime}"
 
 
 def _file_id(source: Source, file: str) -> str:
@@ -112,21 +151,24 @@ def open_source(uri: str, audio_column: str | None = None, text_column: str | No
         return Source(uri, "table", (_uri(fs, path),), **cols)
     if is_glob:
         root = posixpath.dirname(re.split(r"[*?\[]", path, maxsplit=1)[0])
-        found = fs.glob(path)
+        found = fs.glob(path, detail=True)
     elif fs.isfile(path):
         # One file: its name is its id (relative to itself it would be ".", the same id for
         # every single-file job into one output folder).
-        found, root = [path], posixpath.dirname(path)
+        found, root = {path: fs.info(path)}, posixpath.dirname(path)
     else:
         # A folder named like audio ("x.wav/") is listed too: its row is an error (prepare
         # says it is a directory), never a recording that silently is not there.
         listed = fs.find(path, withdirs=True, detail=True)
-        found = [f for f, info in listed.items() if info.get("type") != "directory"
-                 or (f.rstrip("/") != path.rstrip("/") and f.rstrip("/").lower().endswith(AUDIO_EXTENSIONS))]
+        found = {f: info for f, info in listed.items() if info.get("type") != "directory"
+                 or (f.rstrip("/") != path.rstrip("/") and f.rstrip("/").lower().endswith(AUDIO_EXTENSIONS))}
         root = path
-    audio = sorted(f.rstrip("/") for f in found if f.rstrip("/").lower().endswith(AUDIO_EXTENSIONS))
+    info = {f.rstrip("/"): (i if isinstance(i, dict) else {}) for f, i in
+            (found.items() if isinstance(found, dict) else ((f, None) for f in found))}
+    audio = sorted(f for f in info if f.lower().endswith(AUDIO_EXTENSIONS))
     if audio:
-        return Source(uri, "files", tuple(_uri(fs, f) for f in audio), root=root, **cols)
+        return Source(uri, "files", tuple(_uri(fs, f) for f in audio), root=root,
+                      stamps=tuple(_stamp(info[f]) for f in audio), **cols)
     tables = sorted(f for f in found if f.lower().endswith(".parquet"))
     if tables:
         return Source(uri, "table", tuple(_uri(fs, f) for f in tables), root=root, **cols)
@@ -256,35 +298,90 @@ def _table_rows(source: Source, file: str, batch: pa.RecordBatch, first_index: i
 # --- scan (driver) -------------------------------------------------------------------
 
 def scan(source: Source, rows_per_item: int = ROWS_PER_ITEM) -> Scan:
-    """Every id of ``source`` (validated: present, unique) and its work items, reading no
-    audio: a folder's listing, a manifest's lines one at a time, a table's id column and
-    footers. Raises SourceError naming the first problem."""
-    ids: list[str] = []
+    """Every row's id and source of ``source`` (validated: present, unique), spilled by
+    bucket, and its work items, reading no audio: a folder's listing, a manifest's lines one
+    at a time, a table's id (and audio path) columns and footers. Raises SourceError naming
+    the first problem. The caller closes the Scan (its spill folder)."""
+    index = IdBuckets(INDEX_SCHEMA)
+    try:
+        items = _scan_into(source, rows_per_item, index)
+        if not index.rows:
+            raise SourceError(f"input {redact_uri(source.uri)!r}: no audio files, manifest rows or Parquet rows found")
+        _check_unique(source, index)
+    except BaseException:
+        index.close()
+        raise
+    return Scan(index.rows, items, index)
+
+
+def _check_unique(source: Source, index: IdBuckets) -> None:
+    dupes: list[str] = []
+    for bucket in index:
+        counts = pc.value_counts(bucket.column("id"))
+        dupes += pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1)).to_pylist()[:5]
+        if len(dupes) >= 5:
+            break
+    if dupes:
+        raise SourceError(f"input {redact_uri(source.uri)!r}: duplicate ids {sorted(dupes)[:5]} (ids must be unique)")
+
+
+class _Rows:
+    """Spills (id, audio, stamp, offset) rows in chunks; ``seq`` counts them."""
+
+    def __init__(self, index: IdBuckets):
+        self.index, self.seq = index, 0
+        self.columns: dict[str, list] = {n: [] for n in ("id", "audio", "stamp", "offset_s")}
+
+    def add(self, rid: str, audio: str | None, stamp: str | None = None, offset: float | None = None) -> None:
+        for name, value in zip(self.columns, (rid, audio, stamp, offset)):
+            self.columns[name].append(value)
+        if len(self.columns["id"]) >= 65536:
+            self.flush()
+
+    def flush(self) -> None:
+        n = len(self.columns["id"])
+        if n:
+            self.columns["seq"] = list(range(self.seq, self.seq + n))
+            self.index.add_rows(self.columns)
+            self.seq += n
+            self.columns = {k: [] for k in ("id", "audio", "stamp", "offset_s")}
+
+    @property
+    def count(self) -> int:
+        return self.seq + len(self.columns["id"])
+
+
+def _scan_into(source: Source, rows_per_item: int, index: IdBuckets) -> list[dict]:
+    out = _Rows(index)
     items: list[dict] = []
     if source.kind == "files":
-        ids = [_file_id(source, f) for f in source.files]
-        for start in range(0, len(ids), rows_per_item):
-            items.append({"kind": "files", "start": start, "stop": min(len(ids), start + rows_per_item)})
+        for start in range(0, len(source.files), rows_per_item):
+            stop = min(len(source.files), start + rows_per_item)
+            items.append({"kind": "files", "start": start, "stop": stop, "first_row": start, "rows": stop - start})
+            for k in range(start, stop):
+                f = source.files[k]
+                out.add(_file_id(source, f), redact_uri(utf8_name(f)[0]), source.stamps[k] if source.stamps else None)
     elif source.kind == "manifest":
         # a --text-column no line holds is a typo, not rows without references
         text_seen, first_keys = source.text_column is None, None
         for file in source.files:
             fs, path = fsspec.core.url_to_fs(file)
             base, protocol = posixpath.dirname(path), _protocol(fs)
-            count, item_start, item_line = 0, 0, 1
+            count, item_start, item_line, first_row = 0, 0, 1, out.count
             for lineno, offset, obj in _manifest_lines(file):
                 if count == rows_per_item:
                     items.append({"kind": "manifest", "file": file, "start": item_start,
-                                  "stop": offset, "line": item_line})
-                    count, item_start, item_line = 0, offset, lineno
-                ids.append(_manifest_row(source, obj, base, protocol, f"{redact_uri(file)}:{lineno}")["id"])
+                                  "stop": offset, "line": item_line, "first_row": first_row, "rows": count})
+                    count, item_start, item_line, first_row = 0, offset, lineno, out.count
+                row = _manifest_row(source, obj, base, protocol, f"{redact_uri(file)}:{lineno}")
+                out.add(row["id"], redact_uri(row["audio"]), None, row["offset_s"])
                 count += 1
                 text_seen = text_seen or source.text_column in obj
                 first_keys = first_keys if first_keys is not None else sorted(obj)
             if count:
                 items.append({"kind": "manifest", "file": file, "start": item_start, "stop": None,
-                              "line": item_line})
-        if ids and not text_seen:
+                              "line": item_line, "first_row": first_row, "rows": count})
+        if out.count and not text_seen:
             raise SourceError(f"input {redact_uri(source.uri)!r}: no manifest line has the text key "
                               f"{source.text_column!r} (--text-column; the first line's keys: {first_keys})")
     else:
@@ -293,29 +390,34 @@ def scan(source: Source, rows_per_item: int = ROWS_PER_ITEM) -> Scan:
         for file in source.files:
             fs, path = fsspec.core.url_to_fs(file)
             prefix = _file_id(source, file)    # as in _table_rows
+            base, protocol = posixpath.dirname(path), _protocol(fs)
             with fs.open(path, "rb") as fh:
                 pf = pq.ParquetFile(fh)
-                _, _, id_col = _table_columns(source, pf.schema_arrow.names, file)
+                audio_col, _, id_col = _table_columns(source, pf.schema_arrow.names, file)
+                # A path column is read to compare sources; inline audio is "<file>#<row>"
+                # (as _table_rows names it), and a {bytes, path} struct is not read at all.
+                audio_type = pf.schema_arrow.field(audio_col).type
+                paths = pa.types.is_string(audio_type) or pa.types.is_large_string(audio_type)
+                inline = pa.types.is_binary(audio_type) or pa.types.is_large_binary(audio_type)
                 first = 0
                 for rg in range(pf.metadata.num_row_groups):
                     n = pf.metadata.row_group(rg).num_rows
-                    if id_col:
-                        col = pf.read_row_group(rg, columns=[id_col]).column(0).to_pylist()
-                        ids.extend(str(v) if v is not None else f"{prefix}:{first + k}"
-                                   for k, v in enumerate(col))
-                    else:
-                        ids.extend(f"{prefix}:{first + k}" for k in range(n))
+                    cols = [c for c in (id_col, audio_col if paths else None) if c]
+                    got = pf.read_row_group(rg, columns=cols) if cols else None
+                    rids = got.column(id_col).to_pylist() if id_col else [None] * n
+                    audios = got.column(audio_col).to_pylist() if paths else [None] * n
                     if n:
-                        items.append({"kind": "table", "file": file, "row_group": rg, "first": first})
+                        items.append({"kind": "table", "file": file, "row_group": rg, "first": first,
+                                      "first_row": out.count, "rows": n})
+                    for k in range(n):
+                        i = first + k
+                        rid = str(rids[k]) if rids[k] is not None else f"{prefix}:{i}"
+                        audio = (redact_uri(_join(base, audios[k], protocol)) if audios[k] else
+                                 redact_uri(f"{file}#{i}") if inline else None)
+                        out.add(rid, audio)
                     first += n
-    if not ids:
-        raise SourceError(f"input {redact_uri(source.uri)!r}: no audio files, manifest rows or Parquet rows found")
-    arr = pa.array(ids, pa.string())
-    counts = pc.value_counts(arr)
-    dupes = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1))
-    if len(dupes):
-        raise SourceError(f"input {redact_uri(source.uri)!r}: duplicate ids {dupes.to_pylist()[:5]} (ids must be unique)")
-    return Scan(arr, items)
+    out.flush()
+    return items
 
 
 def unfinished_ids(ids: pa.Array, done) -> list[str]:
@@ -328,7 +430,14 @@ def unfinished_ids(ids: pa.Array, done) -> list[str]:
 
 # --- read (workers, or the local runner) ---------------------------------------------
 
-def _batches(rows: list[dict], rows_per_batch: int, exclude) -> Iterator[pa.Table]:
+def _batches(rows: list[dict], rows_per_batch: int, exclude, item: dict | None = None,
+             position: int = 0) -> Iterator[pa.Table]:
+    """``rows`` (the item's from ``position`` on) as INPUT tables, less what the item's
+    resume plan skips and with its distinct ids, less ``exclude``."""
+    if item is not None and ("skip" in item or "rename" in item):
+        from pipeline.resume import apply_plan
+
+        rows = apply_plan(rows, item, position)
     if exclude is not None and rows:
         keep = pc.invert(pc.is_in(pa.array([r["id"] for r in rows], pa.string()), value_set=exclude))
         rows = [r for r, k in zip(rows, keep.to_pylist()) if k]
@@ -342,16 +451,18 @@ def read_item(source: Source, item: dict, rows_per_batch: int) -> Iterator[pa.Ta
     exclude = source.exclude
     if item["kind"] == "files":
         # a name that is not UTF-8 is an error row, never a crash: no reader can open it by text
-        rows = [{"id": _file_id(source, f), "audio": utf8_name(f)[0], "error": utf8_name(f)[1]}
-                for f in source.files[item["start"]:item["stop"]]]
-        yield from _batches(rows, rows_per_batch, exclude)
+        start, stamps = item["start"], source.stamps
+        rows = [{"id": _file_id(source, f), "audio": utf8_name(f)[0], "error": utf8_name(f)[1],
+                 "audio_stamp": stamps[start + k] if stamps else None}
+                for k, f in enumerate(source.files[start:item["stop"]])]
+        yield from _batches(rows, rows_per_batch, exclude, item)
     elif item["kind"] == "manifest":
         file = item["file"]
         fs, path = fsspec.core.url_to_fs(file)
         base, protocol = posixpath.dirname(path), _protocol(fs)
         rows = [_manifest_row(source, obj, base, protocol, f"{redact_uri(file)}:{lineno}")
                 for lineno, _, obj in _manifest_lines(file, item["start"], item["stop"], item["line"])]
-        yield from _batches(rows, rows_per_batch, exclude)
+        yield from _batches(rows, rows_per_batch, exclude, item)
     else:
         import pyarrow.parquet as pq
 
@@ -368,8 +479,8 @@ def read_item(source: Source, item: dict, rows_per_batch: int) -> Iterator[pa.Ta
             for batch in pf.iter_batches(batch_size=rows_per_batch, row_groups=[item["row_group"]],
                                          columns=columns):
                 rows = _table_rows(source, file, batch, first, audio_col, text_col, id_col)
+                yield from _batches(rows, rows_per_batch, exclude, item, first - item["first"])
                 first += batch.num_rows
-                yield from _batches(rows, rows_per_batch, exclude)
 
 
 def iter_input_batches(source: Source, rows_per_batch: int, items: list[dict] | None = None) -> Iterator[pa.Table]:

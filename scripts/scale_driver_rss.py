@@ -1,13 +1,17 @@
-"""Driver peak RSS of `shardscribe validate` as the input grows: JSONL manifests of 100,
-10k and 100k rows (short WAV files on disk) and a Parquet table of ~500 MB of inline audio
-(3,970 rows of 4 s, the shape of the table in issue 22). Not run in CI.
+"""Driver peak RSS of a no-model job (`shardscribe transcribe` with the `audit` decoder
+kind: reads and segments, loads no model) as the input grows: JSONL manifests of any
+number of rows over 200 short WAV files on disk (`manifest_100k`, `manifest_1m`,
+`manifest_10m`: k and m are thousands and millions) and a Parquet table of ~500 MB of
+inline audio (3,970 rows of 4 s). Not run in CI.
 
     PYTHONPATH=. .venv/bin/python scripts/scale_driver_rss.py --work /tmp/scale [--runner ray|local]
-        [--cases manifest_10k,manifest_100k,table_500mb] [--set KEY=VALUE ...]
+        [--cases manifest_100k,manifest_1m,table_500mb] [--dry-run] [--set KEY=VALUE ...]
 
-The driver's own peak (VmHWM of its /proc status, polled until it exits; the Ray workers
-are other processes and not counted) is printed per case with the wall time, as one JSON
-line each.
+``--dry-run``: the job's --dry-run (the source's scan, the output's scan and the resume
+plan, nothing run). ``--output DIR``: one output folder for every case (a rerun then
+resumes; default: a new folder per case). The driver's own peak (VmHWM of its /proc
+status, polled until it exits; the Ray workers are other processes and not counted) is
+printed per case with the wall time, as one JSON line each.
 """
 from __future__ import annotations
 
@@ -51,6 +55,13 @@ def make_manifest(work: Path, rows: int, files: int = 200) -> Path:
     return path
 
 
+def _rows(case: str) -> int:
+    """The row count a case names: manifest_250, manifest_100k, manifest_1m."""
+    count = case.removeprefix("manifest_").lower()
+    scale = {"k": 1_000, "m": 1_000_000}.get(count[-1:], 1)
+    return int(count.rstrip("km")) * scale
+
+
 def make_table(work: Path, rows: int = 3970, seconds: float = 4.0) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -92,23 +103,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", required=True)
     parser.add_argument("--runner", choices=["ray", "local"], default="ray")
-    parser.add_argument("--cases", default="manifest_100,manifest_10k,manifest_100k,table_500mb")
+    parser.add_argument("--cases", default="manifest_100k,manifest_1m")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--output", default=None)
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    sources = {"manifest_100": lambda: make_manifest(work, 100), "manifest_10k": lambda: make_manifest(work, 10_000), "manifest_100k": lambda: make_manifest(work, 100_000),
-               "table_500mb": lambda: make_table(work)}
     for case in args.cases.split(","):
-        src = sources[case]()
-        out = work / f"out_{case}_{args.runner}_{int(time.time())}"
-        argv = [sys.executable, "-m", "jobs.cli", "validate", str(src), "--runner", args.runner, "--output", str(out)]
+        src = make_table(work) if case == "table_500mb" else make_manifest(work, _rows(case))
+        out = args.output or work / f"out_{case}_{args.runner}_{int(time.time())}"
+        argv = [sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(src), "--output", str(out),
+                "--runner", args.runner, "--set", "decoder.kind=audit", "--set", "model.device=cpu"]
+        argv += ["--dry-run"] if args.dry_run else []
         for item in args.overrides:
             argv += ["--set", item]
         code, peak, wall = driver_peak(argv)
         print(json.dumps({"case": case, "runner": args.runner, "source_mb": round(src.stat().st_size / 2**20, 1),
-                          "exit": code, "driver_peak_rss_mb": round(peak, 1), "wall_s": round(wall, 1),
-                          "overrides": args.overrides}), flush=True)
+                          "exit": code, "dry_run": args.dry_run, "driver_peak_rss_mb": round(peak, 1),
+                          "wall_s": round(wall, 1), "overrides": args.overrides}), flush=True)
 
 
 if __name__ == "__main__":

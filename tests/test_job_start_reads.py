@@ -58,12 +58,20 @@ def start(tmp_path, monkeypatch):
         args = parser.parse_args(["--input", str(manifest), "--output", str(dst), "--runner", "local", *flags]
                                  + [a for o in OVERRIDES for a in ("--set", o)])
         todo = []
-        monkeypatch.setattr(job_run, "_transcribe", lambda *a: todo.append(a[3]) or {"rows_in": 0, "rows_out": 0})
+        monkeypatch.setattr(job_run, "_transcribe", lambda *a: todo.append(_todo(a[2], a[3])) or {"rows_in": 0,
+                                                                                                  "rows_out": 0})
         opens.clear()
         code = transcribe.run(args)
         return code, (todo[0] if todo else None), dict(opens)
 
     return run
+
+
+def _todo(scanned, plan):
+    """The ids a job's resume plan leaves to transcribe, in source order."""
+    from pipeline.resume import RENAMED, TODO
+
+    return [i for i, act in zip(scanned.ids.to_pylist(), plan.actions) if act in (TODO, RENAMED)]
 
 
 def _folder(dst):

@@ -8,13 +8,12 @@ files. Every refusal is a JobError raised before a worker starts; nothing here p
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
 import sys
 import threading
 import time
 
+from actors.job.signals import deferred, describe, interrupts
 from actors.job.spec import (RUNNERS, JobConsole, JobError, JobFailed, JobIncomplete, JobInterrupted, JobProgress,
                              JobSpec, JobSummary, console_of)
 
@@ -29,7 +28,21 @@ def run_job(spec: JobSpec, on_progress=None, log=None) -> dict:
 
     Raises JobError (the one-line reason) when the job is refused, before any worker
     starts; JobInterrupted, JobFailed or JobIncomplete when a started job did not finish
-    (spec.JobError's kinds)."""
+    (spec.JobError's kinds). SIGINT and SIGTERM, from the first line to the last, end it
+    as JobInterrupted (actors.job.signals), with its lock released and Ray shut down."""
+    with interrupts():
+        try:
+            return _run_job(spec, on_progress, log)
+        except KeyboardInterrupt as exc:
+            if isinstance(exc, JobInterrupted):
+                raise
+            from pipeline.storage import redact_uri
+
+            raise JobInterrupted(f"{describe(exc)}: the job stopped before it finished; the same command runs it "
+                                 f"again, after the rows already in {redact_uri(spec.output)}") from exc
+
+
+def _run_job(spec: JobSpec, on_progress, log) -> dict:
     from pipeline.config import ConfigError, load_config
     from pipeline.decoders import decoder_kind
     from pipeline.formats import FormatError, parse_formats
@@ -54,9 +67,14 @@ def run_job(spec: JobSpec, on_progress=None, log=None) -> dict:
         scanned = scan(source)
         where = f"output {spec.output}"
         if spec.dry_run:
-            return dry_run_report(spec, cfg, scanned)
+            try:
+                return dry_run_report(spec, cfg, scanned)
+            finally:
+                scanned.close()
         lock = hold_output(spec.output, cfg)
     except (ConfigError, FormatError, ModelError, SourceError, StorageError, OutputBusy) as exc:
+        if "scanned" in locals():
+            scanned.close()
         raise JobError(str(exc)) from exc
     except OSError as exc:  # the filesystem behind SRC or DST (permissions, credentials, network)
         from pipeline.storage import redact_uri
@@ -66,7 +84,11 @@ def run_job(spec: JobSpec, on_progress=None, log=None) -> dict:
     try:
         return _run_locked(spec, cfg, source, scanned, lock.job_id, formats, on_progress, console)
     finally:
-        lock.release()
+        with deferred():    # the lock released whole, whatever signal comes
+            try:
+                scanned.close()
+            finally:
+                lock.release()
 
 
 def _check_spec(spec: JobSpec) -> None:
@@ -120,31 +142,34 @@ def dry_run_report(spec: JobSpec, cfg, scanned) -> dict:
     reads alone: OutputBusy where a live job holds the folder; JobError where the folder's
     rows were made by another config and neither overwrite nor resume says what to do.
     ``message`` says it in one line."""
-    import pyarrow.compute as pc
-
     from pipeline.config import config_hash
     from pipeline.output import OutputLock, new_job_id, scan_output
+    from pipeline.resume import plan_resume
     from pipeline.storage import redact_uri
 
     OutputLock(spec.output, new_job_id(), cfg.storage.options).check_free()
     job_hash = config_hash(cfg)
     found = None if spec.overwrite else scan_output(spec.output, cfg.storage.options)
-    refusal = None if found is None else _other_config(found.config_hashes, job_hash, spec)
+    try:
+        refusal = None if found is None else _other_config(found.config_hashes, job_hash, spec)
+        if refusal:
+            raise JobError(refusal)
+        plan = plan_resume(scanned, found)
+        unreadable = 0 if found is None else len(found.unreadable)
+    finally:
+        if found is not None:
+            found.close()
+    refusal = _conflict_refusal(plan, spec)
     if refusal:
         raise JobError(refusal)
-    ids = scanned.ids
-    unreadable = 0 if found is None else len(found.unreadable)
-    mine = None if found is None else found.rows.filter(pc.is_in(found.rows.column("id"), value_set=ids))
-    # recordings, not rows: a folder may hold a recording twice (the job would then end
-    # with rows in != rows out, said below)
-    done = 0 if mine is None else pc.count_distinct(mine.column("id")).as_py()
-    failed = 0 if mine is None else pc.count_distinct(mine.filter(mine.column("error")).column("id")).as_py()
-    duplicates = 0 if mine is None else mine.num_rows - done
+    total, done, failed, duplicates = scanned.rows, plan.done, plan.failed, plan.duplicates
     redo = failed if spec.retry_errors else 0
     message = (f"dry run: config {cfg.name} ({job_hash}), model {cfg.model.family} {cfg.model.source}, "
-               f"decoder {cfg.decoder.kind}, {spec.runner} runner; {len(ids)} recordings in the input, {done} already "
+               f"decoder {cfg.decoder.kind}, {spec.runner} runner; {total} recordings in the input, {done} already "
                f"in {redact_uri(spec.output)} ({failed} with an error"
-               + (", retried" if spec.retry_errors else "") + f"); {len(ids) - done + redo} to transcribe"
+               + (", retried" if spec.retry_errors else "") + f"); {total - done + redo} to transcribe"
+               + (f", {plan.conflicts} of them under distinct ids (their ids are in the folder from another source)"
+                  if plan.conflicts else "")
                + ("; --overwrite would remove the folder's rows first" if spec.overwrite else "")
                + (f"; {unreadable} unreadable parts would be quarantined and their rows redone" if unreadable else "")
                + (f"; the folder holds {duplicates} duplicate rows of these recordings: the job would end with rows "
@@ -152,16 +177,38 @@ def dry_run_report(spec: JobSpec, cfg, scanned) -> dict:
                + "; nothing was started or written")
     return {"dry_run": True, "config": cfg.name, "config_hash": job_hash, "model_family": cfg.model.family,
             "model_source": cfg.model.source, "decoder": cfg.decoder.kind, "runner": spec.runner,
-            "recordings": len(ids), "done": done, "failed": failed, "to_transcribe": len(ids) - done + redo,
-            "unreadable_parts": unreadable, "duplicate_rows": duplicates, "message": message}
+            "recordings": total, "done": done, "failed": failed, "to_transcribe": total - done + redo,
+            "conflicts": plan.conflicts, "unreadable_parts": unreadable, "duplicate_rows": duplicates,
+            "message": message}
+
+
+def _conflict_refusal(plan, spec: JobSpec) -> str | None:
+    """The one-line refusal when input rows' ids are in DST from another source, and
+    neither --resume nor --overwrite says what to do."""
+    if not plan.conflicts or spec.resume or spec.overwrite:
+        return None
+    from pipeline.storage import redact_uri
+
+    return (f"{redact_uri(spec.output)} already holds {plan.conflicts} of this input's ids from another source "
+            f"(e.g. {plan.example}); pass --resume to keep those rows and add these recordings under distinct ids "
+            "(<id>~<hash of the source>), or --overwrite to replace the folder's rows")
 
 
 def hold_output(dst: str, cfg):
     """Take the output folder's lock (pipeline.output); the job opens the folder once it
     knows it will change it (begin_job)."""
+    from actors.ray_local import reap
     from pipeline.output import OutputLock, new_job_id
 
-    return OutputLock(dst, new_job_id(), cfg.storage.options).acquire()
+    lock = OutputLock(dst, new_job_id(), cfg.storage.options).acquire()
+    try:
+        # What a driver killed on this machine left running: its local Ray's agents and workers.
+        reap()
+    except BaseException:   # a signal: the caller never gets the lock to release
+        with deferred():
+            lock.release()
+        raise
+    return lock
 
 
 def commit(dst: str, cfg, summary: dict) -> bool:
@@ -176,8 +223,8 @@ def commit(dst: str, cfg, summary: dict) -> bool:
 def _run_locked(spec: JobSpec, cfg, source, scanned, job_id: str, formats: list[str], on_progress,
                 console: JobConsole) -> dict:
     from pipeline.config import config_hash
-    from pipeline.output import begin_job, clear_output, drop_error_rows, quarantine_unreadable, scan_output
-    from pipeline.sources import unfinished_ids
+    from pipeline.output import begin_job, clear_output, drop_rows, quarantine_unreadable, scan_output
+    from pipeline.resume import plan_resume
     from pipeline.storage import redact_uri
 
     job_hash = config_hash(cfg)
@@ -185,29 +232,41 @@ def _run_locked(spec: JobSpec, cfg, source, scanned, job_id: str, formats: list[
     if spec.overwrite:
         clear_output(spec.output, cfg.storage.options)
     else:
-        # One read of every part serves the config check, --retry-errors and the ids done.
+        # One read of every part serves the config check, --retry-errors and the rows done.
         found = scan_output(spec.output, cfg.storage.options)
-        refusal = _other_config(found.config_hashes, job_hash, spec)
+    try:
+        refusal = None if found is None else _other_config(found.config_hashes, job_hash, spec)
         if refusal:
             raise JobError(refusal)
-    # Only now the folder is about to change: a refused run leaves a finished job's
-    # success marker where a scheduler waits for it, and its unreadable parts in place.
-    begin_job(spec.output, job_id, cfg.storage.options)
-    if found is not None:
-        quarantine_unreadable(spec.output, found, job_id, cfg.storage.options)
-    if spec.retry_errors:
-        kept = drop_error_rows(spec.output, found, scanned.ids, job_id, cfg.storage.options)
-        console.say(f"shardscribe: retrying {found.rows.num_rows - kept.rows.num_rows} recordings whose rows in "
-                    f"{redact_uri(spec.output)} had an error")
-        found = kept
-    ids = scanned.ids.to_pylist()
-    done = found.done_ids() if found is not None else None
-    todo = unfinished_ids(scanned.ids, done)
-    if done:
-        console.say(f"shardscribe: resuming: {len(ids) - len(todo)} of {len(ids)} recordings already in "
+        # Each input row against the folder's rows by id and source, a bucket at a time.
+        plan = plan_resume(scanned, found, retry_errors=spec.retry_errors)
+        refusal = _conflict_refusal(plan, spec)
+        if refusal:
+            raise JobError(refusal)
+        # Only now the folder is about to change: a refused run leaves a finished job's
+        # success marker where a scheduler waits for it, and its unreadable parts in place.
+        begin_job(spec.output, job_id, cfg.storage.options)
+        if found is not None:
+            quarantine_unreadable(spec.output, found, job_id, cfg.storage.options)
+        if spec.retry_errors:
+            console.say(f"shardscribe: retrying {plan.failed} recordings whose rows in {redact_uri(spec.output)} "
+                        "had an error")
+            if plan.retry.num_rows and drop_rows(spec.output, found, plan.retry, job_id, cfg.storage.options):
+                # a part that no longer read was quarantined: its rows are redone
+                found.close()
+                found = scan_output(spec.output, cfg.storage.options)
+                plan = plan_resume(scanned, found)
+    finally:
+        if found is not None:
+            found.close()
+    if plan.done:
+        console.say(f"shardscribe: resuming: {plan.done} of {scanned.rows} recordings already in "
                     f"{redact_uri(spec.output)}")
-    rows = source.excluding(done) if done else source
-    return _transcribe(spec, cfg, ids, todo, rows, scanned.items, job_hash, formats, job_id, on_progress, console)
+    if plan.conflicts:
+        console.say(f"shardscribe: adding {plan.conflicts} recordings whose ids {redact_uri(spec.output)} holds "
+                    "from another source under distinct ids (<id>~<hash of the source>)")
+    items = plan.work_items(scanned.items)
+    return _transcribe(spec, cfg, scanned, plan, source, items, job_hash, formats, job_id, on_progress, console)
 
 
 def _other_config(hashes: dict, job_hash: str, spec: JobSpec) -> str | None:
@@ -224,24 +283,25 @@ def _other_config(hashes: dict, job_hash: str, spec: JobSpec) -> str | None:
             "and add only the missing recordings")
 
 
-def _transcribe(spec: JobSpec, cfg, ids: list[str], todo: list[str], rows, items, job_hash, formats, job_id: str,
+def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, formats, job_id: str,
                 on_progress, console: JobConsole) -> dict:
-    """Run the job over ``rows`` (the source less the done ids; ``todo`` are its ids),
-    summarize and commit."""
+    """Run the job over the work ``items`` of the source ``rows`` (each carrying its
+    share of the resume ``plan``: pipeline.resume), summarize and commit."""
     from actors.plan import JobStalled
     from pipeline.output import SUMMARY_NAME, LockLost, summarize
     from pipeline.storage import redact_uri
 
     dst = redact_uri(spec.output)
+    todo = plan.todo
 
     def report(rows_done: int, audio_s: float, errors: int, final: bool = False) -> None:
         if on_progress is not None:
-            on_progress(JobProgress(len(todo), rows_done, audio_s, errors, final))
+            on_progress(JobProgress(todo, rows_done, audio_s, errors, final))
 
     with console.session(spec.output):
         # The audit kind (`shardscribe validate`) loads no model: it reads and segments.
         verb = "validating" if cfg.decoder.kind == "audit" else "transcribing"
-        console.say(f"shardscribe: {verb} {len(todo)} recordings with config {cfg.name} ({spec.runner} runner)"
+        console.say(f"shardscribe: {verb} {todo} recordings with config {cfg.name} ({spec.runner} runner)"
                     + (f"; Ray and worker output: {console.url}" if console.captures_output else ""))
         start, started_at = time.perf_counter(), time.time()
         ray_was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
@@ -252,8 +312,8 @@ def _transcribe(spec: JobSpec, cfg, ids: list[str], todo: list[str], rows, items
                 _dispatch(spec.runner, rows, items, cfg, spec.output, report, job_id, second_stage.update)
         except KeyboardInterrupt as exc:
             _release_ray(spec.runner, ray_was_up)
-            raise JobInterrupted(f"the rows committed so far stay in {dst}; the same command resumes after "
-                                 "them") from exc
+            raise JobInterrupted(f"{describe(exc)}: the rows committed so far stay in {dst}; the same command "
+                                 "resumes after them") from exc
         except JobStalled as exc:
             _release_ray(spec.runner, ray_was_up)
             raise JobFailed(str(exc), code=3) from exc
@@ -269,11 +329,11 @@ def _transcribe(spec: JobSpec, cfg, ids: list[str], todo: list[str], rows, items
             raise JobFailed(f"the job stopped: {_last_line(exc)}{details}") from exc
         _release_ray(spec.runner, ray_was_up)
         wall = time.perf_counter() - start
-        summary = JobSummary(summarize(spec.output, ids, {
-            "config": cfg.name, "config_hash": job_hash, "runner": spec.runner, "run_rows": len(todo),
-            "skipped_existing": len(ids) - len(todo), "started_at": started_at, "wall_seconds": wall,
+        summary = JobSummary(summarize(spec.output, plan.wanted(scanned), {
+            "config": cfg.name, "config_hash": job_hash, "runner": spec.runner, "run_rows": todo,
+            "skipped_existing": scanned.rows - todo, "started_at": started_at, "wall_seconds": wall,
             "log": console.url, **({"second_stage": second_stage} if second_stage else {}),
-        }, run_ids=set(todo), options=cfg.storage.options))
+        }, options=cfg.storage.options))
         try:
             # The formats first, then the summary and _SUCCESS: a consumer waiting for
             # _SUCCESS never reads a partial set of subtitle files.
@@ -281,6 +341,9 @@ def _transcribe(spec: JobSpec, cfg, ids: list[str], todo: list[str], rows, items
             commit(spec.output, cfg, summary)
         except LockLost as exc:
             raise JobFailed(str(exc), code=2) from exc
+        except KeyboardInterrupt as exc:
+            raise JobInterrupted(f"{describe(exc)} while writing the formats or the summary: every row is committed "
+                                 f"in {dst}, _SUCCESS is not; the same command writes them") from exc
         if todo:
             report(summary["run_rows_out"], summary["run_audio_seconds"], summary["run_errors"], final=True)
     if summary["rows_out"] != summary["rows_in"] or summary["duplicate_rows"]:
@@ -314,9 +377,8 @@ def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_s
             count(out)
             report(*totals[0])
 
-        with _sigterm_as_interrupt():
-            run_local(rows, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id, items=items,
-                      on_second_stage=on_second_stage)
+        run_local(rows, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id, items=items,
+                  on_second_stage=on_second_stage)
         return
     from actors.plan import init_ray, run_ray
     from actors.progress import hide_ray_data_progress
@@ -333,41 +395,20 @@ def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_s
     watcher = threading.Thread(target=poll, name="progress", daemon=True)
     watcher.start()
     try:
-        # After init_ray: ray.init installs its own SIGTERM handler, which ends the driver
-        # where it stands and leaves the local instance's agents running.
-        with _sigterm_as_interrupt():
-            run_ray(rows, cfg, dst, items=items, on_batch=count, job_id=job_id, on_second_stage=on_second_stage)
+        run_ray(rows, cfg, dst, items=items, on_batch=count, job_id=job_id, on_second_stage=on_second_stage)
     finally:
         stop.set()
         watcher.join()
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """A scheduler's SIGTERM (preemption, a cancelled job) ends the run as Ctrl-C does, so
-    the runner commits its finished rows and Ray is shut down, instead of the process
-    dying where it stands. Only in the main thread (where Python delivers signals)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _release_ray(runner: str, was_up: bool) -> None:
-    """Disconnect from the Ray instance this job started or joined; a driver that was
-    already connected (a caller's session, a test's cluster) stays connected."""
+    """Disconnect from the Ray instance this job started or joined, and stop what the
+    instance it started runs, agents and workers included (actors.ray_local); a driver
+    that was already connected (a caller's session, a test's cluster) stays connected."""
     if runner == "ray" and not was_up:
-        from actors.progress import shutdown_ray
+        from actors.ray_local import stop
 
-        shutdown_ray()
+        stop()
 
 
 def _write_formats(dst: str, formats: list[str], options: dict) -> list[str]:
