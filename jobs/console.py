@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from pipeline.output import SIDECAR_DIR, sidecar_path
+from pipeline.output import sidecar_path
 
 
 class JobLog:
@@ -200,13 +200,57 @@ def summary_table(summary: dict) -> list[str]:
     return [f"  {k:<{width}}  {v}" for k, v in rows]
 
 
-def output_lines(dst: str, log_url: str | None) -> list[str]:
-    """Where the output is (never with the credentials a URI may carry), and one line on how
-    to read it."""
+def installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def readers(dst: str) -> list[str]:
+    """How to read DST's rows, with only the libraries installed here (pyarrow always is)."""
+    out = [f'pyarrow.parquet.read_table("{dst}")']
+    if installed("pandas"):
+        out.insert(0, f'pandas.read_parquet("{dst}")')
+    if installed("datasets"):
+        out.append(f'datasets.load_dataset("parquet", data_dir="{dst}")')
+    return out
+
+
+def output_lines(dst: str, log_url: str | None, written: list[str] | None = None) -> list[str]:
+    """Where each output is (never with the credentials a URI may carry): the Parquet parts,
+    the format files, the summary and log; then how to read the parts, naming only readers
+    that are installed."""
+    from pipeline.output import SUMMARY_NAME
     from pipeline.storage import redact_uri
 
-    dst = redact_uri(dst)
-    lines = [f"Output: {dst}  (Parquet parts; summary" + (", log" if log_url else "")
-             + f" and extras in {SIDECAR_DIR}/)"]
-    lines.append(f'Read it: pandas.read_parquet("{dst}") or datasets.load_dataset("parquet", data_dir="{dst}")')
+    dst = redact_uri(dst).rstrip("/")
+    lines = [f"Output: {dst}/  (the Parquet parts: one row per recording)"]
+    for item in written or []:
+        lines.append(f"  formats: {dst}/{item}")
+    lines.append(f"  summary: {dst}/{SUMMARY_NAME}")
+    if log_url:
+        lines.append(f"  log:     {log_url}")
+    lines.append("Read it: " + " or ".join(readers(dst)))
+    return lines
+
+
+# Transcripts longer than this are cut on the console (the rows keep them whole).
+TRANSCRIPT_CHARS = 400
+
+
+def transcript_lines(dst: str) -> list[str]:
+    """One line per row of DST, sorted by id: the id and its text (or its error), for a job
+    small enough to read on the console."""
+    from pipeline.output import iter_output
+
+    rows = [r for batch in iter_output(dst, ["id", "text", "error", "language"]) for r in batch]
+    lines = []
+    for r in sorted(rows, key=lambda r: r["id"]):
+        text = f"[error] {r['error']}" if r["error"] else " ".join((r["text"] or "").split())
+        if len(text) > TRANSCRIPT_CHARS:
+            text = text[:TRANSCRIPT_CHARS - 3] + "..."
+        lines.append(f"{r['id']}" + (f" [{r['language']}]" if r.get("language") else "") + f": {text}")
     return lines

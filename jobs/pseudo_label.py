@@ -64,7 +64,7 @@ def export(args: argparse.Namespace, spec: JobSpec | None = None) -> int:
     from actors.job import export_pseudo_labels
 
     if spec is None:
-        spec = JobSpec(input=args.input, output=args.output, config=args.config, overrides=list(args.overrides),
+        spec = JobSpec(input=args.input, output=args.output, config=args.config, overrides=transcribe.overrides_of(args),
                        model=args.model, audio_column=args.audio_column, text_column=args.text_column)
     data, written = export_pseudo_labels(spec, args.min_confidence, args.keep_fraction)
     print(f"Pseudo-labels: kept {data['kept']} of {data['rows']} rows ({data['errors']} errors, "

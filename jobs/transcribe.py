@@ -20,6 +20,8 @@ from actors.job.spec import JobConsole, JobError, JobIncomplete, JobProgress, Jo
 
 COMMAND = "transcribe"
 LOG_NAME = "transcribe.log"
+# A job of fewer recordings prints its transcripts at the end (--print / --quiet decide).
+PRINT_UNDER = 10
 
 
 EXAMPLES = """examples:
@@ -69,9 +71,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, help="folder/glob of audio, JSONL manifest or Parquet")
     parser.add_argument("--output", required=True, help="output directory (any fsspec URL)")
     parser.add_argument("--config", default=None, help="conf/<name>.yaml name or path (default: default)")
-    parser.add_argument("--model", default=None, metavar="DIR|ID",
-                        help="a checkpoint (local directory or cached Hugging Face id): its family is "
-                        "read from its config.json; the config's decoder kind runs on it")
+    parser.add_argument("--model", default=None, metavar="NAME|DIR|ID",
+                        help="a shipped model (tiny.en, the default; base: multilingual Whisper base), a "
+                        "checkpoint directory or a Hugging Face id (read from the local cache; downloaded "
+                        "only with --allow-download): its family is read from its config.json; without "
+                        "--config a Whisper model other than tiny.en runs with the ar config")
+    parser.add_argument("--allow-download", action="store_true",
+                        help="download a --model hub id that is not in the local cache (model.allow_download)")
+    parser.add_argument("--language", default=None, metavar="CODE|auto",
+                        help="the speech's language (model.language): a code such as es, or auto to detect "
+                             "it per segment (multilingual models; written on each row)")
+    parser.add_argument("--task", default=None, choices=["transcribe", "translate"],
+                        help="model.task: translate decodes into English (multilingual models)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set decoder.max_new_tokens=128")
     parser.add_argument("--runner", choices=["ray", "local"], default="ray",
@@ -91,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry-errors", action="store_true",
                         help="transcribe again the recordings whose row in DST has an error (a mount or "
                              "bucket that was down, a timeout); their old rows are replaced")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--print", dest="print_transcripts", action="store_const", const=True, default=None,
+                       help=f"print every transcript (id and text) at the end; by default a job of fewer "
+                            f"than {PRINT_UNDER} recordings does")
+    shown.add_argument("--quiet", dest="print_transcripts", action="store_const", const=False,
+                       help="print no transcripts at the end")
     parser.add_argument("--verbose", action="store_true",
                         help="show Ray's and the workers' output on the console instead of only in the log")
     parser.add_argument("--progress-interval", type=float, default=10.0, metavar="S",
@@ -102,13 +119,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: text, sentence, transcription, transcript, normalized_text)")
 
 
+def overrides_of(args: argparse.Namespace) -> list[str]:
+    """``--set`` items, then the flags that stand for keys (they win over a ``--set``)."""
+    flags = {"model.language": getattr(args, "language", None), "model.task": getattr(args, "task", None),
+             "model.allow_download": "true" if getattr(args, "allow_download", False) else None}
+    return list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
+
+
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
     """The job the options describe."""
-    return JobSpec(input=args.input, output=args.output, config=args.config, overrides=list(args.overrides),
+    return JobSpec(input=args.input, output=args.output, config=args.config, overrides=overrides_of(args),
                    model=args.model, runner=args.runner, formats=args.format, overwrite=args.overwrite,
                    resume=args.resume, retry_errors=args.retry_errors, dry_run=args.dry_run,
                    audio_column=args.audio_column, text_column=args.text_column, verbose=args.verbose,
-                   progress_interval=args.progress_interval)
+                   progress_interval=args.progress_interval, print_transcripts=args.print_transcripts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,23 +158,25 @@ def execute(spec: JobSpec) -> int:
     if spec.dry_run:
         print(f"shardscribe: {result['message']}")
     else:
+        if spec.print_transcripts or (spec.print_transcripts is None and result.get("rows_in", 0) < PRINT_UNDER):
+            from jobs.console import transcript_lines
+
+            for line in transcript_lines(spec.output):
+                print(line)
         closing(spec.output, result)
     return 0
 
 
 def closing(dst: str, summary: dict) -> None:
-    """The closing table, where the output is, the format files, and a warning about rows
-    of other inputs."""
+    """The closing table, where each output is, and warnings: rows of other inputs, rows
+    an English-only model could not transcribe."""
     from jobs.console import output_lines, summary_table
     from pipeline.storage import redact_uri
 
     for line in summary_table(summary):
         print(line)
-    for line in output_lines(dst, summary.get("log")):
+    for line in output_lines(dst, summary.get("log"), getattr(summary, "written", None)):
         print(line)
-    written = getattr(summary, "written", None)
-    if written:
-        print(f"Formats: {', '.join(written)}")
     if summary.get("extra_rows"):
         print(f"shardscribe: warning: {redact_uri(dst)} also holds {summary['extra_rows']} rows whose ids "
               "are not in this input (an earlier job's); they are kept, and left out of the summary",

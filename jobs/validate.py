@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         job = JobSpec(input=args.input, output=output, config=args.config, runner=args.runner,
                       overrides=list(args.overrides) + ["decoder.kind=audit", "model.device=cpu"],
                       audio_column=args.audio_column, text_column=args.text_column, overwrite=args.overwrite,
-                      resume=args.resume, retry_errors=args.retry_errors)
+                      resume=args.resume, retry_errors=args.retry_errors, print_transcripts=False)
         if args.output:
             code = transcribe.execute(job)
         else:

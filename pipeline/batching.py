@@ -22,3 +22,13 @@ def pack_by_budget(costs: list[int], budget: int) -> list[list[int]]:
     if current:
         batches.append(current)
     return batches
+
+
+def equal_length_buckets(lengths: list[int]) -> list[list[int]]:
+    """Item indices grouped by exact length, in first-seen order: batches that need no
+    padding, for a model whose padding leaks into the valid frames (a norm or convolution
+    that reads the whole time axis before any mask applies)."""
+    buckets: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        buckets.setdefault(n, []).append(i)
+    return list(buckets.values())

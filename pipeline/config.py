@@ -296,7 +296,13 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     (``--set ssd.presets.high_rtfx.gate_verify_tau=null``)."""
     data = _over_defaults(_read_yaml(resolve_config_path(name_or_path)))
     if model:
-        use_model(data, model)
+        allow = _allow_download(data, overrides or [])
+        use_model(data, model, allow_download=allow)
+        if name_or_path is None and _needs_ar_default(data):
+            # The default (ssd) drafts with the embedded CTC head, which fits tiny.en only:
+            # any other Whisper model runs with the plain AR decoder unless --config says.
+            data = _over_defaults(_read_yaml(resolve_config_path("ar")))
+            use_model(data, model, allow_download=allow)
     overridden = set()
     for item in overrides or []:
         path, value = parse_override(item, data)
@@ -334,22 +340,40 @@ def _drop_inherited_ctc_head(data: dict, overridden: set) -> None:
         model["ctc_head"] = None
 
 
-def use_model(data: dict, source: str) -> None:
+def _allow_download(data: dict, overrides: list[str]) -> bool:
+    """model.allow_download as the config and its overrides set it: --model reads the
+    checkpoint's config.json before the overrides are applied."""
+    value = (data.get("model") or {}).get("allow_download", False) if isinstance(data.get("model"), dict) else False
+    for item in overrides:
+        path, parsed = parse_override(item, data)
+        if path == ["model", "allow_download"]:
+            value = parsed
+    return value is True
+
+
+def _needs_ar_default(data: dict) -> bool:
+    model = data.get("model") or {}
+    return model.get("family") == "whisper" and model.get("source") != "embedded"
+
+
+def use_model(data: dict, source: str, allow_download: bool = False) -> None:
     """Point the config at checkpoint ``source`` (``--model``): its family from the
     checkpoint's architecture (pipeline.models.preflight.family_of_checkpoint), no Whisper
     CTC head on a model without one, and no window packing where the family cannot pack,
     so a named config (``--config ctc_beam``) runs its decoder kind on any model that can."""
-    from pipeline.models.preflight import family_of_checkpoint
+    from pipeline.models.preflight import family_of_checkpoint, shipped_model
 
+    named = shipped_model(source)
     try:
-        family = family_of_checkpoint(source)
+        family, source = named or (family_of_checkpoint(source, allow_download), source)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if not isinstance(data.get("model"), dict):   # "model:" left empty in the YAML: the defaults
         data["model"] = {}
     model = data["model"]
     model.update(source=source, family=family)
-    if not _has_key(model, "ctc_head"):
+    # The embedded CTC head reads tiny.en's encoder: no other shipped model takes it.
+    if not _has_key(model, "ctc_head") or (named and source != "embedded"):
         model["ctc_head"] = None
     if PACKABLE not in _families()[family].capabilities(_build_model(model)):
         data["decoder"]["pack_windows"] = False
@@ -377,7 +401,7 @@ def config_from_dict(data: dict) -> JobConfig:
 # how the storage is reached belong here too: a resume that raises the read timeout for a
 # slow mount, or moves to another endpoint, is the same job. An options dataclass adds its
 # own as EXECUTION_KEYS (field names).
-_EXECUTION_KEYS = {"name", "ray", "batching", "model.cache_dir", "model.num_threads", "model.device",
+_EXECUTION_KEYS = {"name", "ray", "batching", "model.cache_dir", "model.allow_download", "model.num_threads", "model.device", "model.compile",
                    "pseudo_label", "output", "storage", "audio.read_timeout_s", "second_stage"}
 
 
@@ -405,6 +429,28 @@ def config_hash(cfg: JobConfig) -> str:
     registered family's keys (at their defaults where the family has none), so a model
     hashes the same whichever families are registered beside its own."""
     import hashlib
+    import json
+
+    text = json.dumps(hashed_config(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def config_differences(old: dict, new: dict) -> list[tuple[str, object, object]]:
+    """(dotted key, old value, new value) for each key two ``hashed_config`` mappings
+    disagree on, in key order."""
+    out = []
+    for section in sorted(set(old) | set(new)):
+        a, b = old.get(section), new.get(section)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [(f"{section}.{k}", a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif a != b:
+            out.append((section, a, b))
+    return out
+
+
+def hashed_config(cfg: JobConfig) -> dict:
+    """What ``config_hash`` hashes: the config's sections without the execution-only keys,
+    ``<key>@content`` beside each file reference, as plain JSON values."""
     import json
 
     from pipeline.file_fingerprint import fingerprint
@@ -438,5 +484,4 @@ def config_hash(cfg: JobConfig) -> str:
         value = stripped.get(section, {}).get(key)
         if isinstance(value, str) and value != "embedded":
             stripped[section][f"{key}@content"] = fingerprint(value, cfg.storage.options)
-    text = json.dumps(stripped, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return json.loads(json.dumps(stripped, sort_keys=True, default=str))

@@ -23,9 +23,16 @@ class ModelConfig:
     device: str = "auto"              # auto | cpu | cuda | cuda:N
     dtype: str = "float32"            # float32 | float16 | bfloat16
     cache_dir: str | None = None      # converted checkpoints; default ~/.cache/shardscribe
+    # A Hugging Face id not in the local cache is downloaded before any worker starts
+    # (--allow-download); false: refused in one line saying how to fetch it. Not in config_hash.
+    allow_download: bool = False
     # torch intra-op threads per model worker; 0: OMP_NUM_THREADS (Ray sets it to an actor's
     # CPUs), else the physical cores the process may use (pipeline.device.worker_threads)
     num_threads: int = 0
+    # torch.compile the encoder (pipeline.models.compile): one static-shape graph per batch
+    # shape the buckets produce; the first batch of each shape pays the compile. Same texts
+    # within float tolerance; not in config_hash.
+    compile: bool = False
     options: object = field(default=None, repr=False)   # the family's options (a dataclass) or None
 
     def __post_init__(self):
@@ -71,6 +78,7 @@ class ModelConfig:
 
 @dataclass
 class DecoderConfig:
+    EXECUTION_KEYS = ("use_cuda_graphs",)   # not in config_hash: the same tokens either way
     kind: str = "ar"                  # a registered decoder kind (pipeline.decoders)
     max_new_tokens: int = 224
     # Several short clips per encoder pass, isolated from each other (pipeline.packing:
@@ -82,6 +90,10 @@ class DecoderConfig:
     # A token map (`shardscribe build-token-map`) to draft with in greedy AR decoding, the
     # ar kind's and SSD's fallback (section token_map); null: off.
     token_map: str | None = None
+    # Greedy AR decoding (ar, SSD's fallback) over a static KV cache with its step replayed
+    # as a CUDA graph on CUDA devices (pipeline.decoding.ar_static_graphs); the CPU keeps
+    # the eager loop, which is faster there (docs/ar.md). Same tokens either way.
+    use_cuda_graphs: bool = True
 
     def validate(self, key: str) -> None:
         at_least(f"{key}.max_new_tokens", self.max_new_tokens, 1)

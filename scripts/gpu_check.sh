@@ -34,6 +34,7 @@ WORK=${GPU_CHECK_WORK:-/tmp/gpu_check_work}
 # tiny.en's tokenizer, feature extractor and configs (written from the embedded model where
 # the directory does not exist yet: here, never on the GPU machine, which lacks that model)
 if [ "$QUICK" = 1 ]; then PROCESSOR=${PROCESSOR:-$WORK/processor}; else PROCESSOR=${PROCESSOR:-$WHEELS/processor}; fi
+export PROCESSOR   # the CUDA tests build their toy Whisper with its tokenizer
 mkdir -p "$OUT" "$WORK"
 : > "$OUT/steps.jsonl"
 
@@ -41,10 +42,10 @@ if [ "$QUICK" = 1 ]; then
     CLIPS=${CLIPS:-16}; DEVICE=cpu; BENCH_ARGS=(--quick --device cpu --batch 6)
     LIMIT_TESTS=120; LIMIT_BENCH=240; LIMIT_JOB=300
 else
-    # Worst case, every step at its limit: 30 + 60 + 180 + 90 + 2 x 50 = 460 s, plus the
+    # Worst case, every step at its limit: 30 + 90 + 180 + 90 + 2 x 50 = 490 s, plus the
     # wheels' install: under 8 minutes.
     CLIPS=${CLIPS:-256}; DEVICE=cuda; BENCH_ARGS=(--pool 8,32 --rounds 2)
-    LIMIT_TESTS=60; LIMIT_BENCH=180; LIMIT_JOB=50
+    LIMIT_TESTS=90; LIMIT_BENCH=180; LIMIT_JOB=50
 fi
 
 if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
@@ -74,8 +75,10 @@ print(json.dumps({'python': platform.python_version(), 'torch': torch.__version_
                   'device': torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}))" 
 cp "$OUT/env.log" "$OUT/env.json" 2>/dev/null
 
-# 2. CUDA tests: the files whose tests skip without CUDA (graph replay = eager, NGPU-LM GPU = CPU).
-step cuda_tests "$LIMIT_TESTS" "$PY" -m pytest -q -p no:cacheprovider tests/test_beam_graphs.py tests/test_lm_ngpu.py \
+# 2. CUDA tests: the files whose tests skip without CUDA (graph replay = eager for the CTC
+#    beam, greedy AR and SSD's seeded fallback, the transducer loops; NGPU-LM GPU = CPU).
+step cuda_tests "$LIMIT_TESTS" "$PY" -m pytest -q -p no:cacheprovider \
+    tests/test_beam_graphs.py tests/test_lm_ngpu.py tests/test_ar_static.py tests/test_transducer_static.py \
     -k "cuda or graph"
 
 # 3. The regimes bench with the pooled rows.

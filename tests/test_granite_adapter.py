@@ -162,14 +162,17 @@ def test_batched_audio_embeddings_match_transformers_masked_merge(setup):
     T = max(FRAMES)
     padded = torch.stack([torch.nn.functional.pad(f, (0, 0, 0, T - len(f))) for f in feats])
     enc = ad.encode_features(padded, torch.tensor(FRAMES))
+    # The reference: each clip alone, unpadded (the conformer takes no mask, so a padded
+    # batch would change a shorter clip's states).
     with torch.no_grad():
-        theirs = model.get_audio_features(padded).pooler_output
+        theirs = [model.get_audio_features(f[None]).pooler_output[0] for f in feats]
     # GraniteSpeechFeatureExtractor's input_features_mask: 3 embeddings per started 15 frames.
     counts = [math.ceil(t / 15) * 3 for t in FRAMES]
-    mask = torch.arange(theirs.shape[1])[None, :] < torch.tensor(counts)[:, None]
     embeds, valid = split_states(enc.states)
     assert valid.sum(1).tolist() == counts == enc.valid_frames.tolist()
-    torch.testing.assert_close(embeds[valid], theirs[mask], rtol=0, atol=1e-6)
+    for b, n in enumerate(counts):
+        assert theirs[b].shape[0] == n
+        torch.testing.assert_close(embeds[b, :n], theirs[b], rtol=0, atol=1e-6)
 
 
 def test_logits_are_divided_by_logits_scaling(setup):
@@ -188,16 +191,15 @@ def test_ctc_draft_is_greedy_ctc_over_the_encoder_out_head(setup):
     T = max(FRAMES)
     padded = torch.stack([torch.nn.functional.pad(f, (0, 0, 0, T - len(f))) for f in feats])
     draft = ad.ctc_draft(ad.encode_features(padded, torch.tensor(FRAMES)))
-    with torch.no_grad():
-        hidden = model.model.encoder(padded).last_hidden_state
-        logp = model.model.encoder.out(hidden).log_softmax(-1)
     for b, t in enumerate(FRAMES):
-        path, prev, text = logp[b, :t].argmax(-1).tolist(), 0, ""
+        with torch.no_grad():     # each clip alone, unpadded
+            logp = model.model.encoder.out(model.model.encoder(feats[b][None]).last_hidden_state)[0].log_softmax(-1)
+        path, prev, text = logp[:t].argmax(-1).tolist(), 0, ""
         for a in path:  # collapse repeats, then drop blanks
             if a != prev and a != 0:
                 text += CTC_VOCAB[a]
             prev = a
-        entropy = -(logp[b, :t].exp() * logp[b, :t]).sum(-1)
+        entropy = -(logp[:t].exp() * logp[:t]).sum(-1)
         assert draft.texts[b] == text
         assert float(draft.max_entropy[b]) == pytest.approx(float(entropy.max()), abs=1e-5)
     assert any(draft.texts)

@@ -176,3 +176,11 @@ def test_detected_language_lands_on_the_row(tmp_path, model_cache):
         assert row["error"] is None, row["error"]
         assert row["language"] == voice and row["language_prob"] > 0.5, (voice, row["language"], row["language_prob"])
         assert sum(w in row["text"].lower() for w in words) >= 2, row["text"]
+
+
+def test_row_language_is_the_prompts_when_unset(base_adapter, encoded):
+    """model.language unset on a multilingual model decodes in English: the rows say en,
+    not null."""
+    _, states, _ = encoded
+    _, languages, probs = base_adapter.language_prompts(states[:2])
+    assert languages == ["en", "en"] and probs == [None, None]

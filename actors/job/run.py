@@ -213,9 +213,12 @@ def hold_output(dst: str, cfg):
 
 def commit(dst: str, cfg, summary: dict) -> bool:
     """The job commit: the summary, then the success marker when rows in == rows out."""
+    from pipeline.config_record import record_config
     from pipeline.output import commit_job
 
     ok = summary["rows_out"] == summary["rows_in"] and not summary["duplicate_rows"]
+    # The config beside its rows: a later job with another config is refused naming the keys.
+    record_config(dst, cfg, summary["config_hash"], cfg.storage.options)
     commit_job(dst, summary, ok, cfg.storage.options)
     return ok
 
@@ -275,12 +278,31 @@ def _other_config(hashes: dict, job_hash: str, spec: JobSpec) -> str | None:
     other = {h: n for h, n in hashes.items() if h != job_hash}
     if not other or spec.resume:
         return None
-    made_by = ", ".join(f"{n} by config {h or '(unrecorded)'}" for h, n in other.items())
+    from pipeline.config import config_differences, hashed_config, load_config
+    from pipeline.config_record import recorded_config
     from pipeline.storage import redact_uri
 
-    return (f"{redact_uri(spec.output)} already holds rows made by another config ({made_by}); this job's config is "
-            f"{job_hash}. Pass --overwrite to transcribe everything again, or --resume to keep those rows "
-            "and add only the missing recordings")
+    cfg = load_config(spec.config, list(spec.overrides), model=spec.model)
+    mine = hashed_config(cfg)
+    made_by = []
+    for h, n in other.items():
+        record = recorded_config(spec.output, h, cfg.storage.options) if h else None
+        if record is None:
+            made_by.append(f"{n} rows by config {h or '(unrecorded)'}")
+            continue
+        diff = config_differences(record["keys"], mine)
+        shown = "; ".join(f"{k} {_shown(a)} -> {_shown(b)}" for k, a, b in diff[:4])
+        more = f"; and {len(diff) - 4} more keys" if len(diff) > 4 else ""
+        made_by.append(f"{n} rows by config {record.get('config')} ({h}), whose keys differ (theirs -> this "
+                       f"job's): {shown}{more}")
+    return (f"{redact_uri(spec.output)} already holds rows made by another config: {', '.join(made_by)}; this "
+            f"job's config is {cfg.name} ({job_hash}). Pass --overwrite to transcribe everything again, or "
+            "--resume to keep those rows and add only the missing recordings")
+
+
+def _shown(value) -> str:
+    text = "null" if value is None else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, formats, job_id: str,

@@ -19,8 +19,9 @@ class JobSpec:
     URL); ``output``: the output folder. ``config``: a conf/<name>.yaml name or a path
     (None: default); ``overrides``: ``KEY=VALUE`` strings, as ``--set`` takes them;
     ``model``: a checkpoint (``--model``). ``formats``: ``"srt,vtt"`` or a list of names.
-    ``overwrite``/``resume``/``retry_errors``/``dry_run``: as their flags. ``verbose`` and
-    ``progress_interval`` are for the caller's console (the job does not read them)."""
+    ``overwrite``/``resume``/``retry_errors``/``dry_run``: as their flags. ``verbose``,
+    ``progress_interval`` and ``print_transcripts`` (``--print`` True, ``--quiet`` False,
+    None: a small job's) are for the caller's console (the job does not read them)."""
 
     input: str
     output: str
@@ -37,6 +38,7 @@ class JobSpec:
     text_column: str | None = None
     verbose: bool = False
     progress_interval: float = 10.0
+    print_transcripts: bool | None = None
 
     @property
     def format_list(self) -> str:

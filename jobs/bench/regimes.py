@@ -260,6 +260,15 @@ def _ssd_on(adapter, label: str, encode, o) -> tuple[list[dict], dict]:
              "ctc_s": 0.0, "verify_s": 0.0, "fallback_s": t_ar, "rtfx": audio_s / (t_enc + t_ar),
              "vs_ar": 1.0, "fallback_equals_ar": None}]
     summary = {"ssd_tokens_per_row": float(np.mean([len(t) for t in ar]))}
+    static_fields, static = _static_ar(adapter, states, ar, t_ar, o)
+    rows[0].update(static_fields)
+    summary.update(static)
+    static_loop = None
+    if static_fields.get("static_s") is not None:
+        from pipeline.decoding.ar_static_graphs import StaticDecoding
+
+        # the fallback's static loop: CUDA graphs on a GPU, uncaptured on the CPU
+        static_loop = StaticDecoding() if o.device.type == "cuda" else StaticDecoding(cpu_static=True)
     for regime, (gated, accepted) in PAPER_RATES.items():
         n = o.batch
         n_gate = round(gated * n)
@@ -281,7 +290,7 @@ def _ssd_on(adapter, label: str, encode, o) -> tuple[list[dict], dict]:
         def verify():
             return verify_drafts(adapter, states[todo], drafts, 0.0, head_chunk=VERIFY_HEAD_CHUNK) if todo else None
 
-        def fallback(ver, pooled: int = 1):
+        def fallback(ver, pooled: int = 1, static=None):
             """The rejected rows' AR from their verified prefixes; ``pooled``: those of
             that many consecutive batches (the same rows again: seeds, states, prefixes)
             in one call."""
@@ -293,7 +302,7 @@ def _ssd_on(adapter, label: str, encode, o) -> tuple[list[dict], dict]:
                                      [ver.prompt_end + at[i] for i in rejected], [ar[i][at[i]] for i in rejected])
             limit = max(len(ar[i]) - at[i] for i in rejected)
             return greedy_decode(adapter, states[rejected * pooled], prefixes=[ar[i][:at[i]] for i in rejected] * pooled,
-                                 max_new_tokens=limit, seeds=seeds * pooled)
+                                 max_new_tokens=limit, seeds=seeds * pooled, static=static)
 
         with torch.inference_mode():
             ver, t_ver = _best(verify, o.device, o.rounds)
@@ -306,6 +315,14 @@ def _ssd_on(adapter, label: str, encode, o) -> tuple[list[dict], dict]:
                      "vs_ar": (t_enc + t_ar) / total, "fallback_rows": len(rejected),
                      "fallback_equals_ar": float(np.mean(same)) if same else None})
         summary[f"ssd_{regime}_vs_ar"] = (t_enc + t_ar) / total
+        if static_loop is not None and rejected:
+            # the same fallback over the static cache (graphs on CUDA), seeded the same way
+            with torch.inference_mode():
+                out_s, t_s = _best(lambda: fallback(verify(), static=static_loop), o.device, o.rounds)
+            t_s = max(0.0, t_s - t_ver)
+            rows[-1].update({"fallback_static_s": t_s, "fallback_static_vs_eager": t_fb / t_s if t_s else None,
+                             "fallback_static_equals_eager": out_s == out})
+            summary[f"ssd_{regime}_fallback_static_equals_eager"] = out_s == out
         for n_pool in o.pool:
             # One call for the rejected rows of n_pool batches; each batch's share of it.
             with torch.inference_mode():
@@ -320,6 +337,42 @@ def _ssd_on(adapter, label: str, encode, o) -> tuple[list[dict], dict]:
                          "fallback_equals_ar": float(np.mean(same_p)) if same_p else None})
             summary[f"ssd_{regime}_pooled{n_pool}_vs_ar"] = (t_enc + t_ar) / total_p
     return rows, summary
+
+
+def _static_ar(adapter, states, ar, t_ar: float, o) -> tuple[dict, dict]:
+    """Full AR's greedy loop over a static KV cache (pipeline.decoding.ar_static) next to
+    the eager loop's ``ar`` (``t_ar`` s): uncaptured (``static_*``), and on CUDA replayed as
+    CUDA graphs (``graphs_*``; the bucket's capture happens in the untimed warm-up). Fields
+    for the full-AR row: the loop's seconds, its speed ratio to eager (``*_vs_eager``) and
+    the share of rows whose tokens equal eager's (``*_equals_eager``); graphs also against
+    the uncaptured static loop, which they must equal. None where the model has no
+    static step (the eager loop decodes it)."""
+    import torch
+
+    from pipeline.decoding.ar_greedy import greedy_decode
+    from pipeline.decoding.ar_static_steps import static_step
+    from pipeline.decoding.ar_static_graphs import StaticDecoding
+
+    if static_step(adapter) is None:
+        return {"static_s": None}, {}
+    variants = [("static", StaticDecoding(cpu_static=True, capture=False))]
+    if o.device.type == "cuda":
+        variants.append(("graphs", StaticDecoding()))
+    fields, summary, outs = {}, {}, {}
+    for name, static in variants:
+        with torch.inference_mode():
+            outs[name], t = _best(lambda: greedy_decode(adapter, states, max_new_tokens=o.tokens, static=static),
+                                  o.device, o.rounds)
+        same = float(np.mean([a == b for a, b in zip(outs[name], ar)]))
+        fields.update({f"{name}_s": t, f"{name}_vs_eager": t_ar / t, f"{name}_equals_eager": same})
+        summary.update({f"ssd_ar_{name}_vs_eager": t_ar / t, f"ssd_ar_{name}_equals_eager": same})
+    if "graphs" in outs:
+        fields["graphs_equal_static"] = outs["graphs"] == outs["static"]
+        fields["graphs_failed"] = bool(adapter.__dict__.get("_ar_graphs", {}).get("failed"))
+        summary["ssd_ar_graphs_equal_static"] = fields["graphs_equal_static"]
+        summary["ssd_ar_graphs_failed"] = fields["graphs_failed"]
+    adapter.__dict__.pop("_ar_graphs", None)    # free the bucket's buffers before SSD
+    return fields, summary
 
 
 def _decoder_row(section: str, regime: str, t_enc: float, t_dec: float, t_greedy: float, audio_s: float) -> dict:
@@ -437,32 +490,74 @@ def ctc_beam_regime(o) -> tuple[list[dict], dict]:
 
 # --------------------------------------------------------------------------- transducer
 def transducer_regime(o) -> tuple[list[dict], dict]:
+    """TDT greedy and ALSD++ beam 4 on parakeet-tdt-0.6b's shape, AES++ beam 4 on an RNN-T
+    predictor and joint of the same shape over the same frames; each loop eager and on its
+    static path (CUDA graphs on a GPU, the static buffers uncaptured on a CPU): speed ratio
+    and equality (tokens, frames, scores)."""
+    import math
+
     import torch
-    from transformers import ParakeetFeatureExtractor, ParakeetForTDT, ParakeetTDTConfig
+    from transformers import (ParakeetFeatureExtractor, ParakeetForRNNT, ParakeetForTDT, ParakeetRNNTConfig,
+                              ParakeetTDTConfig)
 
     from pipeline.decoding.transducer.greedy import transducer_greedy
+    from pipeline.decoding.transducer.label_looping import LabelLoopingGreedy
     from pipeline.decoding.transducer.search import TransducerBeamSearch
     from pipeline.models.transducer.adapter import TransducerAdapter
 
-    cfg = ParakeetTDTConfig(**({"encoder_config": TOY_PARAKEET, "vocab_size": 257, "blank_token_id": 256,
-                                "decoder_hidden_size": 64} if o.quick else {}))
+    toy = {"vocab_size": 257, "blank_token_id": 256, "decoder_hidden_size": 64} if o.quick else {}
+    cfg = ParakeetTDTConfig(**({"encoder_config": TOY_PARAKEET} if o.quick else {}), **toy)
     torch.manual_seed(0)
     model = ParakeetForTDT(cfg).to(device=o.device, dtype=o.dtype).eval()
-    adapter = TransducerAdapter(model, ParakeetFeatureExtractor(feature_size=cfg.encoder_config.num_mel_bins),
-                                None, device=o.device)
+    fe = ParakeetFeatureExtractor(feature_size=cfg.encoder_config.num_mel_bins)
+    adapter = TransducerAdapter(model, fe, None, device=o.device)
+    # AES++ searches RNN-T: the same predictor/joint shape; its encoder is never run
+    rnnt_cfg = ParakeetRNNTConfig(encoder_config=TOY_PARAKEET, vocab_size=cfg.vocab_size,
+                                  blank_token_id=cfg.blank_token_id, decoder_hidden_size=cfg.decoder_hidden_size)
+    rnnt_model = ParakeetForRNNT(rnnt_cfg)
+    with torch.no_grad():   # random logits are flat: blank at 1/V would fill every frame to max_symbols
+        rnnt_model.joint.head.bias[cfg.blank_token_id] += math.log(cfg.vocab_size)
+    rnnt = TransducerAdapter(rnnt_model.to(device=o.device, dtype=o.dtype).eval(), fe, None, device=o.device)
     clips = _clips(o.batch, o.seconds, o.seed)
     audio_s = o.seconds * len(clips)
     enc, t_enc = _best(lambda: adapter.encode(clips), o.device, o.rounds)
     frames, lengths = enc.states, enc.valid_frames
     greedy, t_greedy = _best(lambda: transducer_greedy(adapter, frames, lengths), o.device, o.rounds)
-    search = TransducerBeamSearch(adapter, 4)
-    _, t_beam = _best(lambda: search(frames, lengths), o.device, o.rounds)
-    one = TransducerBeamSearch(adapter, 1)(frames, lengths)
+    search = TransducerBeamSearch(adapter, 4, loop="eager")
+    beam, t_beam = _best(lambda: search(frames, lengths), o.device, o.rounds)
+    one = TransducerBeamSearch(adapter, 1, loop="eager")(frames, lengths)
     rows = [_decoder_row("transducer", "greedy", t_enc, t_greedy, t_greedy, audio_s),
             _decoder_row("transducer", "alsd++ beam 4", t_enc, t_beam, t_greedy, audio_s)]
-    return rows, {"transducer_alsd4_vs_greedy": rows[1]["vs_greedy"],
-                  "transducer_tokens_per_row": float(np.mean([len(t) for t in greedy.tokens])),
-                  "transducer_beam1_equals_greedy": one.tokens == greedy.tokens}
+    summary = {"transducer_alsd4_vs_greedy": rows[1]["vs_greedy"],
+               "transducer_tokens_per_row": float(np.mean([len(t) for t in greedy.tokens])),
+               "transducer_beam1_equals_greedy": one.tokens == greedy.tokens,
+               "transducer_greedy_eager_share": t_greedy / (t_enc + t_greedy)}
+    fast = "cuda_graph" if o.device.type == "cuda" else "static"
+
+    def same(a, b) -> bool:
+        return a.tokens == b.tokens and a.frames == b.frames and bool(torch.equal(a.scores.cpu(), b.scores.cpu()))
+
+    def compare(name: str, label: str, eager_out, t_eager: float, fast_search, t_ref: float) -> float:
+        out, t_fast = _best(lambda: fast_search(frames, lengths), o.device, o.rounds)
+        if fast_search.last_loop != fast:
+            summary[f"transducer_{name}_{fast}_fell_back_to"] = fast_search.last_loop
+        rows.append(_decoder_row("transducer", f"{label} ({fast_search.last_loop})", t_enc, t_fast, t_ref, audio_s))
+        summary[f"transducer_{name}_{fast}_equals_eager"] = same(out, eager_out)
+        summary[f"transducer_{name}_{fast}_decoder_over_eager"] = t_eager / t_fast
+        return t_fast
+
+    t_fast_greedy = compare("greedy", "greedy label-looping", greedy, t_greedy,
+                            LabelLoopingGreedy(adapter, loop=fast), t_greedy)
+    summary[f"transducer_greedy_{fast}_share"] = t_fast_greedy / (t_enc + t_fast_greedy)
+    compare("alsd4", "alsd++ beam 4", beam, t_beam, TransducerBeamSearch(adapter, 4, loop=fast),
+            t_fast_greedy)
+    summary[f"transducer_alsd4_{fast}_vs_greedy_{fast}"] = rows[-1]["vs_greedy"]
+    aes = TransducerBeamSearch(rnnt, 4, algorithm="aes", loop="eager")
+    aes_out, t_aes = _best(lambda: aes(frames, lengths), o.device, o.rounds)
+    rows.append(_decoder_row("transducer", "aes++ beam 4, rnn-t (eager)", t_enc, t_aes, t_greedy, audio_s))
+    compare("aes4", "aes++ beam 4, rnn-t", aes_out, t_aes,
+            TransducerBeamSearch(rnnt, 4, algorithm="aes", loop=fast), t_fast_greedy)
+    return rows, summary
 
 
 def _plot(rows, args) -> None:

@@ -25,6 +25,11 @@ are verified: none (plain greedy), speculative rounds over a CTC draft, or token
 drafting (with the CTC draft as one more candidate in SSD's fallback). Under greedy
 verification every drafter's output is plain greedy decoding's, token for token.
 
+Static KV cache (``static``, decoder.use_cuda_graphs): after the prefill (or the seeds)
+a plain greedy call may continue in pipeline.decoding.ar_static instead of this loop:
+preallocated K/V buffers, end-of-text as a mask, the step replayed as a CUDA graph on a
+GPU; the same tokens. Drafting and logit edits stay here.
+
 Token rules (``TokenRules``): which tokens a step may not emit: the adapter's suppressed
 tokens on every step, its begin-suppressed ones on a row's first token, and optional
 edits that depend on what each row has generated so far (Whisper's timestamp rules, plain
@@ -38,6 +43,7 @@ from typing import Callable
 
 import torch
 
+from pipeline.decoding.ar_static import runs_static
 from pipeline.decoding.drafters import NO_DRAFT
 from pipeline.decoding.screened_argmax import greedy_tokens
 
@@ -274,7 +280,7 @@ class DecodeState:
 def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int]] | None = None,
                   max_new_tokens: int = 224, *, prompts: list[list[int]] | None = None,
                   seeds: list[DecodeSeed] | None = None, drafter=NO_DRAFT, rules: TokenRules | None = None,
-                  cross_out: list | None = None, timer: dict | None = None) -> list[list[int]]:
+                  cross_out: list | None = None, timer: dict | None = None, static=None) -> list[list[int]]:
     """Return, per row, the generated tokens after its prefix (end-of-text excluded).
 
     ``prompts`` (one per row) replace ``adapter.batch_prompts`` (Whisper's detected
@@ -292,7 +298,11 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     (the rest); each step already waits for its tokens on the host. Drafters add counts:
     "rounds", "guessed" and "kept" (CTCLookahead), "tm_rounds" (row-steps with a
     candidate), "tm_drafted" (draft tokens fed), "tm_accepted", "tm_passes" and
-    "tm_plain_passes" (TokenMapDrafter)."""
+    "tm_plain_passes" (TokenMapDrafter).
+    ``static`` (pipeline.decoding.ar_static_graphs.StaticDecoding, decoder.use_cuda_graphs):
+    the loop after the first token runs over a static KV cache (CUDA graphs on a GPU) where
+    the call allows it (``ar_static.runs_static``: no drafter, no logit edits), with the
+    same tokens; None or elsewhere: this loop."""
     t0 = time.perf_counter()
     B = encoder_states.shape[0]
     device = encoder_states.device
@@ -342,6 +352,11 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
         t1 = time.perf_counter()
         timer["prefill"] = timer.get("prefill", 0.0) + t1 - t0
         t0 = t1
+    if static is not None and static.applies(device) and runs_static(adapter, drafter, rules):
+        out = _static_loop(static, adapter, encoder_states, cache, mask, positions[:, -1:] + 1, next_tok, limit,
+                           timer)
+        if out is not None:
+            return out
     d = DecodeState(adapter, rules, encoder_states, cache, mask, positions[:, -1:] + 1, next_tok, list(range(B)),
                     prefixes, generated, limit, timer)
     # Rows that end leave the cache in place (moved, not copied) once its tensors are this
@@ -374,6 +389,23 @@ def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int
     if timer is not None:
         timer["decode"] = timer.get("decode", 0.0) + time.perf_counter() - t0
     return generated
+
+
+def _static_loop(static, adapter, encoder_states, cache, mask, pos, next_tok, limit, timer):
+    """The static loop from the prefill's (or the seeds') cache, or None where ``static``
+    gives no runner for it; cross-attention K/V the cache lacks (seeds from another
+    process) are projected first."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    from pipeline.decoding.ar_static import layers_of, run_static_loop
+
+    self_kv, cross_kv = layers_of(cache)
+    if isinstance(cache, EncoderDecoderCache) and not cross_kv:
+        cross_kv = _project_cross(adapter, encoder_states)
+    runner = static.runner(adapter, mask, limit, self_kv, cross_kv)
+    if runner is None:
+        return None
+    return run_static_loop(runner, adapter, self_kv, cross_kv, mask, pos, next_tok, limit, timer=timer)
 
 
 def _cache_layers(cache) -> list:

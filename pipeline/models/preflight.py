@@ -39,9 +39,44 @@ def checkpoint_json(source: str, name: str) -> dict | None:
     return json.loads(Path(cached).read_text()) if isinstance(cached, str) else None
 
 
-def checkpoint_config(source: str, cache_dir: str | None = None) -> dict:
+def shipped_model(name: str) -> tuple[str, str] | None:
+    """(family, model.source) of a shipped model's short name (``--model tiny.en``, ``base``);
+    None for any other name. A local directory of that name wins over the short name."""
+    from pipeline.models.registry import FAMILIES
+
+    if Path(name).expanduser().is_dir():
+        return None
+    for family in FAMILIES.values():
+        for short, source in family.names:
+            if name == short:
+                return family.name, source
+    return None
+
+
+def fetch_hint(source: str) -> str:
+    """How to get hub id ``source`` into the local cache: what a refusal ends with."""
+    return (f"rerun with --allow-download (model.allow_download=true) to download it, or fetch it first where "
+            f"the hub is reachable: hf download {source} (huggingface-cli download {source})")
+
+
+def download_checkpoint(source: str, cache_dir: str | None = None) -> None:
+    """Hub id ``source`` into the local Hugging Face cache (``model.allow_download``), in the
+    driver, so the workers on this machine read it from the cache; ModelError in one line
+    where the hub cannot be reached or has no such repository."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(source, cache_dir=cache_dir)
+    except Exception as exc:   # network, authentication, no such repository: one line either way
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise ModelError(f"model.source={source}: the download (model.allow_download) failed: "
+                         f"{type(exc).__name__}: {first}") from None
+
+
+def checkpoint_config(source: str, cache_dir: str | None = None, allow_download: bool = False) -> dict:
     """The ``config.json`` of a checkpoint directory or of a hub id in the local Hugging
-    Face cache (jobs read models offline); ModelError when there is none."""
+    Face cache (jobs read models offline unless ``allow_download``: then a hub id not in
+    the cache is downloaded first); ModelError when there is none."""
     path = Path(source).expanduser()
     if path.is_dir():
         config = path / "config.json"
@@ -54,10 +89,15 @@ def checkpoint_config(source: str, cache_dir: str | None = None) -> dict:
     from huggingface_hub import try_to_load_from_cache
 
     cached = try_to_load_from_cache(source, "config.json", cache_dir=cache_dir)
+    if not isinstance(cached, str) and allow_download:
+        download_checkpoint(source, cache_dir)
+        cached = try_to_load_from_cache(source, "config.json", cache_dir=cache_dir)
     if not isinstance(cached, str):
+        if allow_download:
+            raise ModelError(f"model.source={source}: downloaded, but the repository has no config.json "
+                             "(not a transformers checkpoint)")
         raise ModelError(f"model.source={source}: not a local directory, and not in the local "
-                         "Hugging Face cache (models are read offline: download it where the hub is "
-                         "reachable, or point model.source at a checkpoint directory)")
+                         f"Hugging Face cache (nothing is downloaded unless asked); {fetch_hint(source)}")
     return _config_mapping(source, Path(cached).read_text())
 
 
@@ -101,7 +141,7 @@ def check_model(model_config) -> None:
                              "model; set model.source to a checkpoint directory")
         family.check(model_config, None)
         return
-    config = checkpoint_config(model_config.source)
+    config = checkpoint_config(model_config.source, allow_download=model_config.allow_download)
     check_family(model_config, config)
     family.check(model_config, config)
     # Last: what the config says is wrong is the more useful message.
@@ -150,21 +190,22 @@ def _check_model_type(model_config, family, kind: str | None) -> None:
                      f"model_type {', '.join(sorted(family.known_model_types()))}{hint}")
 
 
-def _checkpoint_config_for_flag(source: str) -> dict:
+def _checkpoint_config_for_flag(source: str, allow_download: bool = False) -> dict:
     """The checkpoint's config.json for ``--model`` (a local directory, or a Hugging Face id
-    in the local cache: nothing is downloaded); ValueError naming the flag."""
+    in the local cache, downloaded first only with ``allow_download``); ValueError naming
+    the flag."""
     try:
-        return checkpoint_config(source)
+        return checkpoint_config(source, allow_download=allow_download)
     except (ModelError, ValueError) as exc:
         raise ValueError(f"--model: {str(exc).removeprefix(f'model.source={source}: ')} ({source})") from None
 
 
-def family_of_checkpoint(source: str) -> str:
+def family_of_checkpoint(source: str, allow_download: bool = False) -> str:
     """The registered family whose ``architectures`` name the checkpoint's or, for a config
     that names no architecture, whose ``model_types`` hold its model_type."""
     from pipeline.models.registry import FAMILIES
 
-    config = _checkpoint_config_for_flag(source)
+    config = _checkpoint_config_for_flag(source, allow_download)
     archs = [str(a) for a in config.get("architectures") or []]
     kind = config.get("model_type")
     for family in FAMILIES.values():

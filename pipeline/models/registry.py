@@ -57,6 +57,8 @@ class ModelFamily:
     preflight: str | Callable | None = None
     # source names, besides "embedded", of models shipped with the family
     shipped: tuple[str, ...] = ()
+    # short names of the shipped models for ``--model`` (``tiny.en``) -> their model.source
+    names: tuple[tuple[str, str], ...] = ()
 
     def options_class(self, source: str):
         """The dataclass of this family's own keys for ``source`` (None: it has none)."""
@@ -148,5 +150,10 @@ def load_model(model_config):
 
     if model_config.num_threads:
         torch.set_num_threads(model_config.num_threads)
-    return model_family(model_config.family).load(model_config, device=resolve_device(model_config.device),
-                                                  dtype=torch_dtype(model_config.dtype))
+    adapter = model_family(model_config.family).load(model_config, device=resolve_device(model_config.device),
+                                                     dtype=torch_dtype(model_config.dtype))
+    if model_config.compile:
+        from pipeline.models.compile import compile_encoder
+
+        compile_encoder(adapter)
+    return adapter

@@ -235,28 +235,6 @@ def _rows_in_parts(dst: Path) -> int:
     return sum(pq.read_metadata(p).num_rows for p in dst.glob("part-*.parquet"))
 
 
-def test_driver_killed_mid_job_then_rerun(cluster, corpus, tmp_path, fault_report):
-    """The driver (a process of its own, :func:`_driver`) is SIGKILLed once a first part is
-    committed; the cluster stays, and the same command is run again. Its parts are committed by time: output.rows_per_part
-    is above the input's rows, so only output.commit_interval_s commits before the end,
-    and the part found holds fewer rows than the job (a Ray Data sink bundled by count and
-    committed everything at once, at the end)."""
-    dst = tmp_path / "out"
-    with _driver(cluster, corpus, dst, "output.rows_per_part=1000", "output.commit_interval_s=1") as proc:
-        _wait_for(lambda: any(dst.glob("part-*.parquet")) or proc.poll() is not None, timeout=240,
-                  what="the driver's first part")
-        assert proc.poll() is None, "the job ended before the driver could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    committed = {p.name for p in dst.glob("part-*.parquet")}
-    assert 0 < _rows_in_parts(dst) < len(_expected_ids(corpus)), _rows_in_parts(dst)
-    assert (dst / output.LOCK_NAME).exists() and not (dst / output.SUCCESS_NAME).exists()
-    assert transcribe(corpus, dst) == 0      # takes the dead driver's lock over and resumes
-    assert committed <= {p.name for p in dst.glob("part-*.parquet")}
-    assert not list(dst.glob(".tmp-*"))
-    _check(dst, _expected_ids(corpus), "driver SIGKILLed mid-job, then rerun", fault_report)
-
-
 def test_driver_sigtermed_mid_job_commits_what_it_holds(cluster, corpus, tmp_path, fault_report):
     """A scheduler's SIGTERM to a Ray driver whose parts are due neither by count nor by
     time: the rows it has taken are committed before it exits 130, and the same command
@@ -328,10 +306,13 @@ def test_second_stage_actor_killed_while_pooled_rows_are_pending(cluster, corpus
 
 
 def test_driver_killed_while_pooled_rows_are_pending_then_rerun(cluster, corpus, tmp_path, fault_report):
-    """The driver is SIGKILLed while the rows its second stage pools wait for the end of
-    the input (a budget they never fill, max_wait_s above the job): the parts committed by
-    time hold only rows that finished the first stage, none half-finished; the rerun
-    finishes the rest, each row once."""
+    """The driver (a process of its own, :func:`_driver`) is SIGKILLed once a first part is
+    committed, while the rows its second stage pools wait for the end of the input (a
+    budget they never fill, max_wait_s above the job); the cluster stays, and the same
+    command is run again. Parts are committed by time (output.rows_per_part is above the
+    input's rows), so the parts found hold fewer rows than the job, and only rows that
+    finished the first stage, none half-finished; the rerun takes the dead driver's lock
+    over, keeps those parts and finishes the rest, each row once."""
     dst = tmp_path / "out"
     held = (*TWO_STAGE, "batching.max_tokens=1000", "second_stage.max_wait_s=600",
             "output.rows_per_part=1000", "output.commit_interval_s=1")
@@ -345,7 +326,12 @@ def test_driver_killed_while_pooled_rows_are_pending_then_rerun(cluster, corpus,
     assert committed and not {r["id"] for r in committed} & _pending_ids(corpus), \
         [r["id"] for r in committed]
     assert all(r["stage"] in ("toy", "error") for r in committed), [(r["id"], r["stage"]) for r in committed]
+    assert 0 < len(committed) < len(_expected_ids(corpus))
+    assert (dst / output.LOCK_NAME).exists() and not (dst / output.SUCCESS_NAME).exists()
+    parts = {p.name for p in dst.glob("part-*.parquet")}
     assert transcribe(corpus, dst, *held) == 0
+    assert parts <= {p.name for p in dst.glob("part-*.parquet")}
+    assert not list(dst.glob(".tmp-*"))
     rows = _check(dst, _expected_ids(corpus), "driver SIGKILLed with pooled rows pending, then rerun", fault_report)
     assert {r["id"] for r in rows if r["stage"] in (fault_toy.SECOND_STAGE, "mixed")} == _pending_ids(corpus)
 

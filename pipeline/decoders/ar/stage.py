@@ -14,6 +14,7 @@ import numpy as np
 from pipeline.audio import SAMPLE_RATE
 from pipeline.decoders.base import SegmentResult, encode_then
 from pipeline.decoding.ar_greedy import TokenRules, greedy_decode
+from pipeline.decoding.ar_static_graphs import StaticDecoding
 from pipeline.decoding.drafters import NO_DRAFT, TokenMapDrafter
 
 
@@ -39,8 +40,11 @@ class ARSegmentDecoder:
     name = "ar"
 
     def __init__(self, adapter, max_new_tokens: int = 224, drafting: TokenMapDrafter | None = None,
-                 confidence: bool = False):
+                 confidence: bool = False, use_cuda_graphs: bool = True):
         self.adapter = adapter
+        # decoder.use_cuda_graphs: plain greedy calls over a static KV cache, replayed as CUDA
+        # graphs on a GPU (pipeline.decoding.ar_static_graphs; the CPU keeps the eager loop)
+        self.static = StaticDecoding() if use_cuda_graphs else None
         self.max_new_tokens = max_new_tokens
         self.drafting = drafting
         self.confidence = confidence
@@ -51,7 +55,8 @@ class ARSegmentDecoder:
     def _decode(self, enc):
         cross = []
         tokens = greedy_decode(self.adapter, enc.states, max_new_tokens=self.max_new_tokens,
-                               drafter=self.drafting or NO_DRAFT, cross_out=cross if self.confidence else None)
+                               drafter=self.drafting or NO_DRAFT, cross_out=cross if self.confidence else None,
+                               static=self.static)
         tokens = _unheard_rows_empty(tokens, enc.valid_frames)
         return tokens, self._confidence_words(enc, tokens, cross_kv=cross) if self.confidence else None
 
@@ -77,7 +82,7 @@ class ARSegmentDecoder:
         cross = []
         tokens = greedy_decode(adapter, enc.states, max_new_tokens=self.max_new_tokens, prompts=prompts,
                                drafter=self.drafting or NO_DRAFT, rules=TokenRules.of(adapter, adapter.timestamp_rules),
-                               cross_out=cross if self.confidence else None)
+                               cross_out=cross if self.confidence else None, static=self.static)
         times = None
         if options.word_timestamps:
             from pipeline.models.whisper.alignment import token_times
@@ -134,4 +139,4 @@ def _unheard_rows_empty(tokens: list[list[int]], valid_frames) -> list[list[int]
 
 def build(adapter, cfg) -> ARSegmentDecoder:
     return ARSegmentDecoder(adapter, cfg.decoder.max_new_tokens, map_drafting(adapter, cfg),
-                            confidence=cfg.confidence.enabled)
+                            confidence=cfg.confidence.enabled, use_cuda_graphs=cfg.decoder.use_cuda_graphs)

@@ -110,7 +110,7 @@ class SSDFirstPassDecoder:
                  lookahead_rule: str = "greedy", pack_gate: bool = False,
                  gate_verify_tau: float | None = None, adaptive_pack_gate: bool = False, map_drafting=None,
                  max_draft_error: float | None = None, adaptive_verify: bool = False,
-                 verify_break_even: float | None = None, confidence: bool = False):
+                 verify_break_even: float | None = None, confidence: bool = False, use_cuda_graphs: bool = True):
         self.confidence = confidence
         # Adaptive: a batch gets the draft and its verification only while they pay for
         # themselves (pipeline.decoding.ssd.verify_policy); otherwise every batch does.
@@ -125,7 +125,7 @@ class SSDFirstPassDecoder:
         self.ssd = SelfSpeculativeDecoder(adapter, tau_ctc, tau_slm, max_new_tokens, reuse_kv=reuse_kv,
                                           verify_max_entropy=verify_max_entropy, lookahead=lookahead,
                                           lookahead_rule=lookahead_rule, gate_verify_tau=gate_verify_tau,
-                                          map_drafting=map_drafting,
+                                          map_drafting=map_drafting, use_cuda_graphs=use_cuda_graphs,
                                           gate_calibration=None if max_draft_error is None else
                                           GateCalibration(max_draft_error, cap=tau_ctc))
         self.seeds: SeedStore | None = None
@@ -311,7 +311,7 @@ class SSDFirstPassDecoder:
             host_rows = dict(zip((needs[k] for k in pending), kept))
         shipped_kv = self._ship_kv([rows[needs[k]] for k in pending])
         # A fixed model.language (auto needs the ar kind) is every segment's language.
-        language = getattr(getattr(self.adapter, "options", None), "language", None)
+        language = getattr(self.adapter, "prompt_language", None)
         out = []
         for i, row in enumerate(rows):
             res = SegmentResult(row.text, row.stage or PENDING, len(row.tokens), t_enc, t_dec,
@@ -441,7 +441,7 @@ def _options(cfg) -> dict:
     return dict(tau_ctc=tau_ctc, tau_slm=tau_slm, max_new_tokens=cfg.decoder.max_new_tokens,
                 reuse_kv=cfg.ssd.reuse_kv, verify_max_entropy=cfg.ssd.verify_max_entropy,
                 lookahead=cfg.ssd.lookahead, lookahead_rule=cfg.ssd.lookahead_rule,
-                gate_verify_tau=cfg.ssd.gate_verify_threshold())
+                gate_verify_tau=cfg.ssd.gate_verify_threshold(), use_cuda_graphs=cfg.decoder.use_cuda_graphs)
 
 
 def build_first_pass(adapter, cfg) -> SSDFirstPassDecoder:

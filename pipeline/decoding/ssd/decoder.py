@@ -26,6 +26,11 @@ the text is the plain fallback's; "tau_slm" keeps it when its probability is abo
 tau_slm, eq. 5's rule applied again after each correction (a re-synchronising verifier:
 the draft is not abandoned at its first error).
 
+Beyond the paper, on by default on CUDA (``use_cuda_graphs``): the fallback's plain greedy
+rows, seeded or prefilled, continue over a static KV cache whose step is replayed as a
+CUDA graph (pipeline.decoding.ar_static); the seeds' K/V are copied into that cache, so
+the fallback still starts from the verification pass's state, with the same tokens.
+
 Beyond the paper, off by default: ``map_drafting``, the fallback drafts from a token map
 ("Model-free Speculative Decoding for Transformer-based ASR with Token Map Drafting",
 pipeline.decoding.drafters.TokenMapDrafter); with ``lookahead`` the rest of the CTC draft is
@@ -51,6 +56,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipeline.decoding.ar_greedy import DecodeSeed, greedy_decode, seeds_from_cache
+from pipeline.decoding.ar_static_graphs import StaticDecoding
 from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 from pipeline.decoding.drafters import NO_DRAFT, CTCLookahead
 from pipeline.decoding.ssd.verify import verify_drafts
@@ -93,7 +99,7 @@ class SelfSpeculativeDecoder:
                  reuse_kv: bool = True, verify_max_entropy: float | None = None,
                  verify_chunk: int | None = VERIFY_HEAD_CHUNK, lookahead: int = 0,
                  lookahead_rule: str = "greedy", gate_verify_tau: float | None = None, map_drafting=None,
-                 gate_calibration=None):
+                 gate_calibration=None, use_cuda_graphs: bool = True):
         if lookahead_rule not in LOOKAHEAD_RULES:
             raise ValueError(f"lookahead_rule must be one of {LOOKAHEAD_RULES}, got {lookahead_rule!r}")
         self.adapter = adapter
@@ -113,6 +119,9 @@ class SelfSpeculativeDecoder:
         # pipeline.decoding.ssd.gate_calibration.GateCalibration: tau_ctc learnt from verification
         # outcomes as the job runs (tau_ctc is then its cap); None: tau_ctc is fixed.
         self.gate_calibration = gate_calibration
+        # decoder.use_cuda_graphs: the fallback's plain greedy rows (seeded or not) over a
+        # static KV cache, replayed as CUDA graphs on a GPU (pipeline.decoding.ar_static_graphs)
+        self.static = StaticDecoding() if use_cuda_graphs else None
 
     def _verifies(self, row: SSDRow) -> bool:
         if not row.draft_text.strip():
@@ -207,7 +216,8 @@ class SelfSpeculativeDecoder:
             out = greedy_decode(self.adapter, encoder_states[group], prefixes=[rows[i].prefix for i in group],
                                 max_new_tokens=self.max_new_tokens,
                                 seeds=[rows[i].seed for i in group] if seeds else None,
-                                drafter=self._drafter([rows[i] for i in group]), cross_out=cross, timer=timer)
+                                drafter=self._drafter([rows[i] for i in group]), cross_out=cross, timer=timer,
+                                static=self.static)
             for i, tokens in zip(group, out):
                 gen[i] = tokens
             crosses.append((group, cross))

@@ -6,9 +6,9 @@ ParakeetForCTC, ...). Everything model-specific comes from the checkpoint itself
 
 - features: the model's own feature extractor, run on each clip alone, then padded with
   the extractor's own ``pad`` (its padding value, plus an attention mask) so that a padded
-  batch gives every clip exactly the inputs it has alone. A model whose extractor returns
-  no attention mask (wav2vec2 with group norm, which normalises over the padding too) is
-  run one clip at a time instead, for the same reason;
+  batch gives every clip exactly the inputs it has alone. Where padding leaks into the
+  valid frames whatever the mask says, the model runs in equal-length buckets instead
+  (clips of one input length stacked, no padding): see :func:`padding_leaks`;
 - encoder states: the CTC logits of the model's own forward. The CTC head is part of that
   forward (a linear for wav2vec2, a 1x1 conv for Parakeet) and no decoder here needs the
   hidden states, so keeping the logits makes the log-probs equal the model's by
@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.batching import equal_length_buckets
 from pipeline.models.base import BEAM_VOCABULARY, CTC, CTCDraftBatch, EncoderBatch
 from pipeline.text.ctc_vocabulary import ctc_blank_id
 
@@ -54,10 +55,9 @@ class CTCModelAdapter:
                              f"the pipeline delivers {SAMPLE_RATE} Hz")
         self.blank = ctc_blank_id(model.config, tokenizer)
         self.vocab_size = int(model.config.vocab_size)
-        names = list(feature_extractor.model_input_names)
-        self.input_name = names[0]                  # input_values (waveform) or input_features
-        # Batch only where the model masks the padding; otherwise padding changes the output.
-        self.batched = "attention_mask" in names and bool(getattr(feature_extractor, "return_attention_mask", True))
+        self.input_name = list(feature_extractor.model_input_names)[0]   # input_values or input_features
+        self.batched = not padding_leaks(model, feature_extractor)
+        self.pad_multiple: int | None = None        # set by use_static_shapes
         self._input_length = lru_cache(maxsize=4096)(self._input_length_uncached)
         self.min_input_length = self._shortest_input()
 
@@ -109,7 +109,13 @@ class CTCModelAdapter:
         """Per-clip features -> one padded batch through the extractor's own ``pad``."""
         rows = [{k: v[0] for k, v in f.items() if k in (self.input_name, "attention_mask")} for f in feats]
         return self.feature_extractor.pad(rows, padding="longest", return_attention_mask=True,
-                                          return_tensors="pt")
+                                          pad_to_multiple_of=self.pad_multiple, return_tensors="pt")
+
+    def use_static_shapes(self) -> None:
+        """Pad batches up to whole seconds of input, so that a compiled model
+        (pipeline.models.compile) sees few distinct shapes; the mask hides the extra
+        padding. A model run in equal-length buckets gets no padding to add."""
+        self.pad_multiple = self._input_length(SAMPLE_RATE)
 
     def _at_least_shortest(self, inputs: dict) -> dict:
         """``inputs`` zero-padded on the time axis (a masked-out tail where there is a mask)
@@ -133,10 +139,19 @@ class CTCModelAdapter:
         if self.batched:
             logits = self._logits(self._pad(feats))
         else:
-            rows = [self._logits({k: v for k, v in f.items() if k == self.input_name})[0] for f in feats]
-            logits = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+            logits = self._bucketed_logits(feats)
         frames = self.output_lengths(inputs_len).clamp(max=logits.shape[1]).to(logits.device)
         return EncoderBatch(states=logits, valid_frames=frames)
+
+    def _bucketed_logits(self, feats) -> torch.Tensor:
+        """Logits of a model that padding leaks into: clips of one input length run as one
+        unpadded batch (a clip alone sees exactly those inputs), rows back in input order."""
+        rows: list[torch.Tensor | None] = [None] * len(feats)
+        for members in equal_length_buckets([int(f[self.input_name].shape[1]) for f in feats]):
+            out = self._logits({self.input_name: torch.cat([feats[i][self.input_name] for i in members])})
+            for i, row in zip(members, out):
+                rows[i] = row
+        return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
 
     @torch.inference_mode()
     def ctc_draft(self, enc: EncoderBatch) -> CTCDraftBatch:
@@ -153,6 +168,21 @@ class CTCModelAdapter:
                              entropy=g.entropy, max_entropy=g.max_entropy)
 
 
+def padding_leaks(model, feature_extractor) -> bool:
+    """Whether a padded batch can change a clip's outputs however the padding is masked:
+    the extractor returns no attention mask, the model's forward takes none, or the conv
+    feature encoder group-normalises (``feat_extract_norm="group"``: wav2vec2's default,
+    also HuBERT's, WavLM's, SEW's), which takes each channel's mean and variance over the
+    whole time axis, padding included, before any mask applies (transformers'
+    Wav2Vec2FeatureExtractor docs: such models were not trained with an attention mask)."""
+    import inspect
+
+    names = list(feature_extractor.model_input_names)
+    returns_mask = "attention_mask" in names and bool(getattr(feature_extractor, "return_attention_mask", True))
+    takes_mask = "attention_mask" in inspect.signature(model.forward).parameters
+    return not (returns_mask and takes_mask) or getattr(model.config, "feat_extract_norm", None) == "group"
+
+
 def _looks_local(source: str) -> bool:
     return source.startswith((".", "/", "~")) or Path(source).expanduser().exists() or source.count("/") > 1
 
@@ -161,14 +191,20 @@ def load_ctc_adapter(source: str, device: str = "cpu", dtype: torch.dtype = torc
     """An ``AutoModelForCTC`` checkpoint from a local directory or a Hugging Face id already
     in the local cache (nothing is downloaded), with its processor, or its feature
     extractor and tokenizer where it ships no processor."""
-    from transformers import AutoModelForCTC
+    from transformers import AutoConfig, AutoModelForCTC
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CTC_MAPPING
 
+    from pipeline.models.attention import attention_implementation
     from pipeline.models.errors import ModelError
 
     if _looks_local(source) and not Path(source).expanduser().is_dir():
         raise ModelError(f"model.source: no CTC model at {source} (not a directory)")
     try:
-        model = AutoModelForCTC.from_pretrained(source, dtype=dtype, local_files_only=True)
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+        model_class = MODEL_FOR_CTC_MAPPING.get(type(config), None)
+        attention = attention_implementation(model_class) if model_class is not None else None
+        model = AutoModelForCTC.from_pretrained(source, config=config, dtype=dtype, local_files_only=True,
+                                                attn_implementation=attention)
     # transformers raises ValueError for a model type without a CTC class, OSError for
     # missing files: both are the checkpoint's problem, named with its path
     except (OSError, ValueError, TypeError) as exc:

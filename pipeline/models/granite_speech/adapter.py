@@ -162,12 +162,27 @@ class GraniteSpeechAdapter:
                         frames: torch.Tensor | None = None) -> GraniteEncoderBatch:
         """Encode precomputed input features [B, T, F] (GraniteSpeechFeatureExtractor's
         ``input_features``: stacked log-mels) whose first ``frames[b]`` frames are real."""
+        from pipeline.batching import equal_length_buckets
+
         features = features.to(self.device, self.dtype)
         B, T = features.shape[:2]
         frames = (torch.full((B,), T, dtype=torch.long) if frames is None else frames.long()).to(self.device)
-        out = self.encoder(features)
-        hidden = out if isinstance(out, torch.Tensor) else out.last_hidden_state
-        embeds = self.projector(hidden)
+        # The conformer takes no attention mask: its last attention block and its depthwise
+        # convolutions would read a shorter clip's padding. Clips of one length are encoded
+        # together, unpadded, so each gets the states it gets alone; the projector's windows
+        # likewise see only the clip's own frames.
+        parts = []
+        for rows in equal_length_buckets(frames.tolist()):
+            length = max(int(frames[rows[0]]), 1)     # a clip under one frame: no valid state, still a shape
+            out = self.encoder(features[rows, :length])
+            hidden = out if isinstance(out, torch.Tensor) else out.last_hidden_state
+            parts.append((rows, hidden, self.projector(hidden)))
+        hidden = parts[0][1].new_zeros(B, T, parts[0][1].shape[-1])
+        embeds = parts[0][2].new_zeros(B, max(e.shape[1] for _, _, e in parts), parts[0][2].shape[-1])
+        for rows, h, e in parts:
+            index = torch.tensor(rows, device=hidden.device)
+            hidden[index, :h.shape[1]] = h
+            embeds[index, :e.shape[1]] = e
         counts = self.audio_embeddings_count(frames)
         return GraniteEncoderBatch(states=audio_states(embeds, counts), valid_frames=counts,
                                    hidden=hidden, frames=frames)
@@ -178,11 +193,18 @@ class GraniteSpeechAdapter:
         if self.feature_extractor is None:
             raise ValueError("granite-speech needs its feature extractor (torchaudio) to read audio; "
                              "pass feature_extractor= or call encode_features with precomputed features")
+        from pipeline.batching import equal_length_buckets
+
         shortest = _shortest_clip(self.feature_extractor)
-        feats = self.feature_extractor([_zero_padded(np.asarray(a, dtype=np.float32), shortest) for a in audios],
-                                       device="cpu")
+        clips = [_zero_padded(np.asarray(a, dtype=np.float32), shortest) for a in audios]
+        # The log-mels of a clip's last frames read the samples after it: its own reflection
+        # alone, a longer neighbour's zero padding in a batch. Clips of one length share a call.
+        parts = [(rows, self.feature_extractor([clips[i] for i in rows], device="cpu")["input_features"])
+                 for rows in equal_length_buckets([len(c) for c in clips])]
+        features = parts[0][1].new_zeros(len(clips), max(f.shape[1] for _, f in parts), parts[0][1].shape[-1])
+        for rows, f in parts:
+            features[rows, :f.shape[1]] = f
         frames = torch.tensor([(len(a) // HOP_SAMPLES + 1) // 2 for a in audios], dtype=torch.long)
-        features = feats["input_features"]
         return self.encode_features(features, frames.clamp(max=features.shape[1]))
 
     @torch.inference_mode()
@@ -250,8 +272,9 @@ def load_granite_adapter(source: str, ctc_vocab: Sequence[str] | None, ctc_blank
     from the same computation in plain torch (features.GraniteFeatures)."""
     from transformers import AutoConfig, GraniteSpeechForConditionalGeneration
 
-    from pipeline.models.registry import model_family
+    from pipeline.models.attention import attention_implementation
     from pipeline.models.errors import ModelError
+    from pipeline.models.registry import model_family
 
     try:
         config = AutoConfig.from_pretrained(source, local_files_only=True)
@@ -264,8 +287,9 @@ def load_granite_adapter(source: str, ctc_vocab: Sequence[str] | None, ctc_blank
         raise ModelError(f"model.source: {source} is a {getattr(config, 'model_type', None)!r} model, "
                          "not granite_speech")
     try:
-        model = GraniteSpeechForConditionalGeneration.from_pretrained(source, dtype=dtype, use_safetensors=True,
-                                                                      local_files_only=True)
+        model = GraniteSpeechForConditionalGeneration.from_pretrained(
+            source, dtype=dtype, use_safetensors=True, local_files_only=True,
+            attn_implementation=attention_implementation(GraniteSpeechForConditionalGeneration))
     except (OSError, ValueError, TypeError) as exc:
         raise ModelError(f"model.source: cannot load the granite-speech model at {source} offline: "
                          f"{str(exc).splitlines()[0]}") from None

@@ -173,6 +173,7 @@ def load_transducer_adapter(source: str, device: str = "cpu", dtype: torch.dtype
     tokenizer."""
     from transformers import AutoConfig, ParakeetForRNNT, ParakeetForTDT
 
+    from pipeline.models.attention import attention_implementation
     from pipeline.models.registry import model_family
     from pipeline.models.errors import ModelError
 
@@ -189,7 +190,8 @@ def load_transducer_adapter(source: str, device: str = "cpu", dtype: torch.dtype
                          f"({', '.join(sorted(family.known_model_types()))})")
     cls = {"parakeet_rnnt": ParakeetForRNNT, "parakeet_tdt": ParakeetForTDT}[config.model_type]
     try:
-        model = cls.from_pretrained(source, dtype=dtype, local_files_only=True)
+        model = cls.from_pretrained(source, dtype=dtype, local_files_only=True,
+                                    attn_implementation=attention_implementation(cls))
     except (OSError, ValueError, TypeError) as exc:
         raise ModelError(f"model.source: cannot load the transducer at {source} offline: "
                          f"{str(exc).splitlines()[0]}") from None

@@ -58,5 +58,6 @@ FAMILY = register_family(ModelFamily(
     vocabulary="pipeline.text.ctc_vocabulary:embedded_vocabulary",
     architectures=("WhisperForConditionalGeneration",), model_types=("whisper",), needs_model_type=False,
     has_embedded=True, shipped=("embedded-base",),   # embedded-base: Whisper base (multilingual), loader.py
+    names=(("tiny.en", "embedded"), ("base", "embedded-base")),
     components="pipeline.models.whisper:check_components", options=WhisperModelOptions,
     preflight="pipeline.models.whisper.preflight:check"))

@@ -68,6 +68,9 @@ class WhisperAdapter:
         fixed = options.language if options.language not in (None, "auto") else "en"
         self.prompt_ids = prefix(special, special.lang_to_id.get(fixed), options.task, options.timestamps,
                                  self.previous_ids)
+        # What a row records as its language: the one a multilingual model's prompt names
+        # (en where model.language is null), as configured on an English-only one.
+        self.prompt_language = fixed if special.multilingual else options.language
         self.timestamp_rules = (TimestampRules(special, getattr(gen, "max_initial_timestamp_index", None))
                                 if options.timestamps else None)
         self.alignment_heads = [tuple(h) for h in getattr(gen, "alignment_heads", None) or []]
@@ -151,7 +154,7 @@ class WhisperAdapter:
         and, where the language was detected (model.language=auto), its probability."""
         B, opts = encoder_states.shape[0], self.options
         if opts.language != "auto":
-            return [self.prompt_ids] * B, [opts.language] * B, [None] * B
+            return [self.prompt_ids] * B, [self.prompt_language] * B, [None] * B
         ids, probs = detect_language(self, encoder_states, self.special)
         names = {v: k for k, v in self.special.lang_to_id.items()}
         prompts = [prefix(self.special, i, opts.task, opts.timestamps, self.previous_ids) for i in ids]

@@ -294,8 +294,11 @@ def load_whisper(source: str = EMBEDDED, device: str | torch.device = "cpu",
     """Return ``(WhisperForConditionalGeneration, WhisperProcessor)`` in eval mode."""
     from transformers import WhisperForConditionalGeneration
 
+    from pipeline.models.attention import attention_implementation
+
     path = resolve_checkpoint(source, cache_dir)
-    model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype)
+    model = WhisperForConditionalGeneration.from_pretrained(
+        path, dtype=dtype, attn_implementation=attention_implementation(WhisperForConditionalGeneration))
     processor = load_processor(path)
     return model.to(device).eval(), processor
 
