@@ -43,6 +43,15 @@ def test_quick_regimes_bench_runs_with_its_checks(tmp_path):
     assert summary["ctc_beam_native_equals_eager"] is True
     assert summary["ctc_beam_beam_differs_from_greedy"] is True
     assert summary["transducer_beam1_equals_greedy"] is True
+    # Every loop's static path beside its eager one, with the same outputs (on the CPU: the
+    # static buffers without capture; CUDA graphs on a GPU).
+    for model in ("whisper toy", "granite-speech toy"):
+        full = by[(f"ssd {model}", "full AR")]
+        assert full["static_equals_eager"] == 1.0 and full["static_vs_eager"] > 0, model
+        assert by[(f"ssd {model}", "high_accuracy")]["fallback_static_equals_eager"] is True, model
+    for loop in ("greedy", "alsd4", "aes4"):
+        assert summary[f"transducer_{loop}_static_equals_eager"] is True, loop
+        assert summary[f"transducer_{loop}_static_decoder_over_eager"] > 0, loop
     assert (tmp_path / "r.png").is_file()
     # the processor written on the first run is what a machine without the embedded model reads
     assert (tmp_path / "processor" / "tokenizer.json").is_file()
