@@ -190,7 +190,8 @@ def summary_table(summary: dict) -> list[str]:
     second = summary.get("second_stage") or {}
     if second.get("calls"):
         # A two-stage decoder kind's second stage (pipeline.pending_pool): its mean batch.
-        rows.append(("second stage", f"{second['segments']} segments in {second['calls']} calls "
+        rows.append(("second stage", f"{second['segments']} segments in {second['calls']} "
+                                     f"call{'s' if second['calls'] != 1 else ''} "
                                      f"(mean {second['mean_segments_per_call']:.1f}, max "
                                      f"{second['max_segments_per_call']} a call; mean wait "
                                      f"{second.get('mean_wait_s', 0.0):.1f} s)"))

@@ -187,6 +187,8 @@ def test_the_closing_table_shows_the_second_stage_mean_batch():
     text = "\n".join(summary_table(summary))
     assert "second stage  40 segments in 3 calls (mean 13.3, max 16 a call; mean wait 2.5 s)" in text, text
     assert "second stage" not in "\n".join(summary_table(dict(summary, second_stage=None)))
+    one = dict(summary["second_stage"], calls=1, segments=7, mean_segments_per_call=7.0, max_segments_per_call=7)
+    assert "7 segments in 1 call (mean 7.0" in "\n".join(summary_table(dict(summary, second_stage=one)))
 
 
 @pytest.fixture
