@@ -432,24 +432,7 @@ def drop_error_rows(dst: str, scan: OutputScan, ids: pa.Array, job_id: str,
     hits = rows.filter(retried)
     if not hits.num_rows:
         return scan
-    fs, path = url_to_fs(dst, options)
-    lost = []
-    for index in pc.unique(hits.column("part")).to_pylist():
-        part = scan.parts[index]
-        try:
-            table = read_part(fs, part)
-        except Exception as exc:
-            _quarantine(fs, path, part, job_id, exc)
-            lost.append(index)
-            continue
-        mine = hits.filter(pc.equal(hits.column("part"), index)).column("id").combine_chunks()
-        drop = pc.and_(pc.is_valid(table.column("error")), pc.is_in(table.column("id"), value_set=mine))
-        kept = table.filter(pc.invert(drop))
-        if kept.num_rows:
-            _put_part(fs, path, posixpath.basename(part), kept, job_id)
-        else:
-            _fence(fs, path, job_id)
-            fs.rm(part)
+    lost = drop_rows(dst, scan, hits, job_id, options)
     gone = pc.or_(retried, pc.is_in(rows.column("part"), value_set=pa.array(lost, pa.int32())))
     index = IdBuckets(_SCAN_SCHEMA)
     index.add(rows.filter(pc.invert(gone)))

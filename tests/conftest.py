@@ -151,6 +151,26 @@ def sigterm_after_progress(proc, total: int, done: int) -> str:
     return seen + proc.stderr.read()
 
 
+def wait_for(predicate, timeout: float = 120.0, what: str = "condition", poll: float = 0.02) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def part_ids(dst: Path) -> list[str]:
+    """Every id in ``dst``'s committed parts, read with pyarrow (duplicates kept)."""
+    import pyarrow.parquet as pq
+
+    return [i for p in sorted(dst.glob("part-*.parquet"))
+            for i in pq.read_table(p, columns=["id"]).column("id").to_pylist()]
+
+
 def manifest_with_random_bytes(root: Path, samples_dir: Path, sample_manifest: list[dict], at: int):
     """A JSONL manifest of the bundled samples with one file of random bytes inserted at
     ``at``; returns (path, lines)."""

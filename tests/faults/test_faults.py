@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ import soundfile as sf
 
 import fault_toy
 from pipeline import output
-from conftest import ROOT, SAMPLES, sigterm_after_progress
+from conftest import ROOT, SAMPLES, sigterm_after_progress, wait_for
 
 FAULTS = Path(__file__).resolve().parent
 N_GOOD = 12
@@ -123,14 +122,6 @@ def _check(dst: Path, expected: set[str], case: str, fault_report, errors_expect
     return rows
 
 
-def _wait_for(predicate, timeout=120.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
-
 
 def _pids(pid_dir: Path) -> dict[int, str]:
     out = {}
@@ -192,7 +183,7 @@ def test_actor_killed_mid_job_and_a_second_job_refused(cluster, corpus, tmp_path
     result = {}
     job = threading.Thread(target=lambda: result.update(rc=transcribe(corpus, dst)))
     job.start()
-    _wait_for(lambda: any(dst.glob("part-*.parquet")) and _pids(pid_dir), what="the first part")
+    wait_for(lambda: any(dst.glob("part-*.parquet")) and _pids(pid_dir), what="the first part")
     # A second job into the same folder while the first holds it: refused, nothing written.
     before = sorted(p.name for p in dst.glob("part-*.parquet"))
     assert transcribe(corpus, dst) == 2
@@ -287,7 +278,7 @@ def test_second_stage_actor_killed_while_pooled_rows_are_pending(cluster, corpus
         rc=transcribe(corpus, dst, *TWO_STAGE, "batching.max_tokens=2", "second_stage.max_wait_s=600",
                       "second_stage.max_pending_segments=2")))
     job.start()
-    _wait_for(lambda: fault_toy.second_stage_pids(pid_dir) and any(dst.glob("part-*.parquet")),
+    wait_for(lambda: fault_toy.second_stage_pids(pid_dir) and any(dst.glob("part-*.parquet")),
               what="the second stage's actor and a first part")
     os.kill(fault_toy.second_stage_pids(pid_dir)[0], signal.SIGKILL)
     job.join(timeout=300)
@@ -317,7 +308,7 @@ def test_driver_killed_while_pooled_rows_are_pending_then_rerun(cluster, corpus,
     held = (*TWO_STAGE, "batching.max_tokens=1000", "second_stage.max_wait_s=600",
             "output.rows_per_part=1000", "output.commit_interval_s=1")
     with _driver(cluster, corpus, dst, *held) as proc:
-        _wait_for(lambda: any(dst.glob("part-*.parquet")) or proc.poll() is not None, timeout=240,
+        wait_for(lambda: any(dst.glob("part-*.parquet")) or proc.poll() is not None, timeout=240,
                   what="the driver's first part")
         assert proc.poll() is None, "the job ended before the driver could be killed"
         os.kill(proc.pid, signal.SIGKILL)
@@ -428,7 +419,7 @@ def test_worker_node_removed_mid_job(cluster, corpus, tmp_path, fault_report):
     job = threading.Thread(target=lambda: result.update(
         rc=transcribe(corpus, dst, "ray.decode_actors=2", "ray.decode_actor_cpus=2")))
     job.start()
-    _wait_for(lambda: worker.node_id in _pids(pid_dir).values() and any(dst.glob("part-*.parquet")),
+    wait_for(lambda: worker.node_id in _pids(pid_dir).values() and any(dst.glob("part-*.parquet")),
               what="a model actor on the worker node and a first part")
     c.remove_node(worker, allow_graceful=False)
     c.add_node(num_cpus=4)

@@ -25,11 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 import fault_toy
-from conftest import ROOT, SAMPLES
+from conftest import ROOT, SAMPLES, part_ids, wait_for
 from pipeline import output
 from pipeline.records import OUTPUT_SCHEMA, table
 
@@ -78,18 +77,6 @@ def _run(src: Path, dst: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def _wait_for(predicate, timeout=120.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _ids(dst: Path) -> list[str]:
-    return [i for p in sorted(dst.glob("part-*.parquet"))
-            for i in pq.read_table(p, columns=["id"]).column("id").to_pylist()]
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -110,15 +97,15 @@ def test_a_paused_writer_that_lost_its_lock_commits_nothing_more(corpus, tmp_pat
     with open(a_err, "w") as err:
         a = _job(corpus, dst, delay_s=0.4, stdout=subprocess.DEVNULL, stderr=err)
     try:
-        _wait_for(lambda: any(dst.glob("part-*.parquet")) or a.poll() is not None, what="A's first part")
+        wait_for(lambda: any(dst.glob("part-*.parquet")) or a.poll() is not None, what="A's first part")
         assert a.poll() is None, a_err.read_text()[-3000:]
         os.killpg(a.pid, signal.SIGSTOP)
-        first = set(_ids(dst))
+        first = set(part_ids(dst))
         held = json.loads((dst / output.LOCK_NAME).read_text())
         time.sleep(STALE_S + 1.0)                        # A's heartbeat is now stale
         b = _run(corpus, dst)
         assert b.returncode == 0, b.stderr[-3000:]
-        assert set(_ids(dst)) >= first and len(_ids(dst)) == N
+        assert set(part_ids(dst)) >= first and len(part_ids(dst)) == N
         os.killpg(a.pid, signal.SIGCONT)
         a.wait(timeout=120)
     finally:
@@ -129,7 +116,7 @@ def test_a_paused_writer_that_lost_its_lock_commits_nothing_more(corpus, tmp_pat
     assert len(lost) == 1 and f"job {held['job']} lost the folder's lock (epoch {held['epoch']})" in lost[0], \
         stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
-    ids = _ids(dst)
+    ids = part_ids(dst)
     fault_report("paused writer (SIGSTOP past the lock's staleness), then continued", N, len(set(ids)),
                  len(ids) - len(set(ids)), 0)
     assert len(ids) == len(set(ids)) == N, f"{len(ids)} rows for {len(set(ids))} ids"
@@ -139,7 +126,7 @@ def test_a_paused_writer_that_lost_its_lock_commits_nothing_more(corpus, tmp_pat
     assert summary["rows_in"] == summary["rows_out"] == N and summary["duplicate_rows"] == 0
     again = _run(corpus, dst)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert len(_ids(dst)) == N
+    assert len(part_ids(dst)) == N
 
 
 def _free_host_pid() -> int:
@@ -176,7 +163,7 @@ def test_a_job_in_its_own_pid_namespace_is_judged_by_its_heartbeat(corpus, tmp_p
         a = subprocess.Popen([unshare, "--pid", "--fork", "--mount-proc", "sh", "-c", inner], cwd=ROOT,
                              env=_env(1.0), start_new_session=True, text=True, stdout=subprocess.DEVNULL, stderr=err)
     try:
-        _wait_for(lambda: any(dst.glob("part-*.parquet")) or a.poll() is not None, what="A's first part")
+        wait_for(lambda: any(dst.glob("part-*.parquet")) or a.poll() is not None, what="A's first part")
         assert a.poll() is None, a_err.read_text()[-3000:]
         held = json.loads((dst / output.LOCK_NAME).read_text())
         # What fooled the "process gone on this host" rule: this host's name, no such pid here.
@@ -190,7 +177,7 @@ def test_a_job_in_its_own_pid_namespace_is_judged_by_its_heartbeat(corpus, tmp_p
         assert a.wait(timeout=240) == 0, a_err.read_text()[-3000:]
     finally:
         _kill_group(a)
-    ids = _ids(dst)
+    ids = part_ids(dst)
     fault_report("second job while a job in its own PID namespace holds the folder: refused (exit 2)", N,
                  len(set(ids)), len(ids) - len(set(ids)), 0)
     assert len(ids) == len(set(ids)) == N, f"{len(ids)} rows for {len(set(ids))} ids"

@@ -24,11 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 import fault_toy
-from conftest import ROOT, SAMPLES
+from conftest import ROOT, SAMPLES, part_ids, wait_for
 from pipeline import output
 
 FAULTS = Path(__file__).resolve().parent
@@ -103,18 +102,6 @@ def _finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str
     return proc.returncode, out, err
 
 
-def _wait_for(predicate, timeout=60.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _ids(dst: Path) -> list[str]:
-    return [i for p in sorted(dst.glob("part-*.parquet"))
-            for i in pq.read_table(p, columns=["id"]).column("id").to_pylist()]
 
 
 def _assert_released(dst: Path) -> None:
@@ -140,7 +127,7 @@ def test_sigterm_while_the_formats_are_written(corpus, toy, tmp_path, fault_repo
     proc = _cli(corpus, dst, "--format", "json", env={"SLOW_FORMAT_MARK": str(mark)},
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _wait_for(lambda: mark.exists() or proc.poll() is not None, what="the format files")
+        wait_for(lambda: mark.exists() or proc.poll() is not None, what="the format files")
         proc.send_signal(signal.SIGTERM)
         code, _, err = _finish(proc)
     finally:
@@ -151,7 +138,7 @@ def test_sigterm_while_the_formats_are_written(corpus, toy, tmp_path, fault_repo
     _assert_released(dst)
     assert not (dst / output.SUCCESS_NAME).exists()
     assert not _format_files(dst), _format_files(dst)        # the staged files never moved in
-    assert sorted(_ids(dst)) == sorted(f"r{i:02d}.flac" for i in range(N))
+    assert sorted(part_ids(dst)) == sorted(f"r{i:02d}.flac" for i in range(N))
 
     summary = _rerun(corpus, dst, "json")
     assert (dst / output.SUCCESS_NAME).exists()
@@ -159,8 +146,8 @@ def test_sigterm_while_the_formats_are_written(corpus, toy, tmp_path, fault_repo
     assert all(json.loads(p.read_text())["id"] == p.stem for p in _format_files(dst))
     assert not [p for p in dst.rglob(".tmp-*")], list(dst.rglob(".tmp-*"))
     assert summary["skipped_existing"] == N and summary["rows_in"] == summary["rows_out"] == N
-    fault_report("SIGTERM while the formats are written, then rerun", N, len(set(_ids(dst))),
-                 len(_ids(dst)) - len(set(_ids(dst))), 0)
+    fault_report("SIGTERM while the formats are written, then rerun", N, len(set(part_ids(dst))),
+                 len(part_ids(dst)) - len(set(part_ids(dst))), 0)
 
 
 def _stopped(pid: int) -> bool:
@@ -174,11 +161,11 @@ def test_ctrl_c_from_a_terminal_then_the_rerun_does_only_the_rest(corpus, toy, t
     dst = tmp_path / "out"
     proc = _cli(corpus, dst, delay_s=0.4, process_group=0, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        _wait_for(lambda: len(list(dst.glob("part-*.parquet"))) >= 2 or proc.poll() is not None,
+        wait_for(lambda: len(list(dst.glob("part-*.parquet"))) >= 2 or proc.poll() is not None,
                   what="the first committed rows")
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         os.killpg(proc.pid, signal.SIGTSTP)                  # Ctrl-Z
-        _wait_for(lambda: _stopped(proc.pid), timeout=10, what="the job to stop")
+        wait_for(lambda: _stopped(proc.pid), timeout=10, what="the job to stop")
         os.killpg(proc.pid, signal.SIGCONT)                  # fg
         os.killpg(proc.pid, signal.SIGINT)                   # Ctrl-C
         code, _, err = _finish(proc)
@@ -191,13 +178,13 @@ def test_ctrl_c_from_a_terminal_then_the_rerun_does_only_the_rest(corpus, toy, t
     assert code == 130, err[-3000:]
     _interrupted_line(err, "SIGINT")
     _assert_released(dst)
-    kept = _ids(dst)
+    kept = part_ids(dst)
     assert 2 <= len(kept) < N and len(kept) == len(set(kept)), kept
 
     summary = _rerun(corpus, dst)
     assert summary["skipped_existing"] == len(kept) and summary["run_rows"] == N - len(kept), summary
     assert summary["rows_in"] == summary["rows_out"] == N and summary["duplicate_rows"] == 0, summary
-    ids = _ids(dst)
+    ids = part_ids(dst)
     assert sorted(ids) == sorted(f"r{i:02d}.flac" for i in range(N)), ids
     fault_report("Ctrl-C (process group) after the first rows, then rerun", N, len(set(ids)),
                  len(ids) - len(set(ids)), 0)
@@ -236,7 +223,7 @@ def test_the_next_job_kills_what_a_dead_drivers_ray_left(tmp_path, monkeypatch):
     left = [subprocess.Popen(["bash", "-c", f'exec -a "ray::{name}" sleep 60 >{logs}/{name}.out'])
             for name, logs in (("DashboardAgent", dead_logs), ("IDLE", dead_logs), ("Live", live_logs))]
     try:
-        _wait_for(lambda: len(ray_local.processes([str(dead_logs.parent), str(live_logs.parent)])) == 3,
+        wait_for(lambda: len(ray_local.processes([str(dead_logs.parent), str(live_logs.parent)])) == 3,
                   timeout=10, what="the stand-ins")
         notes = temp / f"shardscribe-ray-{os.getuid()}"
         notes.mkdir(parents=True)
@@ -247,7 +234,7 @@ def test_the_next_job_kills_what_a_dead_drivers_ray_left(tmp_path, monkeypatch):
                 "session": None}))
         monkeypatch.setattr(tempfile, "tempdir", str(temp))
         hold_output(str(tmp_path / "out"), load_config("ar")).release()
-        _wait_for(lambda: left[0].poll() is not None and left[1].poll() is not None, timeout=10,
+        wait_for(lambda: left[0].poll() is not None and left[1].poll() is not None, timeout=10,
                   what="the dead driver's leftovers to be killed")
         assert left[0].returncode == left[1].returncode == -signal.SIGKILL
         assert left[2].poll() is None, "a live driver's Ray process was killed"
