@@ -70,3 +70,24 @@ def copy_state_(dst, src) -> None:
 
 def clone_state(state):
     return tuple(x.clone() for x in state)
+
+
+def greedy_choice(tok_lp: torch.Tensor, dur_lp, blank_id: int, durations, symbols: torch.Tensor,
+                  max_symbols: int):
+    """The greedy rule of one joint step (transducer.greedy's module docstring): the argmax
+    token and, for TDT, the argmax duration; a blank with duration 0 moves one frame, and so
+    does the ``max_symbols``-th label at one frame. Returns (token, blank, advance, step
+    log-prob, the labels emitted at the frame so far)."""
+    tok_best, token = tok_lp.max(-1)
+    blank = token == blank_id
+    if durations is None:
+        advance = blank.long()
+        step_lp = tok_best
+    else:
+        dur_best, d = dur_lp.max(-1)
+        advance = durations[d]
+        advance = torch.where(blank & (advance == 0), 1, advance)
+        step_lp = tok_best + dur_best
+    symbols = torch.where(blank, 0, symbols + 1)
+    advance = torch.where((symbols >= max_symbols) & (advance == 0), 1, advance)
+    return token, blank, advance, step_lp, torch.where(advance > 0, 0, symbols)

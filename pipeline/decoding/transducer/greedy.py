@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.decoding.transducer import advance_predictor
+from pipeline.decoding.transducer import advance_predictor, greedy_choice
 
 
 @dataclass
@@ -52,20 +52,9 @@ def transducer_greedy(model, frames: torch.Tensor, lengths: torch.Tensor,
             break
         frame = frames[rows, t.clamp(max=max(t_max - 1, 0))]
         tok_lp, dur_lp = model.joint(frame, model.predictor_output(state))
-        tok_best, token = tok_lp.max(-1)
-        blank = token == model.blank
+        token, blank, advance, step_lp, symbols = greedy_choice(tok_lp, dur_lp, model.blank, durations, symbols,
+                                                               max_symbols)
         live = ~done
-        if durations is None:
-            advance = blank.long()
-            step_lp = tok_best
-        else:
-            dur_best, d = dur_lp.max(-1)
-            advance = durations[d]
-            advance = torch.where(blank & (advance == 0), 1, advance)
-            step_lp = tok_best + dur_best
-        symbols = torch.where(blank, 0, symbols + 1)
-        advance = torch.where((symbols >= max_symbols) & (advance == 0), 1, advance)
-        symbols = torch.where(advance > 0, 0, symbols)
         emit = live & ~blank
         emitted.append(token)
         at_frame.append(t.clone())

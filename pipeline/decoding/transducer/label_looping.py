@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.decoding.transducer import advance_predictor, copy_state_
+from pipeline.decoding.transducer import advance_predictor, copy_state_, greedy_choice
 from pipeline.decoding.transducer.greedy import GreedyResult, transducer_greedy
 from pipeline.decoding.transducer.loop_graphs import GraphCache, StepGraph
 from pipeline.decoding.transducer.static_state import LabelLoopState, frame_bucket
@@ -44,19 +44,8 @@ def _find_label(model, s: LabelLoopState, durations, max_symbols: int) -> None:
     searching = (s.t < s.lengths) & ~s.pending
     frame = s.frames[s.rows, s.t.clamp(max=s.frames.shape[1] - 1)]
     tok_lp, dur_lp = model.joint(frame, model.predictor_output(s.pred))
-    tok_best, token = tok_lp.max(-1)
-    blank = token == model.blank
-    if durations is None:
-        advance = blank.long()
-        step_lp = tok_best
-    else:
-        dur_best, d = dur_lp.max(-1)
-        advance = durations[d]
-        advance = torch.where(blank & (advance == 0), 1, advance)
-        step_lp = tok_best + dur_best
-    symbols = torch.where(blank, 0, s.symbols + 1)
-    advance = torch.where((symbols >= max_symbols) & (advance == 0), 1, advance)
-    symbols = torch.where(advance > 0, 0, symbols)
+    token, blank, advance, step_lp, symbols = greedy_choice(tok_lp, dur_lp, model.blank, durations, s.symbols,
+                                                           max_symbols)
     emit = searching & ~blank
     # written for every row at its next free slot; only an emission moves the slot on
     s.tokens.scatter_(1, s.count[:, None], token[:, None])
