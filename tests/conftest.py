@@ -151,6 +151,14 @@ def sigterm_after_progress(proc, total: int, done: int) -> str:
     return seen + proc.stderr.read()
 
 
+def sample_copies(root: Path, n: int) -> Path:
+    """``n`` copies of the bundled FLAC samples in ``root``, named r00.flac, r01.flac, ..."""
+    samples = sorted(SAMPLES.glob("*.flac"))
+    for i in range(n):
+        shutil.copy(samples[i % len(samples)], root / f"r{i:02d}.flac")
+    return root
+
+
 def wait_for(predicate, timeout: float = 120.0, what: str = "condition", poll: float = 0.02) -> None:
     """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
     import time

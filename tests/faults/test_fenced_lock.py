@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 import fault_toy
-from conftest import ROOT, SAMPLES, part_ids, wait_for
+from conftest import ROOT, part_ids, sample_copies, wait_for
 from pipeline import output
 from pipeline.records import OUTPUT_SCHEMA, table
 
@@ -40,11 +40,7 @@ SCRIPT = "import sys, fault_toy; fault_toy.register(); from jobs.cli import main
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("fenced-corpus")
-    samples = sorted(SAMPLES.glob("*.flac"))
-    for i in range(N):
-        shutil.copy(samples[i % len(samples)], root / f"r{i:02d}.flac")
-    return root
+    return sample_copies(tmp_path_factory.mktemp("fenced-corpus"), N)
 
 
 def _env(delay_s: float) -> dict:

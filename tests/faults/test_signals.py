@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 
 import fault_toy
-from conftest import ROOT, SAMPLES, part_ids, wait_for
+from conftest import ROOT, part_ids, sample_copies, wait_for
 from pipeline import output
 
 FAULTS = Path(__file__).resolve().parent
@@ -53,11 +52,7 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("signal-corpus")
-    samples = sorted(SAMPLES.glob("*.flac"))
-    for i in range(N):
-        shutil.copy(samples[i % len(samples)], root / f"r{i:02d}.flac")
-    return root
+    return sample_copies(tmp_path_factory.mktemp("signal-corpus"), N)
 
 
 SETS = fault_toy.OVERRIDES + ["batching.recordings_per_batch=1", "output.rows_per_part=1000",
