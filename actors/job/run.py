@@ -151,7 +151,7 @@ def dry_run_report(spec: JobSpec, cfg, scanned) -> dict:
     job_hash = config_hash(cfg)
     found = None if spec.overwrite else scan_output(spec.output, cfg.storage.options)
     try:
-        refusal = None if found is None else _other_config(found.config_hashes, job_hash, spec)
+        refusal = None if found is None else _other_config(found.config_hashes, job_hash, spec, cfg)
         if refusal:
             raise JobError(refusal)
         plan = plan_resume(scanned, found)
@@ -238,7 +238,7 @@ def _run_locked(spec: JobSpec, cfg, source, scanned, job_id: str, formats: list[
         # One read of every part serves the config check, --retry-errors and the rows done.
         found = scan_output(spec.output, cfg.storage.options)
     try:
-        refusal = None if found is None else _other_config(found.config_hashes, job_hash, spec)
+        refusal = None if found is None else _other_config(found.config_hashes, job_hash, spec, cfg)
         if refusal:
             raise JobError(refusal)
         # Each input row against the folder's rows by id and source, a bucket at a time.
@@ -272,17 +272,16 @@ def _run_locked(spec: JobSpec, cfg, source, scanned, job_id: str, formats: list[
     return _transcribe(spec, cfg, scanned, plan, source, items, job_hash, formats, job_id, on_progress, console)
 
 
-def _other_config(hashes: dict, job_hash: str, spec: JobSpec) -> str | None:
+def _other_config(hashes: dict, job_hash: str, spec: JobSpec, cfg) -> str | None:
     """The refusal message when DST holds rows of another config and neither --resume nor
     --overwrite says what to do with them."""
     other = {h: n for h, n in hashes.items() if h != job_hash}
     if not other or spec.resume:
         return None
-    from pipeline.config import config_differences, hashed_config, load_config
+    from pipeline.config import config_differences, hashed_config
     from pipeline.config_record import recorded_config
     from pipeline.storage import redact_uri
 
-    cfg = load_config(spec.config, list(spec.overrides), model=spec.model)
     mine = hashed_config(cfg)
     made_by = []
     for h, n in other.items():
