@@ -169,12 +169,35 @@ def test_fallback_from_a_prefix_that_disagrees_with_ar_equals_uncached_greedy(wh
         j = len(row.prefix)
         assert row.stage == AR_FALLBACK and j >= 2 and row.draft_tokens[:j] == row.prefix
         assert row.prefix != f[:j]                   # the prefix disagrees with greedy AR
-        ref = uncached_greedy(whisper_adapter, enc.states[i:i + 1], row.prefix, ssd.max_new_tokens)
+        # the budget counts the prefix, as plain greedy AR's does
+        ref = uncached_greedy(whisper_adapter, enc.states[i:i + 1], row.prefix, ssd.max_new_tokens - j)
         assert row.tokens == row.prefix + ref
         assert row.generated == len(ref) > 0
         assert row.text == whisper_adapter.text(row.prefix + ref)
         changed += row.tokens != f
     assert changed == len(rows)
+
+
+def test_drafts_longer_than_ar_can_write_end_where_ar_ends(whisper_adapter, encoded):
+    """Greedy AR stops after max_new_tokens and before the decoder's last position. A
+    right draft longer than that budget is not AR's output (a verifier that took it whole
+    returns more than AR); one past the position table (a looping draft head on a long
+    window) made verification index positions the model lacks (a device-side assert on
+    CUDA that poisoned every later batch)."""
+    enc, full = encoded
+    budget = 5
+    ar = greedy_decode(whisper_adapter, enc.states, max_new_tokens=budget)
+    assert any(len(f) > budget for f in full)
+    ssd = SelfSpeculativeDecoder(whisper_adapter, tau_ctc=0.0, tau_slm=0.3, max_new_tokens=budget)
+    rows = ssd.decode(enc.states, _texts(whisper_adapter, full), torch.zeros(len(full)))
+    assert [r.tokens for r in rows] == ar
+    # a draft longer than the position table: the right transcript repeated past 448 tokens
+    i = max(range(len(full)), key=lambda k: len(full[k]))
+    looping = full[i] * (whisper_adapter.max_positions // len(full[i]) + 2)
+    assert len(looping) > whisper_adapter.max_positions
+    ssd = SelfSpeculativeDecoder(whisper_adapter, tau_ctc=0.0, tau_slm=0.3, max_new_tokens=1000)
+    row = ssd.decode(enc.states[i:i + 1], [whisper_adapter.text(looping)], torch.zeros(1))[0]
+    assert row.tokens == full[i]
 
 
 def test_good_drafts_are_verified_not_regenerated(whisper_adapter, encoded):

@@ -160,7 +160,13 @@ class SelfSpeculativeDecoder:
         todo = [i for i, r in enumerate(rows)
                 if (r.stage is None and self._verifies(r)) or (check_gated and r.stage == CTC_GATE)]
         if todo:
-            drafts = [ad.tokenize(rows[i].draft_text) for i in todo]
+            # Greedy AR writes at most max_new_tokens after the prompt and never past the
+            # decoder's last position: a longer draft could not be its output, and would
+            # index positions the model does not have. Its first `cap` tokens are verified;
+            # the fallback finishes the row from there within the same budget.
+            caps = [max(0, min(self.max_new_tokens, ad.max_positions - len(p)))
+                    for p in ad.batch_prompts(encoder_states[todo])]
+            drafts = [ad.tokenize(rows[i].draft_text)[:c] for i, c in zip(todo, caps)]
             gated = [rows[i].stage == CTC_GATE for i in todo]
             # A calibrated gate labels each draft it did not accept at its own (lower)
             # threshold in the same pass; acceptance at tau_slm is then j = K on top of it.
@@ -224,6 +230,9 @@ class SelfSpeculativeDecoder:
         if cross_out is not None and crosses and all(c for _, c in crosses):
             cross_out[:] = _in_row_order(crosses, len(rows))
         for row, tokens in zip(rows, gen):
+            # AR's budget counts the verified prefix: a row that runs to the limit ends
+            # where plain greedy AR would, not max_new_tokens after its prefix
+            tokens = tokens[:max(0, self.max_new_tokens - len(row.prefix))]
             row.seed = None
             row.stage, row.generated = AR_FALLBACK, len(tokens)
             row.tokens = row.prefix + tokens

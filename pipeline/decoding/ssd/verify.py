@@ -67,7 +67,9 @@ def verify_drafts(adapter, encoder_states: torch.Tensor, drafts: list[list[int]]
     steps = torch.arange(Kmax + 1, device=device)
     cols = torch.arange(P + Kmax, device=device).unsqueeze(0)
     mask = ((cols >= lead.unsqueeze(1)) & (cols < (P + K).unsqueeze(1))).long()
-    positions = (cols - lead.unsqueeze(1)).clamp(min=0)
+    # padding columns are masked: any position in range will do (the caller keeps every
+    # row's prompt + draft within adapter.max_positions)
+    positions = (cols - lead.unsqueeze(1)).clamp(min=0, max=adapter.max_positions - 1)
     hidden, cache = adapter.decoder_hidden(ids, encoder_states, None, mask, positions)
     # Only the positions that predict draft tokens (and the one after the draft).
     gather_at = (P - 1 + torch.minimum(steps.unsqueeze(0), K.unsqueeze(1)))      # [B, Kmax+1]
