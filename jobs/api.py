@@ -81,7 +81,7 @@ def pseudo_label(input: str, output: str, config: str | None = None, runner: str
                  min_confidence: float | None = None, keep_fraction: float | None = None,
                  set: Mapping[str, Any] | None = None, **kwargs: Any) -> dict:
     """``transcribe`` with confidence on, then the pseudo-label exports under
-    output/__shardscribe__/pseudo_label/ (``shardscribe pseudo-label``): keep the rows
+    output/__pseudo_label/ (``shardscribe pseudo-label``): keep the rows
     whose confidence is at least ``min_confidence``, or the best ``keep_fraction`` of them.
     Returns ``{"summary": the job's summary, "report": the exports' report (kept, rows,
     utterances, ...), "written": the URLs of the exports}``. Needs matplotlib."""

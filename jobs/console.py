@@ -7,7 +7,8 @@ else, and a short closing table.
   the original terminal. ``verbose`` leaves the descriptors alone.
 - ``Progress`` is a tqdm bar in recordings with audio hours, rows/s, RTFx, errors and an
   ETA in a terminal; elsewhere (a log, CI) it writes one line every ``interval_s``.
-- ``summary_table`` is the closing table.
+- ``summary_table`` is the closing table; ``output_lines`` says where each output is.
+- ``committed_rows`` counts what an interrupted job left committed, for its last line.
 """
 from __future__ import annotations
 
@@ -195,6 +196,12 @@ def summary_table(summary: dict) -> list[str]:
                                      f"(mean {second['mean_segments_per_call']:.1f}, max "
                                      f"{second['max_segments_per_call']} a call; mean wait "
                                      f"{second.get('mean_wait_s', 0.0):.1f} s)"))
+    online = summary.get("token_map_online") or {}
+    if online.get("map"):
+        # token_map.online, replayed on the job's text (pipeline.decoding.token_map_report)
+        rows.append(("token map", f"online, {online['map']['keys']} keys; replayed: {online['accepted_per_round']:.2f} "
+                                  f"of {online['drafted_per_round']:.2f} drafted tokens accepted a round, bound "
+                                  f"{online['pass_ratio']:.2f}x AR's decoder passes"))
     if summary.get("wer") is not None:
         rows.append(("WER", f"{100 * summary['wer']:.1f} % over {summary.get('wer_rows', 0)} rows with a reference"))
     width = max(len(k) for k, _ in rows)
@@ -236,6 +243,27 @@ def output_lines(dst: str, log_url: str | None, written: list[str] | None = None
         lines.append(f"  log:     {log_url}")
     lines.append("Read it: " + " or ".join(readers(dst)))
     return lines
+
+
+def committed_rows(dst: str) -> int:
+    """The rows committed in DST: what a rerun finds there (pipeline.output's parts),
+    counted from the parts' footers; no column is read, so it is quick on any output."""
+    from pipeline.output import iter_output
+
+    return sum(len(rows) for rows in iter_output(dst, []))
+
+
+def mismatch_warning(dst: str) -> str | None:
+    """The closing warning for DST's rows with the ``language_mismatch`` filter reason
+    (speech its model could not transcribe, pipeline.filters), or None where there are none."""
+    from pipeline.output import iter_output
+
+    n = sum("language_mismatch" in (r["filter_reasons"] or []) for batch in iter_output(dst, ["filter_reasons"])
+            for r in batch)
+    return (f"shardscribe: warning: {n} row{'' if n == 1 else 's'} with filter reason language_mismatch: speech "
+            "in another language than the model's (an English-only model's decode failed, or the detected "
+            "language differs from filters.language); for other languages use --model base --language auto"
+            ) if n else None
 
 
 # Transcripts longer than this are cut on the console (the rows keep them whole).

@@ -4,7 +4,7 @@
 Runs the transcribe job into DST (same inputs, options, commit protocol and resume; the
 filters of the ``filters`` config section run in its pass and write ``filter_reasons``),
 then picks the rows to keep (no error, no filter reason, confidence at least C or among
-the top fraction F; pipeline.pseudo_label) and writes, under DST/__shardscribe__/pseudo_label/:
+the top fraction F; pipeline.pseudo_label) and writes, in DST/__pseudo_label/:
 ``manifest.jsonl`` (NeMo: audio_filepath, offset, duration, text of the kept utterances),
 ``dataset/`` (the same utterances as Parquet, for ``datasets.load_dataset("parquet",
 data_dir=...)``), ``_report.json`` and ``pseudo_label.png``. DST's own Parquet keeps

@@ -1,9 +1,11 @@
 """Transcribe audio into Parquet: `shardscribe transcribe --input SRC --output DST`.
 
 SRC is a folder or glob of audio files, a JSONL manifest or a Parquet table, on any
-fsspec filesystem. DST gets one Parquet row per recording; the summary, the success
-marker, the lock, the job log and any `--format` files go to DST/__shardscribe__/, a
-folder every Parquet reader skips (pipeline.output: the folder's commit protocol). A rerun
+fsspec filesystem. DST gets one Parquet row per recording; any `--format` files go beside
+the parts (DST/__srt/, DST/__txt/, ...), and the summary, the success marker, the lock
+and the job log to DST/__shardscribe__/: folders every Parquet reader skips
+(pipeline.output: the folder's commit protocol). An interrupted job's last line says how
+many rows DST holds, counted once the job has let go of the folder. A rerun
 into the same DST skips recordings that already have a row; a rerun with another config
 is refused unless --overwrite (redo all) or --resume (keep the rows, add the rest);
 --retry-errors also redoes the recordings whose rows hold an error; a second job into a
@@ -16,7 +18,7 @@ import contextlib
 import logging
 import sys
 
-from actors.job.spec import JobConsole, JobError, JobIncomplete, JobProgress, JobSpec
+from actors.job.spec import JobConsole, JobError, JobIncomplete, JobInterrupted, JobProgress, JobSpec
 
 COMMAND = "transcribe"
 LOG_NAME = "transcribe.log"
@@ -89,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Ray Data plan (default) or in-process without Ray")
     parser.add_argument("--format", default="", metavar="LIST",
                         help="also write srt,vtt,json,tsv,txt per recording and/or nemo (a manifest with "
-                             "pred_text), comma-separated, into DST/__shardscribe__/")
+                             "pred_text), comma-separated, beside the parts: DST/__srt/, ..., "
+                             "DST/__nemo/manifest.nemo.jsonl")
     rerun = parser.add_mutually_exclusive_group()
     rerun.add_argument("--overwrite", action="store_true",
                        help="remove DST's rows and transcribe everything again")
@@ -153,7 +156,9 @@ def execute(spec: JobSpec) -> int:
         print(f"shardscribe: error: {exc}", file=sys.stderr)
         return exc.code
     except JobError as exc:
-        print(("\n" if exc.started else "") + f"shardscribe: {exc.label}: {exc}", file=sys.stderr, flush=True)
+        counted = committed_note(spec.output) if isinstance(exc, JobInterrupted) else ""
+        print(("\n" if exc.started else "") + f"shardscribe: {exc.label}: {exc}{counted}", file=sys.stderr,
+              flush=True)
         return exc.code
     if spec.dry_run:
         print(f"shardscribe: {result['message']}")
@@ -165,6 +170,22 @@ def execute(spec: JobSpec) -> int:
                 print(line)
         closing(spec.output, result)
     return 0
+
+
+def committed_note(dst: str) -> str:
+    """`` (N rows committed)`` for an interrupted job's line: read back from DST after the
+    job committed what it had finished and released the folder, so the number is what a
+    rerun will find. Empty where DST cannot be read, or a second signal cuts the count
+    short: the line is printed either way."""
+    from actors.job.signals import interrupts
+    from jobs.console import committed_rows
+
+    try:
+        with interrupts():    # a second Ctrl-C or SIGTERM here skips the count, not the line
+            n = committed_rows(dst)
+    except (Exception, KeyboardInterrupt):
+        return ""
+    return f" ({n} row{'' if n == 1 else 's'} committed)"
 
 
 def closing(dst: str, summary: dict) -> None:
@@ -181,6 +202,10 @@ def closing(dst: str, summary: dict) -> None:
         print(f"shardscribe: warning: {redact_uri(dst)} also holds {summary['extra_rows']} rows whose ids "
               "are not in this input (an earlier job's); they are kept, and left out of the summary",
               file=sys.stderr)
+    from jobs.console import mismatch_warning
+
+    if (warning := mismatch_warning(dst)) is not None:
+        print(warning, file=sys.stderr)
 
 
 class Console(JobConsole):

@@ -70,6 +70,7 @@ class JobConfig:
         """Check every section, then the decoder kind and the model family against their
         registries: the capabilities the kind needs, window packing, the segment length."""
         from pipeline.decoders import DECODER_KINDS
+        from pipeline.decoders.ar import map_drafting_key
 
         for name, value in self._sections():
             if hasattr(value, "validate"):
@@ -84,8 +85,9 @@ class JobConfig:
                                   f"model.family={family.name} {'(' + hint + ')' if hint else 'has none'}")
         if hasattr(self.model.options, "check_job"):
             self.model.options.check_job(self, kind)
-        if self.decoder.token_map is not None and ATTENTION_DECODER not in kind.needs_for(self):
-            raise ConfigError(f"decoder.token_map: drafts for an attention decoder's greedy decoding; "
+        drafting = map_drafting_key(self)
+        if drafting is not None and ATTENTION_DECODER not in kind.needs_for(self):
+            raise ConfigError(f"{drafting}: drafts for an attention decoder's greedy decoding; "
                               f"decoder.kind={kind.name} has none")
         if kind.check_config is not None:
             kind.check_config(self)

@@ -79,6 +79,9 @@ class ModelConfig:
 @dataclass
 class DecoderConfig:
     EXECUTION_KEYS = ("use_cuda_graphs",)   # not in config_hash: the same tokens either way
+    # config_hash: left out while at their defaults (rows written before the keys existed still match)
+    HASHED_WHEN_SET = ("temperature_fallback", "fallback_temperatures", "fallback_compression_ratio",
+                       "fallback_logprob", "fallback_seed")
     kind: str = "ar"                  # a registered decoder kind (pipeline.decoders)
     max_new_tokens: int = 224
     # Several short clips per encoder pass, isolated from each other (pipeline.packing:
@@ -94,11 +97,32 @@ class DecoderConfig:
     # as a CUDA graph on CUDA devices (pipeline.decoding.ar_static_graphs); the CPU keeps
     # the eager loop, which is faster there (docs/ar.md). Same tokens either way.
     use_cuda_graphs: bool = True
+    # Whisper's temperature fallback, in the ar kind only (pipeline.decoders.ar.fallback;
+    # docs/languages.md): a segment whose greedy text has a compression ratio above
+    # fallback_compression_ratio or a mean token log-probability below fallback_logprob is
+    # decoded again by seeded sampling at each of fallback_temperatures in turn.
+    # translate: with model.task=translate only (base's translations loop without it);
+    # always: every task (transcripts of such segments change); off.
+    temperature_fallback: str = "translate"
+    fallback_temperatures: list = field(default_factory=lambda: [0.2, 0.4, 0.6, 0.8, 1.0])  # tried in turn
+    fallback_compression_ratio: float | None = 2.4   # a text above it fails (Whisper's); null: not checked
+    fallback_logprob: float | None = -1.0            # a mean token log-prob below it fails (Whisper's); null: not checked
+    fallback_seed: int = 0                           # the samples' seed: the same text on every run
 
     def validate(self, key: str) -> None:
         at_least(f"{key}.max_new_tokens", self.max_new_tokens, 1)
         if self.token_map is not None:
             check_token_map(f"{key}.token_map", self.token_map)
+        choice(f"{key}.temperature_fallback", self.temperature_fallback, ("translate", "always", "off"))
+        temps = self.fallback_temperatures
+        if not isinstance(temps, list) or not all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                                                  and 0 < t <= 2 for t in temps):
+            raise ConfigError(f"{key}.fallback_temperatures: expected a list of temperatures in (0, 2], got {temps!r}")
+        if self.fallback_compression_ratio is not None and self.fallback_compression_ratio <= 0:
+            raise ConfigError(f"{key}.fallback_compression_ratio: must be > 0 or null, "
+                              f"got {self.fallback_compression_ratio}")
+        if self.fallback_logprob is not None and self.fallback_logprob >= 0:
+            raise ConfigError(f"{key}.fallback_logprob: must be < 0 or null, got {self.fallback_logprob}")
 
 
 @dataclass
@@ -268,6 +292,7 @@ class OutputConfig:
 class FiltersConfig:
     """Pseudo-label filters run in the pass (pipeline.filters; docs/pseudo_label.md has
     what each catches). A threshold set to null switches its check off."""
+    HASHED_WHEN_SET = ("english_only_logprob",)   # config_hash: left out while at its default
     max_compression_ratio: float | None = 2.4   # Whisper's failed-decode threshold per 30-s window
     min_unique_word_share: float | None = 0.3   # distinct words / words in a segment
     unique_words_min_count: int = 12            # the share is judged from this many words on
@@ -279,6 +304,12 @@ class FiltersConfig:
     phrases: list = field(default_factory=list)  # hallucination phrases (e.g. "thank you for watching")
     phrase_match: str = "whole"                 # whole: the text is a phrase (Granary) | contains: it holds one
     language: str | None = None                 # expected language; rows whose detected language differs
+    # English-only Whisper models (tiny.en): a segment whose greedy text has a mean token
+    # log-probability below this, or a compression ratio above max_compression_ratio
+    # (Whisper's failed-decode rule), is written with language und and the reason
+    # language_mismatch (pipeline.models.whisper.language_check; one teacher-forced decoder
+    # pass per segment; docs/languages.md has the measurement). null: off.
+    english_only_logprob: float | None = -1.0
 
     def validate(self, key: str) -> None:
         for name in ("max_compression_ratio", "max_chars_per_second", "min_chars_per_second"):
@@ -299,6 +330,8 @@ class FiltersConfig:
         if not isinstance(self.phrases, list) or not all(isinstance(p, str) and p.strip() for p in self.phrases):
             raise ConfigError(f"{key}.phrases: expected a list of non-empty strings")
         choice(f"{key}.phrase_match", self.phrase_match, ("whole", "contains"))
+        if self.english_only_logprob is not None and self.english_only_logprob >= 0:
+            raise ConfigError(f"{key}.english_only_logprob: must be < 0 or null, got {self.english_only_logprob}")
 
 
 PSEUDO_LABEL_RANKINGS = ("excess_errors", "confidence")

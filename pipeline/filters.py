@@ -19,8 +19,10 @@ finished row and segment. The checks:
 - ``too_fast`` / ``too_slow``: characters per second of speech out of range for the
   segment's duration.
 - ``empty`` (a segment or row without a letter or digit), ``no_speech`` (a recording where VAD found
-  no speech) and ``language_mismatch`` (the row's detected ``language``, where a decoder
-  writes one, differs from ``filters.language``).
+  no speech) and ``language_mismatch``: the row's detected ``language``, where a decoder
+  writes one, differs from ``filters.language``; or a segment's language is ``und``, an
+  English-only model's decode that failed Whisper's rule (pipeline.models.whisper.language_check:
+  speech it cannot transcribe).
 
 The text checks run per segment (at most one model window, as Whisper's ratio is
 defined), never over a whole long recording, whose text compresses well because it is
@@ -33,6 +35,9 @@ import re
 import unicodedata
 import zlib
 
+# The language an English-only model's segment is written with when its decode failed
+# (pipeline.models.whisper.language_check, which imports this module: defined here).
+UNDETERMINED = "und"
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*", re.UNICODE)
 # Scripts written without spaces between words: a "word" there is a whole clause, so the
 # longest-word check does not apply to it.
@@ -115,7 +120,10 @@ def segment_reasons(segment: dict, cfg) -> list[str]:
         return []
     start, end = segment.get("start"), segment.get("end")
     duration = end - start if start is not None and end is not None else None
-    return text_reasons(segment.get("text") or "", duration, cfg)
+    reasons = text_reasons(segment.get("text") or "", duration, cfg)
+    if segment.get("language") == UNDETERMINED:
+        reasons.append("language_mismatch")
+    return reasons
 
 
 def row_reasons(row: dict, cfg) -> list[str]:

@@ -1,5 +1,9 @@
 """Per-recording transcript files (SRT, WebVTT, JSON, TSV, plain text) and a NeMo manifest
-with ``pred_text``, written from a finished output folder.
+with ``pred_text``, written from a finished output folder beside its parts: ``DST/__srt/``,
+``DST/__vtt/``, ``DST/__json/``, ``DST/__tsv/``, ``DST/__txt/`` and
+``DST/__nemo/manifest.nemo.jsonl``. The ``__`` keeps them out of every Parquet reader's
+way (pipeline.output): a plain ``DST/srt/`` would be read as Parquet by pyarrow, pandas
+and ``datasets`` alike, and fail.
 
 Captions follow the usual subtitle limits: a cue is cut at segment boundaries and at word
 boundaries (preferably where a sentence ends), holds at most ``MAX_LINES`` lines of at most ``MAX_CHARS`` characters and
@@ -241,20 +245,37 @@ def _rows(dst: str, options: dict | None):
         yield from rows
 
 
+def format_file(fmt: str) -> str:
+    """Where the format ``fmt`` goes, relative to DST: a folder of per-recording files
+    (``__srt/``), or the NeMo manifest (``__nemo/manifest.nemo.jsonl``); beside the parts,
+    in a folder that no Parquet reader reads as rows (pipeline.output.export_dir)."""
+    from pipeline.output import export_dir
+
+    return f"{export_dir(fmt)}/{NEMO_MANIFEST}" if fmt == "nemo" else f"{export_dir(fmt)}/"
+
+
+def _former_file(fmt: str) -> str:
+    """Where an earlier version wrote ``fmt``: in the sidecar folder."""
+    from pipeline.output import SIDECAR_DIR
+
+    return f"{SIDECAR_DIR}/{NEMO_MANIFEST}" if fmt == "nemo" else f"{SIDECAR_DIR}/{fmt}"
+
+
 def write_formats(dst: str, formats: list[str], options: dict | None = None) -> list[str]:
     """Write ``formats`` for every row of the output folder ``dst`` (opened with the job's
-    storage ``options``) into its sidecar folder; returns the folders and files written
-    (relative to ``dst``). Everything is written under a temporary folder first and moved
-    into place at the end, so an interrupted write leaves the previous formats (or none),
-    never a partial set beside a finished job's _SUCCESS."""
+    storage ``options``) beside its parts (``format_file``); returns the folders and files
+    written (relative to ``dst``). Everything is written under a temporary folder in the
+    sidecar folder first and moved into place at the end, so an interrupted write leaves
+    the previous formats (or none), never a partial set beside a finished job's _SUCCESS.
+    A format an earlier version left in the sidecar folder goes once its new copy is in
+    place: one copy of each, the current one."""
     import uuid
 
-    from pipeline.output import SIDECAR_DIR
+    from pipeline.output import SIDECAR_DIR, export_dir
     from pipeline.storage import url_to_fs
 
     fs, path = url_to_fs(dst, options)
-    root = posixpath.join(path, SIDECAR_DIR)
-    staging = posixpath.join(root, f".tmp-formats-{uuid.uuid4().hex[:12]}")
+    staging = posixpath.join(path, SIDECAR_DIR, f".tmp-formats-{uuid.uuid4().hex[:12]}")
     per_file = [f for f in formats if f != "nemo"]
     for fmt in per_file:
         fs.makedirs(posixpath.join(staging, fmt), exist_ok=True)
@@ -279,12 +300,26 @@ def write_formats(dst: str, formats: list[str], options: dict | None = None) -> 
         finally:
             if nemo is not None:
                 nemo.close()
-        for name in per_file + ([NEMO_MANIFEST] if nemo is not None else []):
-            final = posixpath.join(root, name)
+        done = per_file + (["nemo"] if nemo is not None else [])
+        for fmt in done:
+            staged = posixpath.join(staging, NEMO_MANIFEST if fmt == "nemo" else fmt)
+            final = posixpath.join(path, format_file(fmt).rstrip("/"))
             if fs.exists(final):
                 fs.rm(final, recursive=True)
-            fs.mv(posixpath.join(staging, name), final, recursive=name in per_file)
+            if fmt == "nemo":   # a file in its folder; a per-recording folder is moved whole
+                fs.makedirs(posixpath.join(path, export_dir(fmt)), exist_ok=True)
+            fs.mv(staged, final, recursive=fmt != "nemo")
+            former = posixpath.join(path, _former_file(fmt))
+            if fs.exists(former):
+                fs.rm(former, recursive=True)
     finally:
         if fs.exists(staging):
             fs.rm(staging, recursive=True)
-    return [f"{SIDECAR_DIR}/{f}/" for f in per_file] + ([f"{SIDECAR_DIR}/{NEMO_MANIFEST}"] if "nemo" in formats else [])
+    return [format_file(f) for f in per_file] + ([format_file("nemo")] if "nemo" in formats else [])
+
+
+def export_dirs() -> tuple[str, ...]:
+    """Every export folder a job may write (``--overwrite`` removes them with the rows)."""
+    from pipeline.output import PSEUDO_LABEL_EXPORT, export_dir
+
+    return tuple(export_dir(name) for name in (*FORMATS, PSEUDO_LABEL_EXPORT))

@@ -24,11 +24,14 @@
   rewriting their parts whole (:func:`drop_error_rows`), so those recordings are
   transcribed again and never have two rows.
 
-Everything that is not a part (summary, success marker, lock, quarantine, the job log,
-subtitles, the report) lives in one folder, ``SIDECAR_DIR``, and temporary parts start
-with ``.``: pyarrow and pandas skip ``_`` and ``.`` names, but Hugging Face
-``datasets.load_dataset("parquet", data_dir=DST)`` reads every file beside the parts (a
-top-level ``_SUCCESS`` breaks it) and skips only ``.`` names and ``__`` folders.
+Everything that is not a part is kept out of the Parquet readers' way: pyarrow and pandas
+skip ``_`` and ``.`` names, but Hugging Face ``datasets.load_dataset("parquet",
+data_dir=DST)`` reads every file under DST (a top-level ``_SUCCESS`` or a file in a
+``_srt/`` folder breaks it) and skips only ``.`` names and files in ``__`` folders. So the
+job's own files (summary, success marker, lock, quarantine, the job log, the report) live
+in one folder, ``SIDECAR_DIR``; what is made from the rows for people and other tools (the
+``--format`` files, the pseudo-label exports) sits beside the parts, one ``__<name>``
+folder each (:func:`export_dir`); temporary parts start with ``.``.
 
 The lock and the fence (exactly once against paused writers and containers)
 ---------------------------------------------------------------------------
@@ -119,6 +122,10 @@ QUARANTINE_DIR = f"{SIDECAR_DIR}/quarantine"
 TMP_PREFIX = ".tmp-"
 PART_PREFIX = "part-"
 CLAIM_PREFIX = "LOCK."          # the claims: __shardscribe__/LOCK.<epoch>
+# An export's folder beside the parts: "__" is the one prefix every Parquet reader skips
+# (module docstring), so DST still reads as exactly the rows.
+EXPORT_PREFIX = "__"
+PSEUDO_LABEL_EXPORT = "pseudo_label"
 STALE_ENV = "SHARDSCRIBE_LOCK_STALE_S"
 HEARTBEAT_ENV = "SHARDSCRIBE_LOCK_HEARTBEAT_S"
 STALE_AFTER_S = float(os.environ.get(STALE_ENV) or 60.0)
@@ -168,15 +175,24 @@ def sidecar_path(dst: str, name: str) -> str:
     return posixpath.join(dst.rstrip("/"), SIDECAR_DIR, name)
 
 
-def clear_output(dst: str, options: dict | None = None) -> int:
-    """Remove DST's parts and sidecar files (``--overwrite``), except the lock (LOCK and
-    its claims); returns the parts removed. Refused (LockLost) where this process's job no
-    longer holds the folder."""
+def export_dir(name: str) -> str:
+    """The folder, relative to DST, of the export ``name``: a ``--format`` (``srt``,
+    ``nemo``, ...) or ``pseudo_label``."""
+    return f"{EXPORT_PREFIX}{name}"
+
+
+def clear_output(dst: str, options: dict | None = None, exports: tuple[str, ...] = ()) -> int:
+    """Remove DST's parts, the export folders ``exports`` (pipeline.formats.export_dirs),
+    and the sidecar files (``--overwrite``), except the lock (LOCK and its claims); returns
+    the parts removed. Refused (LockLost) where this process's job no longer holds the folder."""
     fs, path = url_to_fs(dst, options)
     _fence(fs, path)
     parts = _parts(fs, path)
     for part in parts:
         fs.rm(part)
+    for folder in exports:     # made from the rows just removed
+        if fs.exists(posixpath.join(path, folder)):
+            fs.rm(posixpath.join(path, folder), recursive=True)
     side = posixpath.join(path, SIDECAR_DIR)
     held = _held_lock(fs, path)
     mine = f"{TMP_PREFIX}{held.job_id}-" if held is not None else None

@@ -1,5 +1,5 @@
 """Pseudo-label selection and exports over a transcribe job's output (what
-`shardscribe pseudo-label` writes beside the rows).
+`shardscribe pseudo-label` writes beside the rows, in DST/__pseudo_label/).
 
 - The keep rule: a row is kept iff it has no ``error``, no ``filter_reasons``
   (pipeline.filters) and its ``confidence`` is at least C, or is among the best
@@ -41,10 +41,12 @@ import pyarrow.parquet as pq
 from pipeline.confidence.evaluation import ece as expected_calibration_error
 from pipeline.config_sections import PSEUDO_LABEL_RANKINGS
 from pipeline.metrics import normalize
-from pipeline.output import SIDECAR_DIR
+from pipeline.output import PSEUDO_LABEL_EXPORT, SIDECAR_DIR, export_dir
 from pipeline.storage import redact_uri, url_to_fs
 
-EXPORT_DIR = f"{SIDECAR_DIR}/pseudo_label"
+# Beside the parts, in a folder no Parquet reader reads as DST's rows (pipeline.output).
+EXPORT_DIR = export_dir(PSEUDO_LABEL_EXPORT)
+FORMER_EXPORT_DIR = f"{SIDECAR_DIR}/pseudo_label"    # where an earlier version wrote them
 MANIFEST_NAME = f"{EXPORT_DIR}/manifest.jsonl"
 DATASET_DIR = f"{EXPORT_DIR}/dataset"
 DATASET_FILE = f"{DATASET_DIR}/train-00000-of-00001.parquet"
@@ -374,8 +376,8 @@ def plot(data: dict):
 
 class ExportWriter:
     """The NeMo manifest and the datasets folder, written a batch of utterances at a time,
-    then the report and its figure under DST/__shardscribe__/pseudo_label/ (``finish``
-    returns their URLs)."""
+    then the report and its figure, in DST/__pseudo_label/ (``finish`` returns their URLs).
+    Exports an earlier version left in the sidecar folder go: one set, the current one."""
 
     NEMO_KEYS = ("audio_filepath", "offset", "duration", "text", "confidence")
     # Utterances per Parquet row group: a group per kept row would grow the file's footer
@@ -385,6 +387,9 @@ class ExportWriter:
     def __init__(self, dst: str, options: dict | None = None):
         self._fs, self._path = url_to_fs(dst, options)
         self._root = redact_uri(dst).rstrip("/")     # the URLs returned are printed
+        former = posixpath.join(self._path, FORMER_EXPORT_DIR)
+        if self._fs.exists(former):
+            self._fs.rm(former, recursive=True)
         self._fs.makedirs(posixpath.join(self._path, DATASET_DIR), exist_ok=True)
         self._manifest = self._fs.open(posixpath.join(self._path, MANIFEST_NAME), "w", encoding="utf-8")
         self._dataset_file = self._fs.open(posixpath.join(self._path, DATASET_FILE), "wb")

@@ -125,7 +125,8 @@ def _pending_results(row: dict, finisher) -> list[tuple[int, SegmentResult]]:
         if not isinstance(state, PendingState):
             state = finisher.pending_type.from_bytes(state)
         out.append((s, SegmentResult("", PENDING, max_entropy=seg["max_entropy"], min_prob=seg["min_prob"],
-                                     drafted=seg["drafted"], pending=state, key_phrases=row.get("key_phrases"))))
+                                     drafted=seg["drafted"], pending=state, key_phrases=row.get("key_phrases"),
+                                     language=seg.get("language"), language_prob=seg.get("language_prob"))))
     return out
 
 
@@ -156,7 +157,7 @@ def complete_pending(rows: list[dict], finisher, max_tokens: int, confidence=Non
                 r, s, res = work[i]
                 seg = rows[r]["segments"][s]
                 seg.update(text=res.text, stage=res.stage, tokens=res.tokens, prefix_len=res.prefix_len,
-                           generated=res.generated, error=res.error,
+                           generated=res.generated, error=res.error, language=res.language,
                            words=shift_words(res.words, seg["start"], seg["end"]), confidence=res.confidence)
                 rows[r]["t_fallback_s"] = (rows[r].get("t_fallback_s") or 0.0) + seconds / len(part)
     for row in rows:

@@ -25,7 +25,6 @@ from pipeline.formats import (
     to_vtt,
     write_formats,
 )
-from pipeline.output import SIDECAR_DIR
 from pipeline.records import OUTPUT_SCHEMA, table
 
 WORDS = ("the pump was checked twice before lunch and the readings were normal except for one tank "
@@ -125,22 +124,22 @@ def test_write_formats_from_an_output_folder(tmp_path):
     ]
     pq.write_table(table(rows, OUTPUT_SCHEMA), tmp_path / "part-0.parquet")
     written = write_formats(str(tmp_path), ["srt", "vtt", "json", "tsv", "txt", "nemo"])
-    side = tmp_path / SIDECAR_DIR
-    assert written[-1] == f"{SIDECAR_DIR}/manifest.nemo.jsonl"
-    subs = list(srt.parse((side / "srt" / "dir_one.wav.srt").read_text()))
+    # beside the parts, each format in its "__" folder
+    assert written == ["__srt/", "__vtt/", "__json/", "__tsv/", "__txt/", "__nemo/manifest.nemo.jsonl"]
+    side = {fmt: tmp_path / f"__{fmt}" for fmt in ("srt", "vtt", "json", "tsv", "txt", "nemo")}
+    subs = list(srt.parse((side["srt"] / "dir_one.wav.srt").read_text()))
     assert [s.content for s in subs] == ["hello there. general"]
-    assert (side / "srt" / "bad.wav.srt").read_text() == ""
-    doc = json.loads((side / "json" / "dir_one.wav.json").read_text())
+    assert (side["srt"] / "bad.wav.srt").read_text() == ""
+    doc = json.loads((side["json"] / "dir_one.wav.json").read_text())
     assert doc["word_times"] == "proportional" and [w["word"] for w in doc["segments"][0]["words"]] == \
         ["hello", "there.", "general"]
-    assert json.loads((side / "json" / "bad.wav.json").read_text())["error"].startswith("file not found")
-    assert (side / "tsv" / "dir_one.wav.tsv").read_text() == "start\tend\ttext\n500\t3500\thello there. general\n"
+    assert json.loads((side["json"] / "bad.wav.json").read_text())["error"].startswith("file not found")
+    assert (side["tsv"] / "dir_one.wav.tsv").read_text() == "start\tend\ttext\n500\t3500\thello there. general\n"
     # txt: the recording's text alone, one file per recording beside the other formats
-    assert f"{SIDECAR_DIR}/txt/" in written
-    assert sorted(p.name for p in (side / "txt").iterdir()) == ["bad.wav.txt", "data_long.wav_600.txt", "dir_one.wav.txt"]
-    assert (side / "txt" / "dir_one.wav.txt").read_text() == "hello there. general\n"
-    assert (side / "txt" / "bad.wav.txt").read_text() == ""
-    nemo = [json.loads(line) for line in (side / "manifest.nemo.jsonl").read_text().splitlines()]
+    assert sorted(p.name for p in side["txt"].iterdir()) == ["bad.wav.txt", "data_long.wav_600.txt", "dir_one.wav.txt"]
+    assert (side["txt"] / "dir_one.wav.txt").read_text() == "hello there. general\n"
+    assert (side["txt"] / "bad.wav.txt").read_text() == ""
+    nemo = [json.loads(line) for line in (side["nemo"] / "manifest.nemo.jsonl").read_text().splitlines()]
     assert nemo[0] == {"audio_filepath": "/data/dir/one.wav", "duration": 4.0, "text": "Hello there, general.",
                        "pred_text": "hello there. general", "id": "dir/one.wav"}
     # the unreadable file has no duration, which NeMo's readers need: it is left out
@@ -182,5 +181,5 @@ def test_long_ids_get_short_distinct_names(tmp_path):
            "stage": "ar", "error": None, "segments": [{"start": 0.0, "end": 1.0, "text": "ünïcödé text"}]}
     pq.write_table(table([row], OUTPUT_SCHEMA), tmp_path / "part-0.parquet")
     write_formats(str(tmp_path), ["srt", "json"])
-    (out,) = (tmp_path / SIDECAR_DIR / "json").iterdir()
+    (out,) = (tmp_path / "__json").iterdir()
     assert json.loads(out.read_text(encoding="utf-8"))["text"] == "ünïcödé text"

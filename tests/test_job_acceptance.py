@@ -94,15 +94,15 @@ def test_standard_readers_load_every_row_with_one_schema(job, tmp_path, monkeypa
 
 def test_subtitles_and_manifest_are_written(job):
     _succeeded(job)
-    side = job["dst"] / SIDECAR_DIR
-    rows = pd.read_parquet(job["dst"]).set_index("id")
+    dst = job["dst"]
+    rows = pd.read_parquet(dst).set_index("id")
     for rid in rows.index:
-        cues = list(srt.parse((side / "srt" / f"{rid}.srt").read_text()))
+        cues = list(srt.parse((dst / "__srt" / f"{rid}.srt").read_text()))
         if pd.isna(rows.loc[rid, "error"]):
             assert " ".join(c.content.replace("\n", " ") for c in cues) == rows.loc[rid, "text"].strip()
         else:
             assert cues == []
-    nemo = [json.loads(line) for line in (side / "manifest.nemo.jsonl").read_text().splitlines()]
+    nemo = [json.loads(line) for line in (dst / "__nemo" / "manifest.nemo.jsonl").read_text().splitlines()]
     assert sorted(x["id"] for x in nemo) == sorted(rows.index[rows["duration_s"].notna()])
     assert all(isinstance(x["duration"], float) for x in nemo)
 

@@ -246,7 +246,7 @@ def test_dataset_folder_loads_with_datasets(job, tmp_path, monkeypatch):
     utts = _utterances(dst)
     assert loaded.num_rows == len(utts) and loaded["text"] == [u["text"] for u in utts]
     assert set(loaded.column_names) >= {"audio_filepath", "offset", "duration", "text", "confidence"}
-    # DST itself still loads (every row, the exports in the sidecar folder are skipped).
+    # DST itself still loads (every row; the exports in DST/__pseudo_label/ are skipped).
     everything = datasets.load_dataset("parquet", data_dir=str(dst), split="train", cache_dir=str(tmp_path / "hf2"))
     assert everything.num_rows == len(job["lines"]) and "filter_reasons" in everything.column_names
 

@@ -109,7 +109,7 @@ def test_run_job_reports_through_its_callbacks(tmp_path):
     summary = run_job(spec, on_progress=progress.append, log=lines.append)
     n = len((SAMPLES / "samples.jsonl").read_text().splitlines())
     assert summary == json.loads((dst / "__shardscribe__" / "summary.json").read_text())
-    assert summary["rows_out"] == n and summary["log"] is None and summary.written == ["__shardscribe__/json/"]
+    assert summary["rows_out"] == n and summary["log"] is None and summary.written == ["__json/"]
     assert lines == [f"shardscribe: validating {n} recordings with config {summary['config']} (local runner)"]
     assert progress[0] == JobProgress(n, 0, 0.0, 0) and progress[-1].final and progress[-1].rows == n
     again = run_job(spec, log=lines.append)          # everything is there: nothing to run

@@ -53,15 +53,14 @@ def test_nemo_spans_are_their_own_recordings(tmp_path):
     # and the NeMo manifest written from it point at the right audio.
     from actors.local_runner import run_local
     from pipeline.config import load_config
-    from pipeline.formats import write_formats
-    from pipeline.output import SIDECAR_DIR
+    from pipeline.formats import format_file, write_formats
 
     dst = tmp_path / "out"
     run_local(rows, load_config("ar", ["decoder.kind=audit"]), str(dst), progress=False)
     out = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
     assert [out[r["id"]]["offset_s"] for r in rows] == [0.0, 4.25, 8.0, 12.0]
     write_formats(str(dst), ["nemo"])
-    nemo = [json.loads(x) for x in (dst / SIDECAR_DIR / "manifest.nemo.jsonl").read_text().splitlines()]
+    nemo = [json.loads(x) for x in (dst / format_file("nemo")).read_text().splitlines()]
     spans = sorted((x["offset"], x["duration"]) for x in nemo if x["duration"])
     assert [o for o, _ in spans] == [0.0, 4.25, 8.0] and [d for _, d in spans] == pytest.approx(durations[:3])
 

@@ -19,7 +19,7 @@ from pipeline.decoding.ar_greedy import greedy_decode
 from pipeline.decoding.drafters import TokenMapDrafter
 from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
 from pipeline.decoding.token_map import END, TokenMap, build_token_map
-from pipeline.training.references.token_map_replay import oracle, replay_drafting
+from pipeline.decoding.token_map_replay import oracle, replay_drafting
 from pipeline.decoding.token_map_policy import DraftPolicy
 from conftest import full_product_greedy
 from test_granite_adapter import MAX_NEW as GRANITE_MAX_NEW
@@ -177,7 +177,7 @@ def test_random_and_oracle_maps_and_token_limits_on_whisper(whisper_set):
 
 @pytest.mark.parametrize("order,k,max_draft,batch,limit", [(2, 4, 6, 4, 224), (1, 2, 8, 5, 7)])
 def test_replay_predicts_the_decoders_passes_and_acceptance(whisper_set, order, k, max_draft, batch, limit):
-    """The replay (pipeline.training.references.token_map_replay) works from plain AR's tokens alone;
+    """The replay (pipeline.decoding.token_map_replay) works from plain AR's tokens alone;
     its pass and acceptance counts must be the ones the decoder's tree walk records,
     batch by batch, token limit included."""
     ad, states, plain, tokenised = whisper_set

@@ -1,6 +1,6 @@
 """Pseudo-labels from Python: the transcription job with confidence on, then the keep rule
-and the exports over its rows (pipeline.pseudo_label), under
-DST/__shardscribe__/pseudo_label/."""
+and the exports over its rows (pipeline.pseudo_label), in
+DST/__pseudo_label/."""
 from __future__ import annotations
 
 import dataclasses

@@ -58,6 +58,11 @@ def _run_job(spec: JobSpec, on_progress, log) -> dict:
     try:
         formats = parse_formats(spec.format_list)
         cfg = load_config(spec.config, list(spec.overrides), model=spec.model)
+        if getattr(cfg.sections.get("ssd"), "adapt", False) and cfg.ssd.adapt_dir is None:
+            from pipeline.output import sidecar_path
+
+            # beside the rows it was fitted on: a rerun or a resumed job drafts with it at once
+            cfg.ssd.adapt_dir = sidecar_path(spec.output, "draft_head")
         check_model(cfg.model)
         decoder_kind(cfg.decoder.kind).check(cfg)
         use_storage(cfg, spec)
@@ -226,6 +231,7 @@ def commit(dst: str, cfg, summary: dict) -> bool:
 def _run_locked(spec: JobSpec, cfg, source, scanned, job_id: str, formats: list[str], on_progress,
                 console: JobConsole) -> dict:
     from pipeline.config import config_hash
+    from pipeline.formats import export_dirs
     from pipeline.output import begin_job, clear_output, drop_rows, quarantine_unreadable, scan_output
     from pipeline.resume import plan_resume
     from pipeline.storage import redact_uri
@@ -233,7 +239,7 @@ def _run_locked(spec: JobSpec, cfg, source, scanned, job_id: str, formats: list[
     job_hash = config_hash(cfg)
     found = None
     if spec.overwrite:
-        clear_output(spec.output, cfg.storage.options)
+        clear_output(spec.output, cfg.storage.options, exports=export_dirs())
     else:
         # One read of every part serves the config check, --retry-errors and the rows done.
         found = scan_output(spec.output, cfg.storage.options)
@@ -350,10 +356,19 @@ def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, format
             raise JobFailed(f"the job stopped: {_last_line(exc)}{details}") from exc
         _release_ray(spec.runner, ray_was_up)
         wall = time.perf_counter() - start
+        online_map = {}
+        if todo and cfg.token_map.online:
+            from pipeline.decoding.token_map_report import summary_entry
+
+            online_map = {"token_map_online": summary_entry(spec.output, cfg)}
+        if getattr(cfg.sections.get("ssd"), "adapt", False) and cfg.ssd.adapt_dir:
+            from pipeline.decoders.ssd.adapt import summary_entry as adapt_entry
+
+            online_map["ssd_adapt"] = adapt_entry(cfg.ssd.adapt_dir, started_at)
         summary = JobSummary(summarize(spec.output, plan.wanted(scanned), {
             "config": cfg.name, "config_hash": job_hash, "runner": spec.runner, "run_rows": todo,
             "skipped_existing": scanned.rows - todo, "started_at": started_at, "wall_seconds": wall,
-            "log": console.url, **({"second_stage": second_stage} if second_stage else {}),
+            "log": console.url, **({"second_stage": second_stage} if second_stage else {}), **online_map,
         }, options=cfg.storage.options))
         try:
             # The formats first, then the summary and _SUCCESS: a consumer waiting for

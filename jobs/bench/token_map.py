@@ -24,7 +24,7 @@ while one thread's CPU time is what its wall time is on an idle core. Otherwise 
 ``token_map.adaptive`` does); the others draft on every pass. On the domain set a sweep
 over K (candidates) at the main N and over N (map order) at the main K (every pair with
 ``--full-grid``) draws decode time against K (--plot). Per set, ``bound`` rows give the
-ceiling (pipeline.training.references.token_map_replay): plain AR's tokens replayed through the
+ceiling (pipeline.decoding.token_map_replay): plain AR's tokens replayed through the
 lookup give drafting's passes exactly, and priced with this machine's plain-step cost
 (per pass and per alive row, fitted from AR batched and AR one segment at a time) they
 bound the decoder-time speedup of any tree pass that costs at least a plain step; for the
@@ -32,6 +32,13 @@ main rows' map, the best map/K/draft length, and a map that is always right. Wit
 the SSD fallback (high_accuracy preset, the embedded CTC head) runs with its two draft
 sources, the rest of the CTC draft (``ssd.lookahead``) and the token map, alone and in
 both orders; those rows time the fallback only.
+
+With ``--online`` every set also gets the rows of a map built online
+(``token_map.online``, pipeline.decoding.token_map_online): empty at the start of each
+run, it learns each batch's tokens once the batch is decoded (learning is timed with the
+decode), adaptive and always drafting, and its bound row (the same replay, the map
+growing batch by batch). Set (d) ``samples``: the bundled samples, said ``--copies`` times
+over in order (a corpus that repeats itself, where the online map has the most to draft).
 """
 from __future__ import annotations
 
@@ -45,7 +52,7 @@ from jobs.bench.data import heldout_voice_speech, load_recordings
 from pipeline.timing import synchronize
 
 ALSA_DIR = Path("/usr/share/sounds/alsa")
-SAMPLES = Path(__file__).resolve().parent.parent / "pipeline/assets/samples"
+SAMPLES = Path(__file__).resolve().parents[2] / "pipeline/assets/samples"
 
 
 def add_arguments(parser) -> None:
@@ -67,7 +74,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: times are CPU times)")
     parser.add_argument("--config", default="ssd", help="config naming the model (and CTC head for --ssd)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--sets", default="domain,general,real", help="which sets to run (comma list)")
+    parser.add_argument("--sets", default="domain,general,real", help="which sets to run (comma list; also: samples)")
+    parser.add_argument("--online", action="store_true", help="also a map built online from each set's own tokens")
+    parser.add_argument("--copies", type=int, default=4, help="times the samples set says the bundled samples")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--plot", default=None, help="PNG of decode time vs K (default: beside --out)")
 
@@ -110,6 +119,7 @@ def run(args) -> dict:
     from pipeline.decoding.ar_greedy import greedy_decode
     from pipeline.decoding.drafters import NO_DRAFT, TokenMapDrafter
     from pipeline.decoding.token_map import build_token_map
+    from pipeline.decoding.token_map_online import OnlineTokenMap
     from pipeline.decoding.token_map_policy import DraftPolicy
     from pipeline.models import load_model
 
@@ -149,6 +159,9 @@ def run(args) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             recordings, _ = load_recordings(_real_manifest(args.real_manifest, Path(tmp)), 0, cfg)
         sets["real"] = [a for segs in recordings for a in segs]
+    if "samples" in chosen:
+        recordings, _ = load_recordings(str(SAMPLES / "samples.jsonl"), 0, cfg)
+        sets["samples"] = [a for segs in recordings for a in segs] * args.copies
 
     warm = adapter.encode([next(iter(sets.values()))[0]])
     eot = adapter.eot_id
@@ -170,8 +183,11 @@ def run(args) -> dict:
                 out, timer = [], {}
                 drafting = drafting_factory() if drafting_factory else None
                 for enc in batches:
-                    out += greedy_decode(adapter, enc.states, max_new_tokens=cfg.decoder.max_new_tokens,
-                                         drafter=drafting or NO_DRAFT, timer=timer)
+                    tokens = greedy_decode(adapter, enc.states, max_new_tokens=cfg.decoder.max_new_tokens,
+                                           drafter=drafting or NO_DRAFT, timer=timer)
+                    if drafting is not None:
+                        drafting.learn(tokens)   # an online map grows as the decoders' does
+                    out += tokens
                 return out, timer, drafting
             return go
 
@@ -181,6 +197,10 @@ def run(args) -> dict:
                    (f"token map K={K} N={N} adaptive", K, N,
                     lambda: TokenMapDrafter(maps[N], K, D, DraftPolicy(clock=clock))),
                    (f"token map K={K} N={N} always", K, N, lambda: TokenMapDrafter(maps[N], K, D))]
+        if args.online:
+            configs += [(f"online map K={K} adaptive", K, None,
+                         lambda: TokenMapDrafter(OnlineTokenMap(max_len=D), K, D, DraftPolicy(clock=clock))),
+                        (f"online map K={K} always", K, None, lambda: TokenMapDrafter(OnlineTokenMap(max_len=D), K, D))]
         if name == "domain":
             sweep_k = [int(x) for x in args.sweep_k.split(",") if x]
             sweep_n = [int(x) for x in args.sweep_n.split(",") if x]
@@ -217,6 +237,12 @@ def run(args) -> dict:
                          "A_r": main["A_r"], "A_l": main["A_l"], "always_speedup": always["speedup"],
                          "always_A_r": always["A_r"], "always_A_l": always["A_l"],
                          "identical": all(r["identical"] for r in rows if r["set"] == name)}
+        if args.online:
+            online = {r["config"].split()[-1]: r for r in rows if r["set"] == name and r["config"].startswith("online")}
+            summary[name]["online"] = {"speedup": online["adaptive"]["speedup"],
+                                       "rtfx_vs_ar": online["adaptive"]["rtfx"] / (audio_s / (t_enc + t_ar)),
+                                       "always_speedup": online["always"]["speedup"],
+                                       "A_l": online["adaptive"]["A_l"], "always_A_l": online["always"]["A_l"]}
         # Plain AR once more with every segment alone: with the batched run it fits what a
         # decoder step costs per pass and per row (_replay).
         alone = [enc.states[i:i + 1] for enc in batches for i in range(enc.states.shape[0])]
@@ -263,7 +289,7 @@ def _grid_maps(tokenised, args) -> dict:
 
 
 def _replay(ar_tokens, grid_maps, maps, args, K, N, D, limit, eot, always_speedup, t_ar, steps):
-    """The set's drafting bounds from plain AR's tokens (pipeline.training.references.token_map_replay):
+    """The set's drafting bounds from plain AR's tokens (pipeline.decoding.token_map_replay):
     the main rows' map, K and draft length; the best over orders 1-4, K 1, 2, 4, 8, drafts
     of 4, 8 and 16 tokens, and maps pruned as the bench's or keeping every follower seen
     twice or once; a map that is always right. Each bound gives a candidate-tree pass the cost of a
@@ -273,7 +299,8 @@ def _replay(ar_tokens, grid_maps, maps, args, K, N, D, limit, eot, always_speedu
     in both) included: the decoder-time speedup no tree pass that costs more than a
     plain step can beat."""
     from pipeline.decoding.drafters import TokenMapDrafter
-    from pipeline.training.references.token_map_replay import oracle, replay_drafting
+    from pipeline.decoding.token_map_online import OnlineTokenMap, replay_online
+    from pipeline.decoding.token_map_replay import oracle, replay_drafting
 
     def bound(m, k, d):
         md = TokenMapDrafter(m, k, d)
@@ -315,6 +342,10 @@ def _replay(ar_tokens, grid_maps, maps, args, K, N, D, limit, eot, always_speedu
     rows = [{"config": f"bound: K={K} N={N} draft {D}", "K": K, "N": N, "speedup": priced(main)},
             {"config": f"bound: best, K={bk} N={bn} draft {bd}", "K": bk, "N": bn, "speedup": priced(best)}]
     rows += [{"config": f"bound: always-right map, draft {d}", "speedup": priced(r)} for d, r in right.items()]
+    if args.online:
+        grown = replay_online(ar_tokens, TokenMapDrafter(OnlineTokenMap(max_len=D), K, D), args.batch, limit, eot)
+        out["online"] = {"K": K, "max_draft": D, **summary(grown)}
+        rows.append({"config": f"bound: online map K={K} draft {D}", "K": K, "speedup": priced(grown)})
     return out, rows
 
 
@@ -364,7 +395,7 @@ def _plot(rows: list[dict], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ar = next(r for r in rows if r["config"] == "AR")
     drafted = [r for r in rows if r.get("K") is not None and not r["config"].endswith("adaptive")
-               and not r["config"].startswith(("SSD", "bound"))]
+               and not r["config"].startswith(("SSD", "bound", "online"))]
     for n in sorted({r["N"] for r in drafted}):
         line = sorted((r for r in drafted if r["N"] == n), key=lambda r: r["K"])
         ax.plot([r["K"] for r in line], [r["decode_s"] for r in line], "o-", label=f"token map, N={n}")

@@ -25,17 +25,17 @@ def _numpy(measures: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 
 @torch.inference_mode()
-def decoder_token_scores(adapter, encoder_states: torch.Tensor, tokens: list[list[int]],
-                         prompts: list[list[int]] | None = None,
-                         cross_kv: list | None = None) -> list[dict[str, np.ndarray]]:
-    """Measures of each row's ``tokens`` under the attention decoder, given its encoder
-    states (``encoder_states[i]`` is row i's), after ``prompts`` (default: the adapter's).
-    ``cross_kv``: the cross-attention K/V greedy decoding already projected for exactly
-    these rows (``greedy_decode(cross_out=...)``), so this pass does not project them again."""
+def teacher_forced_logprobs(adapter, encoder_states: torch.Tensor, tokens: list[list[int]],
+                            prompts: list[list[int]] | None = None, cross_kv: list | None = None):
+    """Per row, the log-distributions [K, V] that predicted its K ``tokens`` and those
+    tokens as a tensor, or None for a row without tokens: one teacher-forced decoder pass
+    over left-padded prompt + tokens (``encoder_states[i]`` is row i's; ``prompts`` default
+    to the adapter's), with greedy decoding's suppress masks. ``cross_kv``: the
+    cross-attention K/V greedy decoding already projected for exactly these rows
+    (``greedy_decode(cross_out=...)``), so this pass does not project them again."""
     B = len(tokens)
-    empty = {k: np.zeros(0) for k in ("prob", "max_prob", "gibbs", "tsallis", "renyi")}
     if B == 0 or not any(tokens):
-        return [dict(empty) for _ in range(B)]
+        return [None] * B
     device = encoder_states.device
     prompts = prompts or adapter.batch_prompts(encoder_states)
     P = max(len(p) for p in prompts)
@@ -57,15 +57,25 @@ def decoder_token_scores(adapter, encoder_states: torch.Tensor, tokens: list[lis
     out = []
     for i in range(B):
         if K[i] == 0:
-            out.append(dict(empty))
+            out.append(None)
             continue
         logits = adapter.logits(hidden[i, P - 1:P - 1 + K[i]])              # [K, V], one row at a time
         logits = logits.masked_fill(adapter.suppress_mask, float("-inf"))
         if adapter.begin_suppress_ids.numel():
             logits[0, adapter.begin_suppress_ids] = float("-inf")
-        lp = logits.float().log_softmax(-1)
-        out.append(_numpy(token_measures(lp, ids[i, P:P + K[i]])))
+        out.append((logits.float().log_softmax(-1), ids[i, P:P + K[i]]))
     return out
+
+
+@torch.inference_mode()
+def decoder_token_scores(adapter, encoder_states: torch.Tensor, tokens: list[list[int]],
+                         prompts: list[list[int]] | None = None,
+                         cross_kv: list | None = None) -> list[dict[str, np.ndarray]]:
+    """Measures of each row's ``tokens`` under the attention decoder
+    (:func:`teacher_forced_logprobs`'s pass and arguments)."""
+    empty = {k: np.zeros(0) for k in ("prob", "max_prob", "gibbs", "tsallis", "renyi")}
+    return [dict(empty) if row is None else _numpy(token_measures(*row))
+            for row in teacher_forced_logprobs(adapter, encoder_states, tokens, prompts, cross_kv)]
 
 
 def ctc_token_frames(path: list[int], blank: int) -> list[list[int]]:

@@ -26,7 +26,8 @@ the guesses are verified. All three keep the output plain greedy decoding's toke
   ancestors only); each row keeps the longest candidate prefix that is its own argmax,
   then the correction token. Nodes off the kept path stay in the cache, masked out, as
   rejected guesses do above. A policy (pipeline.decoding.token_map_policy) may switch
-  drafting off pass by pass where it does not pay.
+  drafting off pass by pass where it does not pay. The map may grow from the decoder's
+  own committed transcripts (``learn``; pipeline.decoding.token_map_online).
 
 The common interface: ``feeds_guesses`` (whether the drafter feeds guesses; they are
 verified under the adapter's own token rules only), ``start(rows)`` before a call's first pass (it
@@ -146,13 +147,16 @@ class TokenMapDrafter:
     greedy rule only: :meth:`with_lookahead`), from the CTC draft as one more candidate
     (``map_first``: the map's candidates rank first). ``policy``
     (pipeline.decoding.token_map_policy.DraftPolicy, kept across calls) decides pass by pass
-    whether drafting pays; None drafts on every pass."""
+    whether drafting pays; None drafts on every pass. ``totals``: the counts ``greedy_decode``
+    keeps in its ``timer`` ("tm_*"), over every call (shared with :meth:`with_lookahead`'s
+    copies)."""
     token_map: object
     candidates: int = 2
     max_draft: int = 8
     policy: object = None
     map_first: bool = True
     lookahead: CTCLookahead | None = None
+    totals: dict = field(default_factory=dict, repr=False)
     feeds_guesses = True
 
     def with_lookahead(self, lookahead: CTCLookahead | None) -> "TokenMapDrafter":
@@ -160,6 +164,14 @@ class TokenMapDrafter:
         if lookahead is not None and lookahead.accept_prob is not None:
             raise ValueError("token-map drafting verifies greedily: it cannot join an accept_prob rule")
         return replace(self, lookahead=lookahead)
+
+    def learn(self, sequences: list[list[int]]) -> None:
+        """The transcripts a call committed (token sequences, end-of-text excluded): an
+        online map (pipeline.decoding.token_map_online) grows from them, so the next calls
+        draft from them; a fixed map ignores them."""
+        learn = getattr(self.token_map, "learn", None)
+        if learn is not None:
+            learn(sequences)
 
     def propose(self, history: list[int], room: int, eot: int, draft: list[int] | None) -> list[list[int]]:
         size = min(self.max_draft, room)
@@ -202,8 +214,9 @@ class TokenMapDrafter:
             if self.policy is not None:
                 synchronize(d.next_tok)  # a drafting pass waits for its tokens on the host too
                 self.policy.observe(False, clock() - t0, A, A)
-            if timer is not None:
-                timer["tm_plain_passes"] = timer.get("tm_plain_passes", 0) + 1
+            for counts in (timer, self.totals):
+                if counts is not None:
+                    counts["tm_plain_passes"] = counts.get("tm_plain_passes", 0) + 1
             return
         trees = build_trees(d.next_tok.tolist(), cands)
         ids, mask4, step_pos, _ = tree_inputs(trees, d.mask, d.pos, eot, d.adapter.dtype)
@@ -215,13 +228,15 @@ class TokenMapDrafter:
                 if ctc is not None:
                     ctc.ptrs[r] = _advance_last(ctc.drafts[r], ctc.ptrs[r], d.prefixes[r], d.generated[r])
         kept = torch.tensor([len(p) for p in paths], device=device)
+        accepted = sum(len(p) for p in paths)
         if self.policy is not None:
-            self.policy.observe(True, clock() - t0, A, A + int(kept.sum()))
-        if timer is not None:
-            timer["tm_passes"] = timer.get("tm_passes", 0) + 1
-            timer["tm_rounds"] = timer.get("tm_rounds", 0) + sum(1 for c in cands if c)
-            timer["tm_drafted"] = timer.get("tm_drafted", 0) + trees.drafted
-            timer["tm_accepted"] = timer.get("tm_accepted", 0) + int(kept.sum())
+            self.policy.observe(True, clock() - t0, A, A + accepted)
+        added = {"tm_passes": 1, "tm_rounds": sum(1 for c in cands if c), "tm_drafted": trees.drafted,
+                 "tm_accepted": accepted}
+        for counts in (timer, self.totals):
+            if counts is not None:
+                for name, n in added.items():
+                    counts[name] = counts.get(name, 0) + n
         # Nodes off the accepted paths stay in the cache, masked out; positions count kept tokens.
         d.next_tok = torch.tensor(nxt, dtype=torch.long, device=device)
         d.pos = d.pos + 1 + kept.unsqueeze(-1)

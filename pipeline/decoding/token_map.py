@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, Sequence
 
 END = -1                # end of the transcript inside stored candidates (the decoder's eot at lookup)
 DEFAULT_ORDER = 3       # the paper's best N (its Fig. 4)
@@ -46,22 +46,7 @@ class TokenMap:
     def candidates(self, history: list[int], k: int, max_draft: int, eot: int) -> list[list[int]]:
         """Up to ``k`` distinct continuations of ``history`` (longest matching key first),
         each at most ``max_draft`` tokens, ``END`` read as ``eot`` and nothing after it."""
-        out: list[list[int]] = []
-        seen: set[tuple[int, ...]] = set()
-        if k <= 0 or max_draft <= 0:
-            return out
-        for n in range(min(self.order, len(history)), 0, -1):
-            for cand in self.table.get(tuple(history[-n:]), ()):
-                cut = cand[:max_draft]
-                if END in cut:
-                    cut = cut[:cut.index(END) + 1]
-                if cut in seen:
-                    continue
-                seen.add(cut)
-                out.append([eot if t == END else t for t in cut])
-                if len(out) == k:
-                    return out
-        return out
+        return lookup(lambda key: self.table.get(key, ()), self.order, history, k, max_draft, eot)
 
     @property
     def max_token(self) -> int:
@@ -112,17 +97,45 @@ class TokenMap:
         return cls(order=int(meta["order"]), table=table, meta=json.loads(meta.get("meta", "{}")))
 
 
+def lookup(ranked: Callable[[tuple[int, ...]], Sequence[tuple[int, ...]]], order: int, history: list[int],
+           k: int, max_draft: int, eot: int) -> list[list[int]]:
+    """The drafting lookup over any map: ``ranked(key)`` gives a key's candidates, best
+    first (see :meth:`TokenMap.candidates`)."""
+    out: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    if k <= 0 or max_draft <= 0:
+        return out
+    for n in range(min(order, len(history)), 0, -1):
+        for cand in ranked(tuple(history[-n:])):
+            cut = cand[:max_draft]
+            if END in cut:
+                cut = cut[:cut.index(END) + 1]
+            if cut in seen:
+                continue
+            seen.add(cut)
+            out.append([eot if t == END else t for t in cut])
+            if len(out) == k:
+                return out
+    return out
+
+
 # ---------------------------------------------------------------- Algorithm 1 + pruning
-def _trie_insert(root: dict, seq: list[int]) -> None:
-    node = root
+def trie_insert(root: dict, seq: list[int]) -> int:
+    """Count ``seq`` into a count trie; returns the nodes it created."""
+    node, created = root, 0
     for tok in seq:
-        child = node.setdefault(tok, [0, {}])
+        child = node.get(tok)
+        if child is None:
+            child = node[tok] = [0, {}]
+            created += 1
         child[0] += 1
         node = child[1]
+    return created
 
 
-def _pruned(node: dict, min_count: float) -> dict:
-    return {tok: [cnt, _pruned(kids, min_count)] for tok, (cnt, kids) in node.items() if cnt >= min_count}
+def pruned(node: dict, min_count: float) -> dict:
+    """A count trie without its nodes counted below ``min_count`` (nor their subtrees)."""
+    return {tok: [cnt, pruned(kids, min_count)] for tok, (cnt, kids) in node.items() if cnt >= min_count}
 
 
 def _best_path(node: dict, covered: set, prefix: tuple = ()) -> tuple[int, tuple]:
@@ -167,12 +180,12 @@ def build_token_map(sentences: Iterable[list[int]], order: int = DEFAULT_ORDER, 
             for n in range(1, min(order, i) + 1):
                 entry = tries.setdefault(tuple(seq[i - n:i]), [0, {}])
                 entry[0] += 1
-                _trie_insert(entry[1], follow)
+                trie_insert(entry[1], follow)
     table = {}
     for key, (count, trie) in tries.items():
         if count < min_count:
             continue
-        cands = rank_candidates(_pruned(trie, max(min_count, min_share * count)), keep)
+        cands = rank_candidates(pruned(trie, max(min_count, min_share * count)), keep)
         if cands:
             table[key] = cands
     info = {"max_len": max_len, "min_count": min_count, "keep": keep, "min_share": min_share, **(meta or {})}

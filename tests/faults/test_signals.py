@@ -2,10 +2,13 @@
 file, test_signal_ray_startup.py):
 
 - SIGTERM while the ``--format`` files are written: one line, exit 130, the lock
-  released, no ``_SUCCESS`` and no partial formats; the rerun writes them whole.
+  released, no ``_SUCCESS`` and no partial formats; the rerun writes them whole, beside
+  the parts.
 - Ctrl-C as a terminal sends it (Ctrl-Z, ``fg``, Ctrl-C: SIGTSTP, SIGCONT, SIGINT to the
   job's whole process group) once the first rows are committed: the rerun transcribes
   only the rest, each recording once.
+- Either way the interrupted line says how many rows are committed, and that number is
+  the rows read back from DST.
 - After a driver's death, the next job kills what its local Ray instance left running.
 
 The jobs run the command line in processes of their own with the fault suite's toy
@@ -17,6 +20,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,6 +116,13 @@ def _interrupted_line(stderr: str, signame: str) -> str:
     return lines[0]
 
 
+def _committed(line: str) -> int:
+    """The committed-row count the interrupted line states."""
+    found = re.search(r"\((\d+) rows? committed\)$", line)
+    assert found, line
+    return int(found.group(1))
+
+
 def _format_files(dst: Path) -> list[Path]:
     """The per-recording JSON format files, wherever the formats live under DST."""
     return list(dst.rglob("r??.flac.json"))
@@ -130,6 +141,7 @@ def test_sigterm_while_the_formats_are_written(corpus, toy, tmp_path, fault_repo
     assert code == 130, err[-3000:]
     line = _interrupted_line(err, "SIGTERM")
     assert "formats" in line and "_SUCCESS" in line, line
+    assert _committed(line) == len(part_ids(dst)) == N, line
     _assert_released(dst)
     assert not (dst / output.SUCCESS_NAME).exists()
     assert not _format_files(dst), _format_files(dst)        # the staged files never moved in
@@ -138,6 +150,7 @@ def test_sigterm_while_the_formats_are_written(corpus, toy, tmp_path, fault_repo
     summary = _rerun(corpus, dst, "json")
     assert (dst / output.SUCCESS_NAME).exists()
     assert sorted(p.stem for p in _format_files(dst)) == [f"r{i:02d}.flac" for i in range(N)]
+    assert {p.parent for p in _format_files(dst)} == {dst / "__json"}
     assert all(json.loads(p.read_text())["id"] == p.stem for p in _format_files(dst))
     assert not [p for p in dst.rglob(".tmp-*")], list(dst.rglob(".tmp-*"))
     assert summary["skipped_existing"] == N and summary["rows_in"] == summary["rows_out"] == N
@@ -171,10 +184,11 @@ def test_ctrl_c_from_a_terminal_then_the_rerun_does_only_the_rest(corpus, toy, t
             except ProcessLookupError:
                 pass
     assert code == 130, err[-3000:]
-    _interrupted_line(err, "SIGINT")
+    line = _interrupted_line(err, "SIGINT")
     _assert_released(dst)
     kept = part_ids(dst)
     assert 2 <= len(kept) < N and len(kept) == len(set(kept)), kept
+    assert _committed(line) == len(kept), (line, kept)       # the line's count is what DST holds
 
     summary = _rerun(corpus, dst)
     assert summary["skipped_existing"] == len(kept) and summary["run_rows"] == N - len(kept), summary

@@ -7,21 +7,37 @@ from dataclasses import dataclass
 
 from pipeline.config_values import at_least
 from pipeline.decoders.registry import AR_LOOP, DecoderKind, register_decoder_kind
+from pipeline.decoding.token_map_online import DEFAULT_MAX_KEYS
 from pipeline.models.base import ATTENTION_DECODER
+
 
 @dataclass
 class TokenMapOptions:
     """Token-map drafting ("Model-free Speculative Decoding for Transformer-based ASR with
-    Token Map Drafting"), used where decoder.token_map is set; docs/token_map.md has the
-    measurements behind the defaults."""
+    Token Map Drafting"), used where decoder.token_map is set or ``online`` is on;
+    docs/token_map.md has the measurements behind the defaults."""
     candidates: int = 1               # K: continuations verified per row and pass
     max_draft: int = 4                # tokens per continuation
     adaptive: bool = True             # draft only while the running acceptance pays (pipeline.decoding.token_map_policy)
     lookahead_first: bool = False     # SSD fallback with ssd.lookahead: the CTC draft ranks before the map
+    # Grow a map from the job's own transcripts as its batches finish, in each model
+    # process, on top of decoder.token_map where one is set (pipeline.decoding.token_map_online).
+    online: bool = False
+    online_max_keys: int = DEFAULT_MAX_KEYS   # the online map's keys, least recently seen dropped first (its memory bound)
+    # not in config_hash: drafts are verified greedily, so the transcripts are AR's either way
+    EXECUTION_KEYS = ("online", "online_max_keys")
 
     def validate(self, key: str) -> None:
         at_least(f"{key}.candidates", self.candidates, 1)
         at_least(f"{key}.max_draft", self.max_draft, 1)
+        at_least(f"{key}.online_max_keys", self.online_max_keys, 1)
+
+
+def map_drafting_key(cfg) -> str | None:
+    """The key that turns token-map drafting on (for a refusal to name), or None where it is off."""
+    if cfg.decoder.token_map is not None:
+        return "decoder.token_map"
+    return "token_map.online" if cfg.token_map.online else None
 
 
 KIND = register_decoder_kind(DecoderKind(

@@ -1,7 +1,8 @@
 """Decoder kind ``ar``: full autoregressive greedy decoding of each segment, the baseline
 every speculative decoder must reproduce or beat (pipeline.decoding.ar_greedy); with
-``decoder.token_map``, drafted from a token map ("Model-free Speculative Decoding for
-Transformer-based ASR with Token Map Drafting"), with the same output.
+``decoder.token_map`` or ``token_map.online``, drafted from a token map ("Model-free
+Speculative Decoding for Transformer-based ASR with Token Map Drafting"), with the same
+output; an online map learns each batch's transcripts once they are decoded.
 
 On Whisper it also runs the model options that need per-row decoding: a language
 detected per segment (the prompt then differs per row), timestamp tokens (the segment's
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
+from pipeline.decoders.ar.fallback import FallbackRule, GumbelSampling, decode_with_fallback
 from pipeline.decoders.base import SegmentResult, encode_then
 from pipeline.decoding.ar_greedy import TokenRules, greedy_decode
 from pipeline.decoding.ar_static_graphs import StaticDecoding
@@ -19,19 +21,25 @@ from pipeline.decoding.drafters import NO_DRAFT, TokenMapDrafter
 
 
 def map_drafting(adapter, cfg) -> TokenMapDrafter | None:
-    """The token-map drafting ``cfg`` asks for (None where decoder.token_map is null), its
-    map checked against the adapter's vocabulary; one policy per decoder, kept across
-    batches."""
-    if cfg.decoder.token_map is None:
+    """The token-map drafting ``cfg`` asks for (None where decoder.token_map is null and
+    token_map.online off), a given map checked against the adapter's vocabulary; with
+    token_map.online, a map that grows from this decoder's own transcripts on top of it.
+    One map and one policy per decoder, kept across batches."""
+    tm = cfg.token_map
+    if cfg.decoder.token_map is None and not tm.online:
         return None
     from pipeline.decoding.token_map import TokenMap
+    from pipeline.decoding.token_map_online import OnlineTokenMap
     from pipeline.decoding.token_map_policy import DraftPolicy
 
-    token_map = TokenMap.load(cfg.decoder.token_map)
-    if token_map.max_token >= adapter.vocab_size:
-        raise ValueError(f"decoder.token_map: {cfg.decoder.token_map} holds token {token_map.max_token}, beyond the "
-                         f"model's vocabulary ({adapter.vocab_size}): built with another tokenizer")
-    tm = cfg.token_map
+    token_map = None
+    if cfg.decoder.token_map is not None:
+        token_map = TokenMap.load(cfg.decoder.token_map)
+        if token_map.max_token >= adapter.vocab_size:
+            raise ValueError(f"decoder.token_map: {cfg.decoder.token_map} holds token {token_map.max_token}, beyond "
+                             f"the model's vocabulary ({adapter.vocab_size}): built with another tokenizer")
+    if tm.online:
+        token_map = OnlineTokenMap(max_len=tm.max_draft, max_keys=tm.online_max_keys, base=token_map)
     return TokenMapDrafter(token_map, tm.candidates, tm.max_draft, DraftPolicy() if tm.adaptive else None,
                            map_first=not tm.lookahead_first)
 
@@ -40,8 +48,13 @@ class ARSegmentDecoder:
     name = "ar"
 
     def __init__(self, adapter, max_new_tokens: int = 224, drafting: TokenMapDrafter | None = None,
-                 confidence: bool = False, use_cuda_graphs: bool = True):
+                 confidence: bool = False, use_cuda_graphs: bool = True, fallback: FallbackRule | None = None,
+                 english_check=None):
         self.adapter = adapter
+        # Whisper's temperature fallback (pipeline.decoders.ar.fallback); None: greedy only
+        self.fallback = fallback
+        # An English-only model's failed-decode check (pipeline.models.whisper.language_check)
+        self.english_check = english_check
         # decoder.use_cuda_graphs: plain greedy calls over a static KV cache, replayed as CUDA
         # graphs on a GPU (pipeline.decoding.ar_static_graphs; the CPU keeps the eager loop)
         self.static = StaticDecoding() if use_cuda_graphs else None
@@ -58,6 +71,8 @@ class ARSegmentDecoder:
                                drafter=self.drafting or NO_DRAFT, cross_out=cross if self.confidence else None,
                                static=self.static)
         tokens = _unheard_rows_empty(tokens, enc.valid_frames)
+        if self.drafting is not None:
+            self.drafting.learn(tokens)
         return tokens, self._confidence_words(enc, tokens, cross_kv=cross) if self.confidence else None
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
@@ -83,6 +98,12 @@ class ARSegmentDecoder:
         tokens = greedy_decode(adapter, enc.states, max_new_tokens=self.max_new_tokens, prompts=prompts,
                                drafter=self.drafting or NO_DRAFT, rules=TokenRules.of(adapter, adapter.timestamp_rules),
                                cross_out=cross if self.confidence else None, static=self.static)
+        if self.drafting is not None:
+            self.drafting.learn(tokens)
+        if self.fallback is not None:
+            tokens = self._fallback(enc.states, tokens, prompts)
+        if self.english_check is not None:
+            languages = self.english_check.languages(adapter, enc.states, tokens, prompts, cross or None)
         times = None
         if options.word_timestamps:
             from pipeline.models.whisper.alignment import token_times
@@ -107,6 +128,19 @@ class ARSegmentDecoder:
                                                                            [r.words for r in results], cross)):
                 res.words, res.word_features = words, feats
         return results
+
+    def _fallback(self, states, tokens: list[list[int]], prompts: list[list[int]]) -> list[list[int]]:
+        """``tokens`` with the rows that fail the fallback rule sampled again (a row's
+        cross-attention K/V depend on its states alone, so a confidence pass still reuses
+        greedy's)."""
+        adapter, rule = self.adapter, self.fallback
+
+        def sample(rows: list[int], temperature: float) -> list[list[int]]:
+            edit = GumbelSampling(temperature, rule.seed, then=adapter.timestamp_rules)
+            return greedy_decode(adapter, states[rows], max_new_tokens=self.max_new_tokens,
+                                 prompts=[prompts[r] for r in rows], rules=TokenRules.of(adapter, edit))
+
+        return decode_with_fallback(adapter, states, tokens, rule, sample, prompts)[0]
 
     def _confidence_words(self, enc, tokens, prompts=None, timed=None, cross_kv=None):
         from pipeline.confidence.features import decoder_words
@@ -138,5 +172,10 @@ def _unheard_rows_empty(tokens: list[list[int]], valid_frames) -> list[list[int]
 
 
 def build(adapter, cfg) -> ARSegmentDecoder:
+    from pipeline.models.whisper.language_check import EnglishOnlyCheck
+
+    options = getattr(adapter, "options", None)     # Whisper's: the fallback is Whisper's rule
+    fallback = FallbackRule.of(cfg.decoder, options.task) if options is not None else None
     return ARSegmentDecoder(adapter, cfg.decoder.max_new_tokens, map_drafting(adapter, cfg),
-                            confidence=cfg.confidence.enabled, use_cuda_graphs=cfg.decoder.use_cuda_graphs)
+                            confidence=cfg.confidence.enabled, use_cuda_graphs=cfg.decoder.use_cuda_graphs,
+                            fallback=fallback, english_check=EnglishOnlyCheck.of(adapter, cfg.filters))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.config_values import ConfigError, choice, at_least, coerce
+from pipeline.decoders.ar import map_drafting_key
 from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 from pipeline.decoders.registry import DecoderKind, register_decoder_kind
 from pipeline.models.base import ATTENTION_DECODER, CTC, PACKABLE
@@ -38,6 +39,20 @@ class SSDOptions:
     # Its break-even in tokens decided per segment (null: measured as the job runs, from
     # timings, so that which batches draft, hence their text, may differ between runs).
     verify_break_even: float | None = None
+    # In-job adaptation of the CTC draft head (pipeline.decoders.ssd.adapt): each model
+    # actor decodes its first adapt_audio_minutes of audio as plain AR, fits the head on
+    # those transcripts for at most adapt_fit_minutes, then drafts with it; the head is
+    # saved in adapt_dir (the job sets DST/__shardscribe__/draft_head), where a later
+    # actor, rerun or job finds it and drafts with it at once.
+    adapt: bool = False
+    adapt_audio_minutes: float = 30.0
+    adapt_fit_minutes: float = 5.0
+    adapt_epochs: int = 40
+    adapt_lr: float = 1e-3
+    adapt_dir: str | None = None
+    # Keys added after outputs were written: hashed only once set off their default.
+    HASHED_WHEN_SET = ("adapt", "adapt_audio_minutes", "adapt_fit_minutes", "adapt_epochs", "adapt_lr")
+    EXECUTION_KEYS = ("adapt_dir",)   # where the head is kept, not what it is
     # Named threshold sets (docs/ssd.md has how each was chosen and what it measured).
     presets: dict = field(default_factory=lambda: {
         "high_accuracy": {"tau_ctc": 0.6, "tau_slm": 0.1},
@@ -71,6 +86,11 @@ class SSDOptions:
         if target is not None and not 0.0 < target < 1.0:
             raise ConfigError(f"{key}.max_draft_error: must be in (0, 1) or null, got {target}")
         at_least(f"{key}.lookahead", self.lookahead, 0)
+        at_least(f"{key}.adapt_audio_minutes", self.adapt_audio_minutes, 0.0)
+        at_least(f"{key}.adapt_fit_minutes", self.adapt_fit_minutes, 0.0)
+        at_least(f"{key}.adapt_epochs", self.adapt_epochs, 1)
+        if not self.adapt_lr > 0:
+            raise ConfigError(f"{key}.adapt_lr: must be > 0, got {self.adapt_lr}")
         choice(f"{key}.lookahead_rule", self.lookahead_rule, LOOKAHEAD_RULES)
         if self.verify_break_even is not None and self.verify_break_even < 0:
             raise ConfigError(f"{key}.verify_break_even: must be >= 0 or null, got {self.verify_break_even}")
@@ -112,8 +132,12 @@ def _config_needs(cfg) -> frozenset:
 
 
 def _check_config(cfg) -> None:
-    if cfg.decoder.token_map is not None and cfg.ssd.lookahead and cfg.ssd.lookahead_rule != "greedy":
-        raise ConfigError("decoder.token_map: token-map drafting verifies greedily; "
+    if cfg.ssd.adapt and cfg.model.family != "whisper":
+        raise ConfigError(f"ssd.adapt: fits the character CTC draft head of Whisper checkpoints; "
+                          f"model.family={cfg.model.family} drafts with its own CTC output")
+    drafting = map_drafting_key(cfg)
+    if drafting is not None and cfg.ssd.lookahead and cfg.ssd.lookahead_rule != "greedy":
+        raise ConfigError(f"{drafting}: token-map drafting verifies greedily; "
                           f"ssd.lookahead_rule={cfg.ssd.lookahead_rule} cannot draft with it")
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from pipeline.decoders.ar.stage import map_drafting
+from pipeline.audio import SAMPLE_RATE
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult
 from pipeline.decoding.ar_greedy import DecodeSeed
 from pipeline.decoding.ssd.decoder import AR_UNDRAFTED, CTC_GATE, SelfSpeculativeDecoder, SSDRow
@@ -129,6 +130,11 @@ class SSDFirstPassDecoder:
                                           gate_calibration=None if max_draft_error is None else
                                           GateCalibration(max_draft_error, cap=tau_ctc))
         self.seeds: SeedStore | None = None
+        # ssd.adapt (pipeline.decoders.ssd.adapt): the head fitted on this actor's first
+        # slice, and the in-process AR that decodes that slice where the fallback runs elsewhere
+        self.adaptation = None
+        self.adapt_fallback: SSDFallback | None = None
+        self._valid_frames = None
         # The fallback of this same process (set by build_fallback): it finishes a batch
         # the verify policy skipped right here, without the pending states' round trip.
         self.local_fallback: SSDFallback | None = None
@@ -136,6 +142,9 @@ class SSDFirstPassDecoder:
         # stage's model that decodes the skipped batches the policy samples to measure
         # what a fallback token costs (set by build_first_pass while the policy is on).
         self.cost_sampler: SSDFallback | None = None
+        # An English-only model's failed-decode check (pipeline.models.whisper.language_check;
+        # set by build_first_pass): the language of each segment final after this pass.
+        self.english_check = None
 
     def share_seeds(self) -> SeedStore:
         """Keep each pending row's verification cache for a fallback in this process."""
@@ -157,6 +166,7 @@ class SSDFirstPassDecoder:
     def _undrafted_first_pass(self, audios: list[np.ndarray]):
         """Encode only: every row pending, for the fallback to decode as plain AR."""
         enc, t_enc = timed(self.adapter.encode, audios, device=self.adapter.device)
+        self._valid_frames = enc.valid_frames    # what ssd.adapt learns from (the batch's own)
         rows = [SSDRow(stage=None, text="", max_entropy=float("nan"), draft_text="") for _ in audios]
         return rows, enc.states, list(range(len(rows))), t_enc
 
@@ -283,7 +293,9 @@ class SSDFirstPassDecoder:
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
         t0 = time.perf_counter()
         policy = self.verify_policy
-        drafted = policy is None or policy.should_draft()
+        # ssd.adapt's slice: plain AR in this process, its states and texts kept to fit the head
+        adapting = self.adaptation is not None and self.adaptation.collecting
+        drafted = not adapting and (policy is None or policy.should_draft())
         rows, states, needs, t_enc = (self._gate_first_pass if drafted else self._undrafted_first_pass)(audios)
         if states is not None:
             synchronize(states)
@@ -291,10 +303,15 @@ class SSDFirstPassDecoder:
             policy.observe_first_pass(len(rows), self._decided(rows), time.perf_counter() - t0 - t_enc)
         t_enc, t_dec = t_enc / len(audios), (time.perf_counter() - t0 - t_enc) / len(audios)
         pending = [k for k, i in enumerate(needs) if rows[i].stage is None]
+        if self.ssd.map_drafting is not None:
+            # verified drafts are committed transcripts too (token_map.online learns them)
+            self.ssd.map_drafting.learn([row.tokens for row in rows if row.stage is not None and row.tokens])
         # One device-to-host copy for all pending rows (the CPU offload), not one per row.
         # A skipped batch with the fallback in this process never leaves the device.
         local = None
-        if not drafted:
+        if adapting:
+            local = self.local_fallback or self.adapt_fallback
+        elif not drafted:
             local = self.local_fallback
             if local is None and self.cost_sampler is not None and policy.wants_cost_sample():
                 local = self.cost_sampler
@@ -334,9 +351,28 @@ class SSDFirstPassDecoder:
             share = local.finish(out, states) / len(out)
             for res in out:
                 res.t_decode_s += share
+            if adapting:
+                self.adaptation.observe(states, self._valid_frames, [res.text for res in out],
+                                        sum(len(a) for a in audios) / SAMPLE_RATE)
         if self.confidence and drafted:
             self._confidence(rows, states, needs, out)
+        if self.english_check is not None:
+            self._check_english(rows, states, needs, out)
         return out
+
+    def _check_english(self, rows: list[SSDRow], states, needs: list[int], out: list[SegmentResult]) -> None:
+        """The language of the segments final after the first pass, from their tokens scored
+        over their own encoder states (a gated clip of a shared packed window has none: it
+        keeps the configured language)."""
+        has_states = {i: k for k, i in enumerate(needs)}
+        done = [i for i, row in enumerate(rows) if row.stage is not None and i in has_states]
+        if not done:
+            return
+        tokens = [rows[i].tokens or (self.adapter.tokenize(rows[i].text) if rows[i].text.strip() else [])
+                  for i in done]
+        languages = self.english_check.languages(self.adapter, states[[has_states[i] for i in done]], tokens)
+        for i, language in zip(done, languages):
+            out[i].language = language
 
     def _confidence(self, rows: list[SSDRow], states, needs: list[int], out: list[SegmentResult]) -> None:
         """Words and confidence features of the segments final after the first pass: their
@@ -382,6 +418,7 @@ class SSDFallback:
         self.adapter = ssd.adapter
         self.seeds = seeds
         self.seeded = 0  # rows that started from a verification cache (a statistic)
+        self.english_check = None   # as SSDFirstPassDecoder.english_check, for the rows finished here
 
     def cost(self, result: SegmentResult) -> int:
         return int(result.pending.states.shape[0])
@@ -415,6 +452,9 @@ class SSDFallback:
                                seed=seed))
         cross = [] if self.confidence else None
         rows = self.ssd.fallback(states, rows, cross_out=cross)
+        if self.ssd.map_drafting is not None:
+            # an online token map learns the committed transcripts (token_map.online)
+            self.ssd.map_drafting.learn([row.tokens for row in rows])
         if self.verify_policy is not None:
             self.verify_policy.observe_fallback(len(rows), sum(row.generated for row in rows),
                                                 time.perf_counter() - t0)
@@ -427,7 +467,10 @@ class SSDFallback:
             # the confidence pass reuses the cross-attention K/V the fallback decoded with
             scored = decoder_words(self.adapter, states, [row.tokens for row in rows], drafts,
                                    cross_kv=cross or None)
+        languages = (self.english_check.languages(self.adapter, states, [row.tokens for row in rows], cross_kv=cross)
+                     if self.english_check is not None else [r.language for r in results])
         for n, (res, row, p) in enumerate(zip(results, rows, pend)):
+            res.language = languages[n]
             res.text, res.stage, res.tokens = row.text, AR_UNDRAFTED if p.undrafted else row.stage, len(row.tokens)
             res.prefix_len, res.generated = len(row.prefix), row.generated
             if scored is not None:
@@ -450,11 +493,28 @@ def build_first_pass(adapter, cfg) -> SSDFirstPassDecoder:
                                 adaptive_verify=cfg.ssd.verifies_adaptively(),
                                 verify_break_even=cfg.ssd.verify_break_even, confidence=cfg.confidence.enabled,
                                 **_options(cfg))
+    first.english_check = _english_check(adapter, cfg)
+    if cfg.ssd.adapt:
+        from pipeline.decoders.ssd.adapt import HeadAdaptation
+
+        o = cfg.ssd
+        first.adaptation = HeadAdaptation(adapter, o.adapt_audio_minutes, o.adapt_fit_minutes, o.adapt_dir,
+                                          epochs=o.adapt_epochs, lr=o.adapt_lr)
+        if first.adaptation.collecting:
+            first.adapt_fallback = SSDFallback(first.ssd, confidence=cfg.confidence.enabled)
+            first.adapt_fallback.english_check = first.english_check
     if first.verify_policy is not None:
         # No seeds: drafted rows still ship their K/V to the fallback pool.
         first.cost_sampler = SSDFallback(first.ssd, confidence=cfg.confidence.enabled,
                                          verify_policy=first.verify_policy)
+        first.cost_sampler.english_check = first.english_check
     return first
+
+
+def _english_check(adapter, cfg):
+    from pipeline.models.whisper.language_check import EnglishOnlyCheck
+
+    return EnglishOnlyCheck.of(adapter, cfg.filters)
 
 
 def build_fallback(cfg, first_stage: SSDFirstPassDecoder | None = None) -> SSDFallback:
@@ -464,11 +524,14 @@ def build_fallback(cfg, first_stage: SSDFirstPassDecoder | None = None) -> SSDFa
         fallback = SSDFallback(first_stage.ssd, first_stage.share_seeds(), confidence=cfg.confidence.enabled,
                                verify_policy=first_stage.verify_policy)
         first_stage.local_fallback = fallback
+        fallback.english_check = first_stage.english_check
         return fallback
     from pipeline.models import load_model
 
     adapter = load_model(cfg.model)
-    return SSDFallback(SelfSpeculativeDecoder(adapter, map_drafting=map_drafting(adapter, cfg), **_options(cfg)),
-                       confidence=cfg.confidence.enabled)
+    fallback = SSDFallback(SelfSpeculativeDecoder(adapter, map_drafting=map_drafting(adapter, cfg), **_options(cfg)),
+                           confidence=cfg.confidence.enabled)
+    fallback.english_check = _english_check(adapter, cfg)
+    return fallback
 
 

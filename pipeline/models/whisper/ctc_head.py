@@ -140,5 +140,18 @@ def load_ctc_head(source: str | Path = EMBEDDED, device: str | torch.device = "c
     return head.to(device=device, dtype=dtype).eval()
 
 
+def warm_start(head: CTCHead, source: str | Path = EMBEDDED) -> tuple[int, int]:
+    """Copy into ``head`` every tensor of the head at ``source`` (default: the shipped one)
+    whose name and shape match, so a head for another encoder starts from what transfers
+    (all of it for a tiny.en-wide encoder; for another width only the tensors that do not
+    depend on it, such as the output bias, the blank's prior). Returns (tensors copied,
+    tensors in ``head``)."""
+    donor = load_ctc_head(source).state_dict()
+    own = head.state_dict()
+    same = {k: v.to(own[k].dtype) for k, v in donor.items() if k in own and own[k].shape == v.shape}
+    head.load_state_dict(same, strict=False)
+    return len(same), len(own)
+
+
 def load_embedded_ctc_head(device: str | torch.device = "cpu") -> CTCHead:
     return load_ctc_head(EMBEDDED, device=device)

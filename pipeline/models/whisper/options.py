@@ -77,6 +77,7 @@ class WhisperModelOptions:
     def check_job(self, cfg, kind) -> None:
         """The prompt options need an attention decoder; detection, timestamps and word
         times need a kind with the full AR loop; timestamp rules and drafting do not mix."""
+        from pipeline.decoders.ar import map_drafting_key
         from pipeline.decoders.registry import AR_LOOP, DECODER_KINDS
 
         default = WhisperModelOptions()
@@ -92,9 +93,11 @@ class WhisperModelOptions:
             option = ar_only[0] + ("=auto" if ar_only[0] == "language" else "")
             loops = ", ".join(n for n, k in DECODER_KINDS.items() if AR_LOOP in k.traits)
             raise ConfigError(f"model.{option}: only decoder.kind={loops} decodes with it, not {kind.name}")
-        if self.timestamps and cfg.decoder.token_map is not None:
-            raise ConfigError("decoder.token_map: token-map drafting does not apply Whisper's timestamp rules; "
-                              "set decoder.token_map=null with model.timestamps")
+        drafting = map_drafting_key(cfg)
+        if self.timestamps and drafting is not None:
+            off = "null" if drafting == "decoder.token_map" else "false"
+            raise ConfigError(f"{drafting}: token-map drafting does not apply Whisper's timestamp rules; "
+                              f"set {drafting}={off} with model.timestamps")
 
     @staticmethod
     def canonical(model: dict) -> None:
