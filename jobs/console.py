@@ -253,13 +253,11 @@ def committed_rows(dst: str) -> int:
     return sum(len(rows) for rows in iter_output(dst, []))
 
 
-def mismatch_warning(dst: str) -> str | None:
-    """The closing warning for DST's rows with the ``language_mismatch`` filter reason
-    (speech its model could not transcribe, pipeline.filters), or None where there are none."""
-    from pipeline.output import iter_output
-
-    n = sum("language_mismatch" in (r["filter_reasons"] or []) for batch in iter_output(dst, ["filter_reasons"])
-            for r in batch)
+def mismatch_warning(summary: dict) -> str | None:
+    """The closing warning for the rows with the ``language_mismatch`` filter reason
+    (speech its model could not transcribe, pipeline.filters), counted by the summary's
+    pass over the rows; None where there are none."""
+    n = summary.get("language_mismatch") or 0
     return (f"shardscribe: warning: {n} row{'' if n == 1 else 's'} with filter reason language_mismatch: speech "
             "in another language than the model's (an English-only model's decode failed, or the detected "
             "language differs from filters.language); for other languages use --model base --language auto"

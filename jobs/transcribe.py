@@ -204,7 +204,7 @@ def closing(dst: str, summary: dict) -> None:
               file=sys.stderr)
     from jobs.console import mismatch_warning
 
-    if (warning := mismatch_warning(dst)) is not None:
+    if (warning := mismatch_warning(summary)) is not None:
         print(warning, file=sys.stderr)
 
 

@@ -904,7 +904,11 @@ def iter_output(dst: str, columns: list[str], options: dict | None = None, batch
 # What summarize keeps of each output row, spilled by bucket: text and reference only for
 # a row whose WER counts.
 _SUMMARY_SCHEMA = pa.schema([("id", pa.string()), ("duration_s", pa.float64()), ("stage", pa.string()),
-                             ("kind", pa.string()), ("text", pa.string()), ("reference", pa.string())])
+                             ("kind", pa.string()), ("text", pa.string()), ("reference", pa.string()),
+                             ("mismatch", pa.bool_())])
+# The filter reason the closing lines warn about (pipeline.filters: speech in a language
+# the model does not transcribe), counted in the summary's one pass over the rows.
+LANGUAGE_MISMATCH = "language_mismatch"
 # The input side of summarize: each id the input holds, and whether this run read it.
 WANTED_SCHEMA = pa.schema([("id", pa.string()), ("run", pa.bool_())])
 
@@ -919,7 +923,8 @@ def wanted_ids(input_ids, run_ids=None) -> IdBuckets:
 
 def _summary_rows(dst: str, options: dict | None) -> IdBuckets:
     spill = IdBuckets(_SUMMARY_SCHEMA)
-    for table in _part_tables(dst, ["id", "duration_s", "text", "reference", "stage", "error"], options, 8192):
+    for table in _part_tables(dst, ["id", "duration_s", "text", "reference", "stage", "error", "filter_reasons"],
+                              options, 8192):
         errors = table.column("error").to_pylist()
         # An audit row (shardscribe validate) has no transcript to score.
         scored = pc.and_(pc.and_(pc.is_valid(table.column("reference")), pc.is_null(table.column("error"))),
@@ -929,7 +934,9 @@ def _summary_rows(dst: str, options: dict | None) -> IdBuckets:
             "id": table.column("id"), "duration_s": table.column("duration_s"), "stage": table.column("stage"),
             "kind": pa.array([error_kind(e) if e else None for e in errors], pa.string()),
             "text": pc.if_else(scored, pc.fill_null(table.column("text"), ""), None),
-            "reference": pc.if_else(scored, table.column("reference"), None)}))
+            "reference": pc.if_else(scored, table.column("reference"), None),
+            "mismatch": pa.array([LANGUAGE_MISMATCH in (r or ()) for r in table.column("filter_reasons").to_pylist()],
+                                 pa.bool_())}))
     return spill.finish()
 
 
@@ -945,7 +952,7 @@ def summarize(dst: str, input_ids, run: dict, run_ids: set[str] | None = None,
     wanted = input_ids if isinstance(input_ids, IdBuckets) else wanted_ids(input_ids, run_ids)
     found = _summary_rows(dst, options)
     rows_in = wanted.rows
-    rows_out = duplicates = errors = run_rows = run_errors = extra = wer_errors = wer_words = wer_rows = 0
+    rows_out = duplicates = errors = run_rows = run_errors = extra = wer_errors = wer_words = wer_rows = mismatched = 0
     audio = run_audio = 0.0
     any_run = False
     stages: dict[str, int] = {}
@@ -967,6 +974,7 @@ def summarize(dst: str, input_ids, run: dict, run_ids: set[str] | None = None,
                     if value is not None:
                         counter[value] = counter.get(value, 0) + n
             errors += pc.count(mine.column("kind")).as_py()
+            mismatched += pc.sum(mine.column("mismatch")).as_py() or 0
             ran = want.filter(want.column("run")).column("id")
             any_run = any_run or len(ran) > 0
             theirs = mine.filter(pc.is_in(mine.column("id"), value_set=ran))
@@ -996,6 +1004,7 @@ def summarize(dst: str, input_ids, run: dict, run_ids: set[str] | None = None,
         "audio_seconds": audio,
         "wer": wer_errors / wer_words if wer_words else None,
         "wer_rows": wer_rows,
+        LANGUAGE_MISMATCH: mismatched,
         **run,
     }
     wall = run.get("wall_seconds") or 0.0
