@@ -46,3 +46,16 @@ def end_epoch(curve: list[dict], *, epoch: int, epochs: int, step: int, loss_sum
         log(f"train: stopping after epoch {epoch} of {epochs}: --stop-after-epoch")
         return True
     return False
+
+
+def descend(loss, params, opt, sched, clip_norm: float = 5.0) -> float:
+    """One step of the schedule: the gradient of ``loss``, clipped to ``clip_norm``, applied
+    by ``opt``, ``sched`` advanced; returns the loss as a float."""
+    import torch
+
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, clip_norm)
+    opt.step()
+    sched.step()
+    return loss.detach().item()

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from pipeline.fit_schedule import descend
 from pipeline.training.optim import end_epoch, warmup_cosine_adamw
 from pipeline.text import charset
 
@@ -136,13 +137,8 @@ def train(model, train_rows: list[dict], eval_rows: list[dict], *, epochs: int, 
         for batch in cell_batches(frames, labels, cell_budget, rng):
             hidden, lengths, targets, label_lengths = collate([data[i] for i in batch])
             loss = tdt_batch_loss(model, hidden, lengths, targets, label_lengths)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-            opt.step()
-            sched.step()
             step += 1
-            loss_sum += loss.detach().item() * len(batch)
+            loss_sum += descend(loss, model.parameters(), opt, sched) * len(batch)
             n += len(batch)
             if log_every and step % log_every == 0:
                 log(f"train: step={step} epoch={epoch} running_loss={loss_sum / n:.4f} "

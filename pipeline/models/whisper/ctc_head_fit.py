@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.decoding.ctc_greedy import ctc_greedy
-from pipeline.fit_schedule import end_epoch, warmup_cosine_adamw
+from pipeline.fit_schedule import descend, end_epoch, warmup_cosine_adamw
 from pipeline.text import charset
 
 
@@ -144,13 +144,8 @@ def fit_ctc_head(head, train_rows: list[dict], eval_rows: list[dict], options: F
             log_probs = head(states, lens).float().log_softmax(-1)
             loss = F.ctc_loss(log_probs.transpose(0, 1), targets, lens, target_lens, blank=0,
                               reduction="mean", zero_infinity=True)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 5.0)
-            opt.step()
-            sched.step()
             step += 1
-            loss_sum += loss.detach().item() * len(items)
+            loss_sum += descend(loss, head.parameters(), opt, sched) * len(items)
             n += len(items)
             if o.log_every and step % o.log_every == 0:
                 log(f"train: step={step} epoch={epoch} running_loss={loss_sum / n:.4f} "
