@@ -19,10 +19,12 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from pipeline.filters import compression_ratio
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +39,7 @@ class AdaptStats:
     audio_s: float = 0.0           # their audio
     fit_s: float = 0.0             # seconds the fitting took
     reused: bool = False           # a head already in adapt_dir: no slice, no fitting
-    saved: str | None = None       # where the adapted head was written
     error: str | None = None       # the fitting or the save failed: drafting kept the old head
-    extra: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {"rows": self.rows, "audio_minutes": round(self.audio_s / 60, 2),
-                "fit_minutes": round(self.fit_s / 60, 2), "reused": self.reused, "saved": self.saved,
-                "error": self.error, **self.extra}
-
-
-def _compression_ratio(text: str) -> float:
-    import zlib
-
-    raw = text.encode()
-    return len(raw) / max(1, len(zlib.compress(raw)))
 
 
 class HeadAdaptation:
@@ -103,7 +91,7 @@ class HeadAdaptation:
         lengths = valid_frames.tolist()
         for k, text in enumerate(texts):
             text = text.strip()
-            if text and _compression_ratio(text) <= MAX_COMPRESSION_RATIO:
+            if text and compression_ratio(text) <= MAX_COMPRESSION_RATIO:
                 self._rows.append({"states": states[k, :int(lengths[k])].to("cpu", torch.float16).clone(),
                                    "text": text})
         self.stats.audio_s += audio_seconds
@@ -131,14 +119,14 @@ class HeadAdaptation:
             self._install(head)
             self.stats.fit_s = time.perf_counter() - t0
             if self.save_dir:
-                self.stats.saved = self._save(head)
+                self._save(head)
         except Exception as exc:    # adaptation is an optimisation: never fail the job for it
             self.stats.error = f"{type(exc).__name__}: {exc}"[:300]
             log.warning("ssd.adapt: kept the previous head: %s", self.stats.error)
         log.info("ssd.adapt: fitted on %d segments (%.1f min of audio) in %.1f min", self.stats.rows,
                  self.stats.audio_s / 60, self.stats.fit_s / 60)
 
-    def _save(self, head) -> str:
+    def _save(self, head) -> None:
         """Written under a temporary name, then moved into place, so a reader never
         loads half a head; another actor's head may replace it (either is a fit of the
         same corpus)."""
@@ -159,7 +147,6 @@ class HeadAdaptation:
             if fs.exists(path):
                 fs.rm(path, recursive=True)
             fs.mv(staging, path, recursive=True)
-        return self.save_dir
 
 
 def summary_entry(adapt_dir: str, started_at: float) -> dict:
