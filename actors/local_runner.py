@@ -1,6 +1,8 @@
 """In-process runner: the same actors and stages as the Ray plan, without Ray.
 
-Serves benchmarks, debugging and machines without Ray (the lent GPU machine). Output
+Serves benchmarks, debugging and machines without Ray (the lent GPU machine). Batches
+hold ``batching.recordings_per_batch`` rows, the job's first ones fewer
+(``batching.first_batch``, doubling: pipeline.batching.slow_start). Output
 parts go through the same commit protocol and policy as the Ray path
 (pipeline.output.PartCommitter: ``output.rows_per_part`` rows, or
 ``output.commit_interval_s`` since the last commit; temporary name then rename).
@@ -8,11 +10,13 @@ parts go through the same commit protocol and policy as the Ray path
 A two-stage decoder kind's pending rows wait in a buffer across batches
 (pipeline.pending_pool, ``second_stage.*``) until a token-budget batch of them is full, the
 input ends, one has waited ``second_stage.max_wait_s`` or the buffer holds
-``second_stage.max_pending_segments`` (then it is decoded before the next batch is read);
-rows with nothing pending are committed at once, a pending row only once finished.
+``second_stage.max_pending_segments`` (then it is decoded before the next batch is read),
+or, in the slow start's batches but its last, after each of them (trigger ``start``); rows
+with nothing pending are committed at once, a pending row only once finished.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import sys
@@ -70,6 +74,8 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
         if second is not None and opts.pooled else None
     held: dict[int, dict] = {}     # pooled rows by key, their pending states as objects
     keys = itertools.count()
+    ramp = cfg.batching.first_batch < step    # the job's first rows come in growing batches
+    read = 0
 
     def emit(out):
         nonlocal written
@@ -90,7 +96,10 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
             emit(second.finish_rows([held.pop(k) for k in b.keys], stats, b.trigger))
 
     try:
-        for batch in input_batches(rows, step, items):
+        for batch in input_batches(rows, step, items, first_batch=cfg.batching.first_batch):
+            read += batch.num_rows
+            # The slow start's batches but its last, whose pending rows pool with the next ones'.
+            starting = ramp and read < step
             if second is None:
                 emit(model(prep(batch)))
                 continue
@@ -110,7 +119,14 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
                 emit(table(done, OUTPUT_SCHEMA))
             # Full batches; all of it once a row has waited max_wait_s, or once the buffer
             # reaches its bound (the next batch is read only after).
-            dispatch(pool.take(drain=pool.segments >= opts.max_pending_segments))
+            due = pool.take(drain=pool.segments >= opts.max_pending_segments)
+            if starting:
+                # The slow start's rows are finished batch by batch too, not held for a
+                # full budget: otherwise a job whose first rows all go to the second stage
+                # shows none of them until the budget fills or max_wait_s passes.
+                due += [dataclasses.replace(b, trigger="start") if b.trigger == "bound" else b
+                        for b in pool.take(drain=True)]
+            dispatch(due)
         if pool is not None:
             dispatch(pool.take(final=True))
     finally:

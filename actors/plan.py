@@ -80,22 +80,24 @@ def _loopback_environment() -> None:
         Config.initialize("")
 
 
-def _read_source(source, per_block: int, items: list[dict] | None):
+def _read_source(source, per_block: int, items: list[dict] | None, first_batch: int | None = None):
     """The input rows as a dataset of INPUT blocks, read by Ray tasks: one task per work
     item of pipeline.sources (a few thousand manifest lines, or a Parquet row group),
     streaming its rows in batches, so the driver holds neither rows nor audio bytes. The
-    resume's exclusions travel once through the object store, not with every task."""
+    resume's exclusions travel once through the object store, not with every task. A
+    listing's first blocks grow from ``first_batch`` rows (pipeline.sources.slow_start_tables)."""
     import dataclasses
     import json
 
     import ray
 
-    from pipeline.sources import read_item, scan
+    from pipeline.sources import read_item, scan, slow_start_tables
 
     items = scan(source).items if items is None else items
     if source.kind == "files":
         # A listing holds only ids and paths, already on the driver.
-        tables = [t for it in items for t in read_item(source, it, per_block)]
+        tables = list(slow_start_tables((t for it in items for t in read_item(source, it, per_block)), per_block,
+                                        first_batch or per_block))
         return ray.data.from_arrow(tables or [table([], INPUT_SCHEMA)])
     exclude_ref = [ray.put(source.exclude)] if source.exclude is not None else None
     bare = dataclasses.replace(source, exclude=None)
@@ -116,7 +118,10 @@ def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None):
     actor, so a kind or family registered only in the driver works in the workers.
 
     Blocks carry batching.recordings_per_batch rows, shaped by a streaming repartition
-    (split and combine neighbouring blocks), never an all-to-all shuffle of the audio."""
+    (split and combine neighbouring blocks), never an all-to-all shuffle of the audio.
+    Where the rows are known on the driver (a list, a files listing) the first blocks
+    are smaller (batching.first_batch, doubling: pipeline.batching.slow_start), so the
+    first rows of a job finish within seconds."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -130,27 +135,32 @@ def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None):
     per_block = max(1, cfg.batching.recordings_per_batch)
     # Blocks of one batch each, never an all-to-all repartition, which would also switch
     # off Ray Data's no-progress guard (the job's watchdog).
+    first = cfg.batching.first_batch
     if isinstance(rows, list):
-        ds = ray.data.from_arrow([table(rows[i:i + per_block], INPUT_SCHEMA)
-                                  for i in range(0, len(rows), per_block)] or [table([], INPUT_SCHEMA)])
+        from pipeline.sources import input_batches
+
+        ds = ray.data.from_arrow(list(input_batches(rows, per_block, first_batch=first)) or [table([], INPUT_SCHEMA)])
     else:
-        ds = _read_source(rows, per_block, items)
+        ds = _read_source(rows, per_block, items, first)
         if rows.kind != "files":   # a listing is already in blocks of per_block rows
             ds = ds.repartition(target_num_rows_per_block=per_block)
+    # Blocks made here hold at most per_block rows: each is one batch as it is. A
+    # batch_size would bundle the small first blocks back into whole batches.
+    batch = None if isinstance(rows, list) or rows.kind == "files" else per_block
     config = cfg.to_dict()
     kind = kind or decoder_kind(cfg.decoder.kind)
     if kind.name != cfg.decoder.kind:
         raise ValueError(f"decoder kind {kind.name!r} given for a config of decoder.kind={cfg.decoder.kind}")
     args = {"config": config, "kind": kind, "family": model_family(cfg.model.family)}
     ds = ds.map_batches(AudioPrep, fn_constructor_kwargs=args,
-                        batch_size=per_block, batch_format="pyarrow",
+                        batch_size=batch, batch_format="pyarrow",
                         compute=ActorPoolStrategy(size=cfg.ray.audio_actors),
                         num_cpus=cfg.ray.audio_actor_cpus)
     gpu = resolve_device(cfg.model.device).startswith("cuda")
     # Both pools of a two-stage plan share one GPU; a whole GPU each would need two.
     extra = {"num_gpus": 0.5 if kind.two_stage else 1.0} if gpu else {}
     ds = ds.map_batches(Transcriber, fn_constructor_kwargs=args,
-                        batch_size=per_block, batch_format="pyarrow",
+                        batch_size=batch, batch_format="pyarrow",
                         compute=ActorPoolStrategy(size=cfg.ray.decode_actors),
                         num_cpus=_decode_actor_cpus(cfg, kind), **extra)
     # A two-stage kind's second pool is no stage of this plan: the driver pools the

@@ -6,12 +6,14 @@ else, and a short closing table.
   folder, by pointing file descriptors 1 and 2 at it, and hands the console a stream on
   the original terminal. ``verbose`` leaves the descriptors alone.
 - ``Progress`` is a tqdm bar in recordings with audio hours, rows/s, RTFx, errors and an
-  ETA in a terminal; elsewhere (a log, CI) it writes one line every ``interval_s``.
+  ETA in a terminal; elsewhere (a log, CI) it writes a line once the first rows finish,
+  then one every ``interval_s``.
 - ``summary_table`` is the closing table; ``output_lines`` says where each output is.
 - ``committed_rows`` counts what an interrupted job left committed, for its last line.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -104,8 +106,9 @@ HEARTBEAT_S = 60.0
 
 class Progress:
     """Progress of ``total`` recordings, updated with running totals (rows, audio seconds,
-    errors). A terminal gets a live tqdm bar; any other stream a line at most every
-    ``interval_s`` seconds while rows finish, and one at the end."""
+    errors). A terminal gets a live tqdm bar; any other stream a line as soon as the first
+    rows finish, then one at most every ``interval_s`` seconds while rows finish, and one
+    at the end."""
 
     def __init__(self, total: int, stream, interval_s: float = 10.0, tty: bool | None = None):
         self.total = total
@@ -143,7 +146,9 @@ class Progress:
             self.bar.n = rows
             self.bar.set_postfix_str(self._stats(), refresh=False)
             self.bar.refresh()
-        elif time.monotonic() - self._last_line >= self.interval_s:
+        elif (rows and not (self._printed and self._printed[0])) or time.monotonic() - self._last_line >= self.interval_s:
+            # The first finished rows at once: a piped job shows it is working without
+            # waiting a whole interval; later lines keep the interval.
             self._line()
 
     def _line(self) -> None:
@@ -164,8 +169,15 @@ class Progress:
             self.bar.n = self.state[0]
             self.bar.set_postfix_str(self._stats(), refresh=False)
             self.bar.close()
-        elif self._printed != self.state:
+        elif not self._shown(self.state):
             self._line()
+
+    def _shown(self, state) -> bool:
+        """Whether the last line written showed ``state``: the final audio seconds, summed
+        from the written rows, may differ from the running sum of the batches' in the last
+        float digits."""
+        return self._printed is not None and self._printed[0::2] == state[0::2] \
+            and math.isclose(self._printed[1], state[1], rel_tol=1e-9, abs_tol=1e-6)
 
 
 def _counts(mapping: dict, limit: int = 4) -> str:

@@ -32,3 +32,22 @@ def equal_length_buckets(lengths: list[int]) -> list[list[int]]:
     for i, n in enumerate(lengths):
         buckets.setdefault(n, []).append(i)
     return list(buckets.values())
+
+
+def slow_start(first: int, full: int) -> list[int]:
+    """The sizes a job's first ``full`` rows are cut into: ``first``, twice that, and so
+    on, while what is left is at least the next size; the last piece takes the rest (16
+    from 1: 1, 2, 4, 9). ``[full]`` where ``first >= full``.
+
+    A job's first rows then finish within seconds instead of after a whole batch, for at
+    most log2(full) extra batches a job; every later batch is whole."""
+    first, full = max(1, first), max(1, full)
+    if first >= full:
+        return [full]
+    sizes, size, left = [], first, full
+    while left:
+        take = left if left - size < size else size
+        sizes.append(take)
+        left -= take
+        size *= 2
+    return sizes

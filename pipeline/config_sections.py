@@ -173,9 +173,14 @@ class AudioConfig:
 class BatchingConfig:
     recordings_per_batch: int = 16    # rows handed to one actor call
     max_tokens: int = 24000           # padded encoder frames per model sub-batch (Whisper: 1500 per segment)
+    # Rows in a job's first batch; the next ones double up to recordings_per_batch
+    # (pipeline.batching.slow_start), so the first rows finish, and show in the progress,
+    # within seconds, for a few extra batches a job. recordings_per_batch or more: no ramp.
+    first_batch: int = 1
 
     def validate(self, key: str) -> None:
         at_least(f"{key}.recordings_per_batch", self.recordings_per_batch, 1)
+        at_least(f"{key}.first_batch", self.first_batch, 1)
         at_least(f"{key}.max_tokens", self.max_tokens, 1)
 
 

@@ -12,7 +12,9 @@ batch), so it is committed once, after its second stage. Batches are due when:
 - ``full``: they hold a token budget's worth (the next row would not fit);
 - ``end``: the input is exhausted (``final``);
 - ``wait``: a row has waited ``max_wait_s`` (a slow source holds nothing back);
-- ``bound``: the pool holds ``max_pending_segments`` and nothing else will drain it.
+- ``bound``: the pool holds ``max_pending_segments`` and nothing else will drain it;
+- ``start``: the in-process runner empties the pool after each of a job's slow-start
+  batches (``batching.first_batch``), so the first rows finish within seconds.
 
 No Ray, no decoder: pipeline layer.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-TRIGGERS = ("full", "end", "wait", "bound", "block")
+TRIGGERS = ("full", "end", "wait", "bound", "block", "start")
 
 
 @dataclass

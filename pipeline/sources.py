@@ -31,6 +31,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.batching import slow_start
 from pipeline.id_buckets import IdBuckets
 from pipeline.records import INPUT_SCHEMA, table
 from pipeline.storage import redact_uri, utf8_name
@@ -489,14 +490,43 @@ def iter_input_batches(source: Source, rows_per_batch: int, items: list[dict] | 
         yield from read_item(source, item, rows_per_batch)
 
 
-def input_batches(rows, rows_per_batch: int, items: list[dict] | None = None) -> Iterator[pa.Table]:
+def input_batches(rows, rows_per_batch: int, items: list[dict] | None = None,
+                  first_batch: int | None = None) -> Iterator[pa.Table]:
     """INPUT tables of at most ``rows_per_batch`` rows from a list of row dicts or a Source
-    (streamed; ``items``: its scan's work items, if already made)."""
-    if isinstance(rows, list):
-        for i in range(0, len(rows), rows_per_batch):
-            yield table(rows[i:i + rows_per_batch], INPUT_SCHEMA)
-    else:
-        yield from iter_input_batches(rows, rows_per_batch, items)
+    (streamed; ``items``: its scan's work items, if already made); with ``first_batch``
+    the first ``rows_per_batch`` rows come in growing pieces (:func:`slow_start_tables`)."""
+    first_batch = first_batch or rows_per_batch
+    if not isinstance(rows, list):
+        yield from slow_start_tables(iter_input_batches(rows, rows_per_batch, items), rows_per_batch, first_batch)
+        return
+    start = 0
+    for size in slow_start(first_batch, rows_per_batch):
+        if start < len(rows):
+            yield table(rows[start:start + size], INPUT_SCHEMA)
+        start += size
+    for i in range(start, len(rows), rows_per_batch):
+        yield table(rows[i:i + rows_per_batch], INPUT_SCHEMA)
+
+
+def slow_start_tables(tables: Iterable[pa.Table], rows_per_batch: int, first_batch: int) -> Iterator[pa.Table]:
+    """``tables`` (of at most ``rows_per_batch`` rows each) with the stream's first
+    ``rows_per_batch`` rows cut into pipeline.batching.slow_start's growing pieces, so the
+    first rows of a job finish within seconds; the tables after them pass whole."""
+    sizes = iter(slow_start(first_batch, rows_per_batch))
+    size = next(sizes)
+    if size >= rows_per_batch:
+        yield from tables
+        return
+    for t in tables:
+        offset = 0
+        # A table shorter than the next piece (the end of a work item) counts as that piece.
+        while size is not None and offset < t.num_rows:
+            piece = t.slice(offset, size)
+            yield piece
+            offset += piece.num_rows
+            size = next(sizes, None)
+        if offset < t.num_rows:
+            yield t.slice(offset) if offset else t
 
 
 def read_source(uri: str, audio_column: str | None = None, text_column: str | None = None) -> list[dict]:

@@ -53,6 +53,39 @@ def test_progress_lines_off_a_terminal():
     assert len(again.getvalue().splitlines()) == 1
 
 
+def test_a_piped_console_shows_the_first_finished_rows_at_once(monkeypatch):
+    """Off a terminal the first line with finished rows is written as they finish, not an
+    interval later; the lines after it keep the interval."""
+    import jobs.console as console
+
+    now = [100.0]
+    monkeypatch.setattr(console.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    p = Progress(16, out, interval_s=10.0, tty=False)
+    now[0] += 0.5
+    p.update(0, 0.0, 0)
+    assert out.getvalue() == ""
+    now[0] += 1.0
+    p.update(1, 4.5, 0)
+    assert out.getvalue().splitlines() == [out.getvalue().strip()] and "transcribe: 1/16 rec" in out.getvalue()
+    for step, rows in ((2.0, 3), (3.0, 7)):     # within the interval of that line: none
+        now[0] += step
+        p.update(rows, rows * 4.5, 0)
+    assert len(out.getvalue().splitlines()) == 1
+    now[0] += 6.0                               # 11 s after the first line
+    p.update(9, 40.5, 0)
+    p.close(16, 72.0, 0)
+    lines = out.getvalue().splitlines()
+    assert [line.split(" rec ")[0] for line in lines] == ["transcribe: 1/16", "transcribe: 9/16", "transcribe: 16/16"]
+    # The final counts summed from the written rows may differ from the running sum of
+    # the batches' in the last digits: the line already written is not repeated.
+    again = io.StringIO()
+    p = Progress(3, again, interval_s=0.0, tty=False)
+    p.update(3, 0.1 + 0.2, 0)
+    p.close(3, 0.3, 0)
+    assert len(again.getvalue().splitlines()) == 1
+
+
 def test_summary_table_shows_what_was_measured():
     summary = {"rows_in": 12, "rows_out": 12, "run_rows": 10, "skipped_existing": 2, "errors": 3,
                "errors_by_kind": {"file not found": 2, "cannot decode audio": 1},

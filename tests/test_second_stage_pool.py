@@ -109,8 +109,10 @@ def test_second_stage_keys_do_not_enter_the_config_hash():
 # A mixed set: the bundled samples twice (distinct ids); ssd's high_rtfx preset gates some
 # and sends the others to the AR fallback. Blocks of 2 recordings, a budget of 4 Whisper
 # segments (4 x 1500 encoder frames): unpooled, a call gets a block's 0-2 rejected rows.
+# No slow start (first_batch = recordings_per_batch): its first batches are finished one by
+# one (trigger "start"), which these counts of pooled calls leave out.
 MIXED = ["ssd.preset=high_rtfx", "model.encoder_dtype=float32", "batching.recordings_per_batch=2",
-         "batching.max_tokens=6000"]
+         "batching.first_batch=2", "batching.max_tokens=6000"]
 BUDGET_SEGMENTS = 4
 
 
@@ -222,7 +224,7 @@ def test_the_local_buffer_is_bounded_and_drops_nothing(toy_two_stage, samples_di
 
     rows = _manifest(samples_dir, tmp_path, copies=3)
     cfg = load_config("ar", ["decoder.kind=fault_toy2", "model.family=fault_family", "batching.recordings_per_batch=2",
-                             "batching.max_tokens=1000"] + extra)
+                             "batching.first_batch=2", "batching.max_tokens=1000"] + extra)
     stats = {}
     assert run_local(rows, cfg, str(tmp_path / "out"), progress=False, on_second_stage=stats.update) == len(rows)
     out = pq.read_table(sorted(str(p) for p in (tmp_path / "out").glob("*.parquet"))).to_pylist()

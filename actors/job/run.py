@@ -22,8 +22,8 @@ def run_job(spec: JobSpec, on_progress=None, log=None) -> dict:
     """Run the job ``spec``; returns its JobSummary (the summary.json mapping), or with
     ``spec.dry_run`` what the job would do (``dry_run_report``), writing nothing.
 
-    ``on_progress(JobProgress)``: the running totals while the workers run (at least every
-    half second on Ray, every batch in process), then once the final counts. ``log``: a
+    ``on_progress(JobProgress)``: the running totals while the workers run (as each batch
+    of rows finishes, and every half second between), then once the final counts. ``log``: a
     JobConsole (spec.JobConsole) or a callable taking each status line.
 
     Raises JobError (the one-line reason) when the job is refused, before any worker
@@ -398,40 +398,45 @@ def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, format
 
 def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_second_stage=None) -> None:
     """The workers: the in-process runner or the Ray Data plan; ``report(rows, audio_s,
-    errors)`` gets the running totals."""
+    errors)`` gets the running totals as each batch of rows finishes, and every half second
+    between (the console's elapsed time, the log's heartbeat, while a batch runs or no
+    block arrives)."""
     from actors.progress import block_counts
 
     totals = [(0, 0.0, 0)]   # rows, audio seconds, errors: one tuple, replaced whole
+    # The batches' thread (a two-stage kind's second pool on Ray has its own) and the
+    # heartbeat both report: one at a time, so the console's bar is never drawn by two.
+    lock = threading.Lock()
 
     def count(out):
-        totals[0] = tuple(a + b for a, b in zip(totals[0], block_counts(out)))
-
-    if runner == "local":
-        from actors.local_runner import run_local
-
-        def on_batch(out):
-            count(out)
+        with lock:
+            totals[0] = tuple(a + b for a, b in zip(totals[0], block_counts(out)))
             report(*totals[0])
-
-        run_local(rows, cfg, dst, progress=False, on_batch=on_batch, job_id=job_id, items=items,
-                  on_second_stage=on_second_stage)
-        return
-    from actors.plan import init_ray, run_ray
-    from actors.progress import hide_ray_data_progress
-
-    init_ray(cfg)
-    hide_ray_data_progress()
-    stop = threading.Event()
 
     def poll():
-        # The console moves while no block arrives too (elapsed time, the log's heartbeat).
         while not stop.wait(0.5):
-            report(*totals[0])
+            with lock:
+                report(*totals[0])
 
+    if runner == "ray":
+        from actors.plan import init_ray
+        from actors.progress import hide_ray_data_progress
+
+        init_ray(cfg)
+        hide_ray_data_progress()
+    stop = threading.Event()
     watcher = threading.Thread(target=poll, name="progress", daemon=True)
     watcher.start()
     try:
-        run_ray(rows, cfg, dst, items=items, on_batch=count, job_id=job_id, on_second_stage=on_second_stage)
+        if runner == "local":
+            from actors.local_runner import run_local
+
+            run_local(rows, cfg, dst, progress=False, on_batch=count, job_id=job_id, items=items,
+                      on_second_stage=on_second_stage)
+        else:
+            from actors.plan import run_ray
+
+            run_ray(rows, cfg, dst, items=items, on_batch=count, job_id=job_id, on_second_stage=on_second_stage)
     finally:
         stop.set()
         watcher.join()
