@@ -39,7 +39,7 @@ COMMON_KEYS = {
     "model.source": "embedded (Whisper tiny.en), embedded_rnnt, a checkpoint directory or cached hub id",
     "model.device": "auto | cpu | cuda | cuda:N",
     "model.dtype": "float32 | float16 | bfloat16",
-    "model.language": "a language code, auto (detected per segment), or null (the model's own)",
+    "model.language": "a language code, auto (detected per recording), or null (the model's own)",
     "model.task": "transcribe | translate (multilingual Whisper models)",
     "decoder.kind": "ar, ssd, ctc_greedy, ctc_beam, transducer_greedy, transducer_beam (or --config)",
     "decoder.max_new_tokens": "longest transcript of one segment, in tokens",
@@ -80,9 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--config a Whisper model other than tiny.en runs with the ar config")
     parser.add_argument("--allow-download", action="store_true",
                         help="download a --model hub id that is not in the local cache (model.allow_download)")
-    parser.add_argument("--language", default=None, metavar="CODE|auto",
-                        help="the speech's language (model.language): a code such as es, or auto to detect "
-                             "it per segment (multilingual models; written on each row)")
+    parser.add_argument("--language", default=None, metavar="CODE|auto|CODE,CODE",
+                        help="the speech's language (model.language): a code such as es; auto to detect it per "
+                             "recording; or the codes it may be, es,fr, to detect among those only "
+                             "(model.language_candidates). Multilingual models; written on each row")
     parser.add_argument("--task", default=None, choices=["transcribe", "translate"],
                         help="model.task: translate decodes into English (multilingual models)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -124,7 +125,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def overrides_of(args: argparse.Namespace) -> list[str]:
     """``--set`` items, then the flags that stand for keys (they win over a ``--set``)."""
-    flags = {"model.language": getattr(args, "language", None), "model.task": getattr(args, "task", None),
+    language = getattr(args, "language", None)
+    candidates = None
+    if language is not None and "," in language:
+        # --language es,fr: detect, among these only
+        codes = [c.strip() for c in language.split(",") if c.strip()]
+        language, candidates = "auto", "[" + ",".join(codes) + "]"
+    flags = {"model.language": language, "model.language_candidates": candidates,
+             "model.task": getattr(args, "task", None),
              "model.allow_download": "true" if getattr(args, "allow_download", False) else None}
     return list(args.overrides) + [f"{k}={v}" for k, v in flags.items() if v is not None]
 

@@ -1,10 +1,44 @@
 """Device and dtype names of the config, resolved for torch, whether this CPU computes
-in bfloat16 natively (AMX or AVX512-BF16) rather than emulating it in float32, and how
-many CPU threads a stage's torch ops use."""
+in bfloat16 natively (AMX or AVX512-BF16) rather than emulating it in float32, how many
+CPU threads a stage's torch ops use, and which failures leave the device unusable."""
 from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+
+
+# CUDA errors after which the process's context is unusable: every later call on the device
+# fails the same way, whatever its input. Out of memory is not one of them: a smaller batch
+# succeeds, which is what the segment runner's halving tries.
+STICKY_DEVICE_ERRORS = ("device-side assert triggered", "illegal memory access", "unspecified launch failure",
+                        "misaligned address", "illegal instruction", "uncorrectable ECC error")
+
+
+class DeviceFault(RuntimeError):
+    """The accelerator failed for good in this process. Isolating the failing segment by
+    halving its batch would turn every recording after it into an error row, so the job
+    stops instead; the rows committed before it stay, and a rerun resumes after them."""
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is a CUDA error that poisons the context (torch raises
+    ``torch.AcceleratorError`` for those; older builds a RuntimeError naming the error)."""
+    text = str(exc)
+    if "out of memory" in text.lower():
+        return False
+    import torch
+
+    accelerator_error = getattr(torch, "AcceleratorError", ())
+    return (bool(accelerator_error) and isinstance(exc, accelerator_error)) or \
+        any(m in text for m in STICKY_DEVICE_ERRORS)
+
+
+def device_fault(exc: BaseException, where: str) -> DeviceFault:
+    """The job-stopping error for ``exc``, raised ``from`` it by the caller."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return DeviceFault(f"the device failed {where} ({type(exc).__name__}: {first}); nothing more can run on it in "
+                       "this process, so the job stops here: the rows committed so far stay, and the same command "
+                       "resumes after them")
 
 
 def resolve_device(device: str) -> str:

@@ -5,7 +5,8 @@ padded-token budget (pipeline.batching; "sort by length, batch by a token budget
 "Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts", §3), decoded, then
 put back per recording. A sub-batch whose decode raises is decoded again in halves, down
 to the segment that really fails, so only that segment's recording gets an `error`; the
-second stage isolates its failures the same way.
+second stage isolates its failures the same way. A failure that leaves the device unusable
+(a CUDA device-side assert) is not isolated: it stops the job (pipeline.device.DeviceFault).
 
 A first stage may leave segments pending with its own state; ``complete_pending`` hands
 them to the kind's second stage, re-batched across rows by that stage's cost
@@ -19,31 +20,58 @@ import numpy as np
 
 from pipeline.batching import pack_by_budget
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult
+from pipeline.device import device_fault, is_device_fault
 from pipeline.records import clear_pending, finalize_row, segment_dict, shift_words
 
 
-def decode_segments(decoder, audios: list[np.ndarray], max_tokens: int) -> list[SegmentResult]:
+def decode_segments(decoder, audios: list[np.ndarray], max_tokens: int, languages=None) -> list[SegmentResult]:
+    """``languages``: per segment, what the decoder's ``detect_recordings`` found for its
+    recording (None: the decoder detects nothing ahead, or that recording has no result)."""
     results: list[SegmentResult | None] = [None] * len(audios)
     for batch in pack_by_budget([decoder.segment_cost(a) for a in audios], max_tokens):
-        for i, res in zip(batch, _decode_isolating(decoder, audios, batch)):
+        for i, res in zip(batch, _decode_isolating(decoder, audios, batch, languages)):
             results[i] = res
     return results
 
 
-def _decode_isolating(decoder, audios: list[np.ndarray], batch: list[int]) -> list[SegmentResult]:
+def _recording_languages(decoder, rows: list[dict], flat: list[tuple[int, int]]) -> list | None:
+    """Per segment of ``flat``: its recording's language as the decoder detects it once per
+    recording (Whisper, model.language=auto), or None for all where the decoder does not.
+    A detection that raises leaves each segment to be detected as it is decoded, where a
+    bad segment's error is isolated to its own row."""
+    detect = getattr(decoder, "detect_recordings", None)
+    if detect is None:
+        return None
+    per_row: dict[int, list[np.ndarray]] = {}
+    for r, s in flat:
+        per_row.setdefault(r, []).append(np.asarray(rows[r]["seg_audio"][s], dtype=np.float32))
+    order = sorted(per_row)
+    try:
+        found = dict(zip(order, detect([per_row[r] for r in order])))
+    except Exception:
+        return None
+    languages = [found.get(r) for r, _ in flat]
+    return languages if any(x is not None for x in languages) else None
+
+
+def _decode_isolating(decoder, audios: list[np.ndarray], batch: list[int], languages=None) -> list[SegmentResult]:
     """Decode ``batch``; when the model raises, decode each half again, down to the one
     segment that fails: one bad segment in a batch of n costs about 2 log2(n) extra calls
     instead of n, and only that segment's recording gets the error."""
     try:
-        outs = decoder.decode([audios[i] for i in batch])
+        outs = (decoder.decode([audios[i] for i in batch]) if languages is None
+                else decoder.decode([audios[i] for i in batch], languages=[languages[i] for i in batch]))
         if len(outs) != len(batch):
             raise RuntimeError(f"decoder returned {len(outs)} results for {len(batch)} segments")
         return outs
     except Exception as exc:
+        if is_device_fault(exc):
+            raise device_fault(exc, "while decoding") from exc
         if len(batch) == 1:
             return [SegmentResult("", "error", error=f"{type(exc).__name__} while decoding: {exc}")]
     half = len(batch) // 2
-    return _decode_isolating(decoder, audios, batch[:half]) + _decode_isolating(decoder, audios, batch[half:])
+    return (_decode_isolating(decoder, audios, batch[:half], languages)
+            + _decode_isolating(decoder, audios, batch[half:], languages))
 
 
 def _score(confidence, results) -> None:
@@ -77,7 +105,7 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int, confidence=N
         for s, audio in enumerate(row["seg_audio"]):
             flat.append((r, s))
             audios.append(np.asarray(audio, dtype=np.float32))
-    results = decode_segments(decoder, audios, max_tokens) if audios else []
+    results = decode_segments(decoder, audios, max_tokens, _recording_languages(decoder, rows, flat)) if audios else []
     _score(confidence, results)
     per_row: dict[int, list[tuple[int, SegmentResult]]] = {}
     for (r, s), res in zip(flat, results):
@@ -108,6 +136,8 @@ def _finish_isolating(finisher, items: list[SegmentResult], batch: list[int]):
     try:
         return [(batch, finisher.finish(items))]
     except Exception as exc:
+        if is_device_fault(exc):
+            raise device_fault(exc, f"in {finisher.name}") from exc
         if len(items) == 1:
             items[0].stage, items[0].error = "error", f"{type(exc).__name__} in {finisher.name}: {exc}"
             return [(batch, 0.0)]

@@ -1,8 +1,9 @@
-"""The language flags of `shardscribe transcribe` on real non-English speech (espeak-ng's
+"""The language flags of `shardscribe transcribe` on non-English speech (espeak-ng's
 Spanish and French voices) with the multilingual embedded model: `--model base --language
-auto` writes each row's detected language; a small job prints its transcripts and says
-where each output is; a rerun with another config is refused naming the keys that differ;
-a hub id is downloaded only when asked."""
+auto` writes each row's detected language, and `model.language_candidates` keeps it to the
+corpus's languages; a small job prints its transcripts and says where each output is; a
+rerun with another config is refused naming the keys that differ; a hub id is downloaded
+only when asked."""
 from __future__ import annotations
 
 import shutil
@@ -15,7 +16,8 @@ from test_whisper_base import CLIPS as BASE_CLIPS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-# Two sentences each: espeak-ng's French in one short sentence is detected as Japanese.
+# Two sentences each: espeak-ng's French in one short sentence is detected as another
+# language with plain auto (test_candidates_keep_a_short_french_row_french below).
 CLIPS = {voice: text for voice, (text, _) in BASE_CLIPS.items()}
 
 
@@ -82,6 +84,27 @@ def test_other_config_is_refused_naming_the_keys(base_job, capsys):
     assert "model.language auto -> es" in err and "by config ar (" in err, err
 
 
+@pytest.mark.slow
+def test_candidates_keep_a_short_french_row_french(tmp_path, model_cache):
+    """"Le café est froid." alone, which plain auto detects as Chinese and decodes as
+    Chinese (tests/test_language_detection.py), with the corpus's languages as candidates:
+    a French row, in French."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed")
+    from jobs.cli import main
+    from language_set import render
+
+    audio = tmp_path / "audio"
+    render(audio, ["fr_00.wav"])
+    out = tmp_path / "out"
+    assert main(["transcribe", "--input", str(audio), "--output", str(out), "--runner", "local", "--model", "base",
+                 "--language", "es,fr", "--quiet", "--set", f"model.cache_dir={model_cache}"]) == 0
+    [row] = pq.read_table(out).to_pylist()
+    assert row["language"] == "fr" and row["language_prob"] > 0.9, row
+    assert [s["language"] for s in row["segments"]] == ["fr"]
+    assert "café" in row["text"].lower(), row["text"]
+
+
 def test_readers_named_only_when_installed(monkeypatch):
     import importlib.util
 
@@ -108,6 +131,11 @@ def test_model_names_flags_and_download_key():
     # an execution key: the same rows, the same config
     assert config_hash(cfg) == config_hash(load_config(None, ["model.language=fr", "model.task=translate"],
                                                        model="base"))
+    # --language es,fr: detection among these two only
+    args = build_parser().parse_args(["transcribe", "--input", "a", "--output", "b", "--model", "base",
+                                      "--language", "es, fr"])
+    cfg = load_config(None, list(spec_from_args(args).overrides), model="base")
+    assert (cfg.model.language, cfg.model.language_candidates) == ("auto", ["es", "fr"])
     tiny = load_config(None, model="tiny.en")
     assert (tiny.model.source, tiny.model.ctc_head) == ("embedded", "embedded")
 

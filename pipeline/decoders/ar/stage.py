@@ -5,9 +5,9 @@ Speculative Decoding for Transformer-based ASR with Token Map Drafting"), with t
 output; an online map learns each batch's transcripts once they are decoded.
 
 On Whisper it also runs the model options that need per-row decoding: a language
-detected per segment (the prompt then differs per row), timestamp tokens (the segment's
-text cut into timed spans) and word times from cross-attention alignment
-(pipeline.models.whisper.prompting, pipeline.models.whisper.alignment)."""
+detected per recording or per segment (the prompt then differs per row), timestamp
+tokens (the segment's text cut into timed spans) and word times from cross-attention
+alignment (pipeline.models.whisper.prompting, pipeline.models.whisper.alignment)."""
 from __future__ import annotations
 
 import numpy as np
@@ -75,7 +75,16 @@ class ARSegmentDecoder:
             self.drafting.learn(tokens)
         return tokens, self._confidence_words(enc, tokens, cross_kv=cross) if self.confidence else None
 
-    def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
+    def detect_recordings(self, recordings: list[list[np.ndarray]]):
+        """Per recording (its segments' audio): the language detected once for all its
+        segments, or None where each segment is detected as it is decoded (the adapter's
+        ``detect_recordings``; models without one detect nothing here)."""
+        detect = getattr(self.adapter, "detect_recordings", None)
+        return detect(recordings) if detect is not None else [None] * len(recordings)
+
+    def decode(self, audios: list[np.ndarray], languages=None) -> list[SegmentResult]:
+        """``languages``: per segment, its recording's detected (language, probability)
+        or None (``detect_recordings``)."""
         options = getattr(self.adapter, "options", None)
         if options is None:
             (tokens, words), t_enc, t_dec = encode_then(self.adapter, audios, self._decode)
@@ -84,16 +93,18 @@ class ARSegmentDecoder:
                 res.words, res.word_features = w
             return out
         seconds = [len(a) / SAMPLE_RATE for a in audios]
-        out, t_enc, t_dec = encode_then(self.adapter, audios, lambda enc: self._decode_whisper(enc, seconds))
+        out, t_enc, t_dec = encode_then(self.adapter, audios,
+                                        lambda enc: self._decode_whisper(enc, seconds, languages))
         for res in out:
             res.t_encode_s, res.t_decode_s = t_enc, t_dec
         return out
 
-    def _decode_whisper(self, enc, seconds: list[float]) -> list[SegmentResult]:
+    def _decode_whisper(self, enc, seconds: list[float], detected=None) -> list[SegmentResult]:
         from pipeline.models.whisper.prompting import split_timestamps
 
         adapter, options = self.adapter, self.adapter.options
-        prompts, languages, probs = adapter.language_prompts(enc.states)
+        prompts, languages, probs = (adapter.language_prompts(enc.states, detected) if detected is not None
+                                     else adapter.language_prompts(enc.states))
         cross = []
         tokens = greedy_decode(adapter, enc.states, max_new_tokens=self.max_new_tokens, prompts=prompts,
                                drafter=self.drafting or NO_DRAFT, rules=TokenRules.of(adapter, adapter.timestamp_rules),

@@ -57,7 +57,8 @@ class WhisperAdapter:
                              f"reads {cfg.num_mel_bins}")
         self.options = options = options or WhisperOptions()
         self.special = special = WhisperTokens.of(model, self.tokenizer)
-        problem = options_error(special, options.language, options.task, options.timestamps)
+        problem = options_error(special, options.language, options.task, options.timestamps,
+                                options.language_candidates)
         if problem:
             raise ValueError(problem)
         if options.word_timestamps and not getattr(gen, "alignment_heads", None):
@@ -149,16 +150,48 @@ class WhisperAdapter:
         Whisper's is the same for all (``language_prompts`` detects per row)."""
         return [self.prompt_ids] * encoder_states.shape[0]
 
-    def language_prompts(self, encoder_states: torch.Tensor):
+    def language_prompts(self, encoder_states: torch.Tensor, languages=None):
         """Per row: the decoder prompt, the language it decodes in (None: not configured)
-        and, where the language was detected (model.language=auto), its probability."""
+        and, where the language was detected (model.language=auto), its probability.
+        ``languages``: per row, a (code, probability) already detected for the row's
+        recording (``detect_recordings``), or None: detected here from the row's own states."""
         B, opts = encoder_states.shape[0], self.options
         if opts.language != "auto":
             return [self.prompt_ids] * B, [self.prompt_language] * B, [None] * B
-        ids, probs = detect_language(self, encoder_states, self.special)
+        known = list(languages) if languages is not None else [None] * B
+        todo = [b for b in range(B) if known[b] is None]
+        if todo:
+            names = {v: k for k, v in self.special.lang_to_id.items()}
+            ids, probs = detect_language(self, encoder_states[todo], self.special, opts.language_candidates)
+            for b, i, p in zip(todo, ids, probs):
+                known[b] = (names[i], p)
+        prompts = [prefix(self.special, self.special.lang_to_id[code], opts.task, opts.timestamps,
+                          self.previous_ids) for code, _ in known]
+        return prompts, [code for code, _ in known], [p for _, p in known]
+
+    @torch.inference_mode()
+    def detect_recordings(self, recordings: list[list[np.ndarray]], batch: int = 8) -> list[tuple[str, float] | None]:
+        """With model.language=auto and model.language_detection=recording: per recording
+        (its speech segments in order), the (language, probability) of its first 30 s of
+        speech, the segments joined without their gaps (faster-whisper detects on the first
+        30 s of the VAD-filtered audio); one language for the whole recording, so a short
+        segment is not decoded in a language its few syllables suggest alone. None for a
+        recording of one segment (its own window is the same audio, detected while it is
+        decoded, at no extra encoder pass), of none, and where detection is per segment."""
+        out: list[tuple[str, float] | None] = [None] * len(recordings)
+        if self.options.language != "auto" or self.options.language_detection != "recording":
+            return out
+        todo = [r for r, segs in enumerate(recordings) if len(segs) > 1]
         names = {v: k for k, v in self.special.lang_to_id.items()}
-        prompts = [prefix(self.special, i, opts.task, opts.timestamps, self.previous_ids) for i in ids]
-        return prompts, [names[i] for i in ids], probs
+        for start in range(0, len(todo), batch):
+            part = todo[start:start + batch]
+            windows = [np.concatenate([np.asarray(a, dtype=np.float32) for a in recordings[r]])[:WINDOW_SAMPLES]
+                       for r in part]
+            states = self.run_encoder(self.features(windows))
+            ids, probs = detect_language(self, states, self.special, self.options.language_candidates)
+            for r, i, p in zip(part, ids, probs):
+                out[r] = (names[i], p)
+        return out
 
     def _previous_text(self, text: str | None, max_positions: int) -> list[int]:
         """The initial prompt's tokens, at most the last half-context's worth (as Whisper

@@ -14,6 +14,7 @@ WHISPER_TASKS = ("transcribe", "translate")
 # them; some need a kind with the full AR loop (per-row prompts, timestamp rules).
 PROMPT_OPTIONS = ("language", "task", "initial_prompt")
 AR_ONLY_OPTIONS = ("timestamps", "word_timestamps")
+_LANGUAGE_CODE = r"[a-z]{2,3}|[a-z]{2}-[a-z]{2,4}"
 
 
 @dataclass
@@ -21,6 +22,7 @@ class WhisperModelOptions:
     OWNERS = "Whisper models"
     EXECUTION_KEYS = ("screened_argmax", "encoder_micro_batch")   # not in config_hash
     FILE_KEYS = ("ctc_head",)                                     # hashed by content
+    LANGUAGE_DETECTION = ("recording", "segment")                 # model.language_detection's values
 
     ctc_head: str | None = None       # whisper: "embedded" (the shipped head), a head directory, or null
     # Segments per encoder call: a batch is encoded in slices of this many (0: whole
@@ -28,9 +30,17 @@ class WhisperModelOptions:
     encoder_micro_batch: int | None = None
     # Whisper's decoder prompt (docs/ar.md, "Whisper options"). language: a code such as
     # "de" (checked against the checkpoint's languages before any worker starts), "auto"
-    # (detected per segment from Whisper's language token), or null: the model's own
-    # default (none on an English-only model, "en" on a multilingual one).
+    # (detected from Whisper's language token, see language_detection), or null: the
+    # model's own default (none on an English-only model, "en" on a multilingual one).
     language: str | None = None
+    # With language=auto: where the language is detected. recording: once per recording,
+    # on up to its first 30 s of speech (its segments joined, as faster-whisper detects on
+    # the VAD-filtered audio), and every segment is decoded in it; segment: each segment on
+    # its own (for recordings that change language). docs/languages.md has the figures.
+    language_detection: str = "recording"
+    # With language=auto: the languages the detection may pick, e.g. [es, fr] (null: any of
+    # the model's); the probability written is then the one among these.
+    language_candidates: list | None = None
     task: str = "transcribe"          # transcribe | translate (into English; multilingual models)
     initial_prompt: str | None = None  # text the decoder reads as previous text (<|startofprev|>)
     timestamps: bool = False          # decode with Whisper's timestamp tokens: segments[].spans
@@ -59,9 +69,19 @@ class WhisperModelOptions:
 
     def validate(self, key: str, model) -> None:
         choice(f"{key}.task", self.task, WHISPER_TASKS)
-        if self.language is not None and not re.fullmatch(r"auto|[a-z]{2,3}|[a-z]{2}-[a-z]{2,4}", self.language):
+        if self.language is not None and not re.fullmatch(rf"auto|{_LANGUAGE_CODE}", self.language):
             raise ConfigError(f"{key}.language: expected a language code such as en or de, auto, or null; "
                               f"got {self.language!r}")
+        choice(f"{key}.language_detection", self.language_detection, self.LANGUAGE_DETECTION)
+        if self.language_candidates is not None:
+            found = self.language_candidates
+            if (not isinstance(found, list) or not found
+                    or not all(isinstance(c, str) and re.fullmatch(_LANGUAGE_CODE, c) for c in found)):
+                raise ConfigError(f"{key}.language_candidates: expected a list of language codes such as [es, fr], "
+                                  f"or null; got {found!r}")
+            if self.language != "auto":
+                raise ConfigError(f"{key}.language_candidates: restricts the detection of model.language=auto; "
+                                  f"model.language={self.language}")
         choice(f"{key}.quantize", self.quantize, ("none", "int8"))
         for name in ("encoder_dtype", "cross_kv_dtype"):
             if getattr(self, name) is not None:
@@ -110,5 +130,9 @@ class WhisperModelOptions:
         cross = cross_kv_dtype_name(model.pop("cross_kv_dtype", None), encoder, model.get("dtype", "float32"),
                                     model.get("quantize", "none"))
         model["encoder_dtype"] = encoder
+        # Detection keys change nothing without model.language=auto: hashed only with it.
+        if model.get("language") != "auto":
+            model.pop("language_detection", None)
+            model.pop("language_candidates", None)
         if cross is not None:
             model["cross_kv_dtype"] = cross

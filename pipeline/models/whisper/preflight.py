@@ -71,7 +71,8 @@ def _whisper_options(model_config, generation: dict | None) -> None:
     tokens = WhisperTokens(sot=0, eot=0, no_timestamps=gen.get("no_timestamps_token_id"), prev=None,
                            lang_to_id={k.strip("<|>"): v for k, v in (gen.get("lang_to_id") or {}).items()},
                            task_to_id=gen.get("task_to_id") or {}, multilingual=bool(gen.get("is_multilingual")))
-    problem = options_error(tokens, model_config.language, model_config.task, model_config.timestamps)
+    problem = options_error(tokens, model_config.language, model_config.task, model_config.timestamps,
+                            getattr(model_config, "language_candidates", None))
     if problem:
         raise ModelError(f"{problem} (model.source={model_config.source})")
     if model_config.word_timestamps and not gen.get("alignment_heads"):

@@ -6,7 +6,8 @@ The prompt is the forced prefix of every segment: optional previous text
 token (multilingual models), a task token (transcribe / translate), and
 ``<|notimestamps|>`` unless timestamps are decoded. The language token is either fixed or
 the most probable language token after ``<|startoftranscript|>`` alone (language
-identification, §2.3), with its probability among the language tokens.
+identification, §2.3), with its probability among the language tokens (among the
+candidates, where model.language_candidates restricts them).
 
 With timestamps the text is interleaved with time tokens (``<|0.00|>`` .. ``<|30.00|>``,
 0.02 s apart). ``TimestampRules`` applies the paper's rules per row: the first token is a
@@ -32,12 +33,17 @@ class WhisperOptions:
     initial_prompt: str | None = None
     timestamps: bool = False
     word_timestamps: bool = False
+    language_detection: str = "recording"        # with auto: once per recording, or per segment
+    language_candidates: tuple[str, ...] | None = None   # with auto: the languages it may pick
 
     @classmethod
     def of(cls, model_config) -> "WhisperOptions":
+        candidates = getattr(model_config, "language_candidates", None)
         return cls(language=model_config.language, task=model_config.task,
                    initial_prompt=model_config.initial_prompt, timestamps=model_config.timestamps,
-                   word_timestamps=model_config.word_timestamps)
+                   word_timestamps=model_config.word_timestamps,
+                   language_detection=getattr(model_config, "language_detection", "recording"),
+                   language_candidates=tuple(candidates) if candidates else None)
 
 
 @dataclass
@@ -71,7 +77,8 @@ class WhisperTokens:
                    multilingual=bool(getattr(gen, "is_multilingual", False)))
 
 
-def options_error(tokens: WhisperTokens, language: str | None, task: str, timestamps: bool) -> str | None:
+def options_error(tokens: WhisperTokens, language: str | None, task: str, timestamps: bool,
+                  candidates=None) -> str | None:
     """Why these options cannot run on this checkpoint (None: they can); the message names
     the key."""
     if not tokens.multilingual:
@@ -84,6 +91,10 @@ def options_error(tokens: WhisperTokens, language: str | None, task: str, timest
             return f"model.language={language}: not one of the model's {len(tokens.lang_to_id)} languages"
         if task not in tokens.task_to_id:
             return f"model.task={task}: the model's generation config has no such task token"
+        unknown = [c for c in candidates or () if c not in tokens.lang_to_id]
+        if unknown:
+            return (f"model.language_candidates: {unknown[0]} is not one of the model's "
+                    f"{len(tokens.lang_to_id)} languages")
     if timestamps and tokens.no_timestamps is None:
         return "model.timestamps: the model's generation config has no <|notimestamps|> token"
     return None
@@ -102,16 +113,29 @@ def prefix(tokens: WhisperTokens, language_id: int | None, task: str, timestamps
 
 
 @torch.inference_mode()
-def detect_language(adapter, encoder_states: torch.Tensor, tokens: WhisperTokens):
-    """Per row: the most probable language token after ``<|startoftranscript|>`` and its
-    probability among the language tokens (one decoder step)."""
+def language_logprobs(adapter, encoder_states: torch.Tensor, tokens: WhisperTokens) -> torch.Tensor:
+    """Per row: the log-probabilities of the language tokens (in ``tokens.lang_to_id``'s
+    order) after ``<|startoftranscript|>`` alone, normalised over the language tokens (one
+    decoder step)."""
     B = encoder_states.shape[0]
     ids = torch.full((B, 1), tokens.sot, dtype=torch.long, device=encoder_states.device)
     positions = torch.zeros_like(ids)
     hidden, _ = adapter.decoder_hidden(ids, encoder_states, None, torch.ones_like(ids), positions)
     logits = adapter.logits(hidden[:, -1])
     lang_ids = torch.tensor(list(tokens.lang_to_id.values()), device=logits.device)
-    probs = logits[:, lang_ids].softmax(-1)
+    return logits[:, lang_ids].float().log_softmax(-1)
+
+
+def detect_language(adapter, encoder_states: torch.Tensor, tokens: WhisperTokens, candidates=None):
+    """Per row: the most probable language token after ``<|startoftranscript|>`` and its
+    probability among the language tokens; with ``candidates`` (codes) the argmax and the
+    probability are among those languages only."""
+    logprobs = language_logprobs(adapter, encoder_states, tokens)
+    lang_ids = torch.tensor(list(tokens.lang_to_id.values()), device=logprobs.device)
+    if candidates:
+        allowed = torch.tensor([code in candidates for code in tokens.lang_to_id], device=logprobs.device)
+        logprobs = logprobs.masked_fill(~allowed, float("-inf")).log_softmax(-1)
+    probs = logprobs.exp()
     best = probs.argmax(-1)
     return lang_ids[best].tolist(), probs.gather(1, best[:, None]).squeeze(1).tolist()
 
