@@ -178,6 +178,45 @@ def test_fallback_from_a_prefix_that_disagrees_with_ar_equals_uncached_greedy(wh
     assert changed == len(rows)
 
 
+def test_greedy_verify_rule_keeps_greedy_ars_text_where_eq5_takes_a_near_miss(whisper_adapter, encoded):
+    """A draft equal to AR's transcript but for one token that the decoder finds likely
+    (above tau_slm) and not its argmax: eq. 5 accepts the whole draft (a text greedy AR
+    would not write), and an open gate would not even verify it. ``verify_rule`` greedy
+    verifies every draft, stops at the near miss and finishes the row as the uncached
+    greedy reference does."""
+    enc, full = encoded
+    tau_slm = 1e-3
+    near = []
+    for i, f in enumerate(full):
+        probs = next_token_probs(whisper_adapter, enc.states[i:i + 1], f[:1]).clone()
+        probs[[f[1], whisper_adapter.eot_id]] = 0.0
+        near.append(f[:1] + [int(probs.argmax())] + f[2:])
+    drafts = [whisper_adapter.text(d) for d in near]
+    eq5 = SelfSpeculativeDecoder(whisper_adapter, tau_ctc=0.0, tau_slm=tau_slm, max_new_tokens=48)
+    taken = [r for r, f in zip(eq5.decode(enc.states, drafts, torch.zeros(len(full))), full)
+             if r.stage == LLM_VERIFY and r.tokens != f[:48]]
+    assert taken, "no near miss was accepted at tau_slm: the input cannot tell the rules apart"
+    # the gate would take every draft (entropy 0 < inf): greedy verification ignores it
+    exact = SelfSpeculativeDecoder(whisper_adapter, tau_ctc=math.inf, tau_slm=tau_slm, max_new_tokens=48,
+                                   verify_rule="greedy")
+    rows = exact.decode(enc.states, drafts, torch.zeros(len(full)))
+    for i, row in enumerate(rows):
+        assert row.stage == AR_FALLBACK and len(row.prefix) == 1, (i, row.stage, len(row.prefix))
+        assert row.tokens == uncached_greedy(whisper_adapter, enc.states[i:i + 1], [], 48)
+    right = exact.decode(enc.states, _texts(whisper_adapter, full), torch.zeros(len(full)))
+    assert [r.stage for r in right] == [LLM_VERIFY] * len(full) and [r.tokens for r in right] == full
+
+
+def test_greedy_verify_rule_refuses_gates_that_accept_other_text():
+    from pipeline.config import load_config
+    from pipeline.config_values import ConfigError
+
+    assert load_config(None, ["ssd.verify_rule=greedy"]).ssd.verify_rule == "greedy"
+    for extra in ("ssd.max_draft_error=0.1", "ssd.pack_gate=true", "ssd.lookahead_rule=tau_slm"):
+        with pytest.raises(ConfigError, match=r"ssd\.verify_rule: greedy .* " + extra.split("=")[0].replace(".", r"\.")):
+            load_config(None, ["ssd.verify_rule=greedy", extra])
+
+
 def test_drafts_longer_than_ar_can_write_end_where_ar_ends(whisper_adapter, encoded):
     """Greedy AR stops after max_new_tokens and before the decoder's last position. A
     right draft longer than that budget is not AR's output (a verifier that took it whole

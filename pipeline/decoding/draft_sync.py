@@ -18,8 +18,9 @@ gives, whatever it proposes.
 """
 from __future__ import annotations
 
-# How a guess is kept: "greedy", when it is the decoder's argmax (the text of plain greedy
-# decoding); "tau_slm", when its probability is above SSD's tau_slm (eq. 5's rule).
+# How a guess (or, in SSD's verification, a draft token) is kept: "greedy", when it is the
+# decoder's argmax (the text of plain greedy decoding); "tau_slm", when its probability is
+# above SSD's tau_slm (eq. 5's rule).
 LOOKAHEAD_RULES = ("greedy", "tau_slm")
 
 # A committed token that differs from the draft token under the pointer is looked for

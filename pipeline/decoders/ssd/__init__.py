@@ -21,6 +21,9 @@ class SSDOptions:
     verify_max_entropy: float | None = None  # skip verification at/above this max entropy (nats): straight to AR
     lookahead: int = 0                # fallback feeds up to this many draft tokens per step (0: plain AR)
     lookahead_rule: str = "greedy"    # greedy: keep argmax guesses (plain AR's text) | tau_slm: eq. 5 again
+    # tau_slm: eq. 5 (a draft token passes above tau_slm) | greedy: only the decoder's own
+    # argmax passes and the gate is off, so the text is greedy AR's (for a fitted head)
+    verify_rule: str = "tau_slm"
     # Gate on packed-window drafts (null: the preset's, else false). Off in both presets:
     # a packed draft, hence an accepted text, depends on the clips sharing its window.
     pack_gate: bool | None = None
@@ -51,7 +54,8 @@ class SSDOptions:
     adapt_lr: float = 1e-3
     adapt_dir: str | None = None
     # Keys added after outputs were written: hashed only once set off their default.
-    HASHED_WHEN_SET = ("adapt", "adapt_audio_minutes", "adapt_fit_minutes", "adapt_epochs", "adapt_lr")
+    HASHED_WHEN_SET = ("adapt", "adapt_audio_minutes", "adapt_fit_minutes", "adapt_epochs", "adapt_lr",
+                       "verify_rule")
     EXECUTION_KEYS = ("adapt_dir",)   # where the head is kept, not what it is
     # Named threshold sets (docs/ssd.md has how each was chosen and what it measured).
     presets: dict = field(default_factory=lambda: {
@@ -92,6 +96,13 @@ class SSDOptions:
         if not self.adapt_lr > 0:
             raise ConfigError(f"{key}.adapt_lr: must be > 0, got {self.adapt_lr}")
         choice(f"{key}.lookahead_rule", self.lookahead_rule, LOOKAHEAD_RULES)
+        choice(f"{key}.verify_rule", self.verify_rule, LOOKAHEAD_RULES)
+        if self.verify_rule == "greedy":
+            gates = [k for k, on in (("pack_gate", self.packs_gate()), ("max_draft_error", target is not None),
+                                     ("lookahead_rule", self.lookahead_rule != "greedy")) if on]
+            if gates:
+                raise ConfigError(f"{key}.verify_rule: greedy verifies every draft against greedy AR's tokens; "
+                                  f"it cannot join {key}.{gates[0]} (a gate or rule that accepts other text)")
         if self.verify_break_even is not None and self.verify_break_even < 0:
             raise ConfigError(f"{key}.verify_break_even: must be >= 0 or null, got {self.verify_break_even}")
         if self.verify_max_entropy is not None and self.verify_max_entropy < 0:

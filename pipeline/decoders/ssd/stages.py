@@ -111,7 +111,8 @@ class SSDFirstPassDecoder:
                  lookahead_rule: str = "greedy", pack_gate: bool = False,
                  gate_verify_tau: float | None = None, adaptive_pack_gate: bool = False, map_drafting=None,
                  max_draft_error: float | None = None, adaptive_verify: bool = False,
-                 verify_break_even: float | None = None, confidence: bool = False, use_cuda_graphs: bool = True):
+                 verify_break_even: float | None = None, confidence: bool = False, use_cuda_graphs: bool = True,
+                 verify_rule: str = "tau_slm"):
         self.confidence = confidence
         # Adaptive: a batch gets the draft and its verification only while they pay for
         # themselves (pipeline.decoding.ssd.verify_policy); otherwise every batch does.
@@ -127,7 +128,7 @@ class SSDFirstPassDecoder:
                                           verify_max_entropy=verify_max_entropy, lookahead=lookahead,
                                           lookahead_rule=lookahead_rule, gate_verify_tau=gate_verify_tau,
                                           map_drafting=map_drafting, use_cuda_graphs=use_cuda_graphs,
-                                          gate_calibration=None if max_draft_error is None else
+                                          verify_rule=verify_rule, gate_calibration=None if max_draft_error is None else
                                           GateCalibration(max_draft_error, cap=tau_ctc))
         self.seeds: SeedStore | None = None
         # ssd.adapt (pipeline.decoders.ssd.adapt): the head fitted on this actor's first
@@ -484,7 +485,8 @@ def _options(cfg) -> dict:
     return dict(tau_ctc=tau_ctc, tau_slm=tau_slm, max_new_tokens=cfg.decoder.max_new_tokens,
                 reuse_kv=cfg.ssd.reuse_kv, verify_max_entropy=cfg.ssd.verify_max_entropy,
                 lookahead=cfg.ssd.lookahead, lookahead_rule=cfg.ssd.lookahead_rule,
-                gate_verify_tau=cfg.ssd.gate_verify_threshold(), use_cuda_graphs=cfg.decoder.use_cuda_graphs)
+                gate_verify_tau=cfg.ssd.gate_verify_threshold(), use_cuda_graphs=cfg.decoder.use_cuda_graphs,
+                verify_rule=cfg.ssd.verify_rule)
 
 
 def build_first_pass(adapter, cfg) -> SSDFirstPassDecoder:

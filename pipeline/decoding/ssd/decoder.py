@@ -46,6 +46,12 @@ them at the cost of scoring the gated rows too. The pipeline's packed gate does 
 check on packed windows (pipeline.decoding.ssd.packed_verify), where it costs a pass per
 window, not per row.
 
+Beyond the paper, off by default: ``verify_rule`` "greedy". Verification keeps a draft token
+only where it is the decoder's own argmax (pipeline.decoding.ssd.verify), and the gate is
+off (every non-empty draft is verified), so SSD's text is greedy AR's whatever the head. A
+head fitted to one corpus drafts text close to the decoder's but seldom equal to it; at
+tau_slm its near misses are accepted and the WER rises, under this rule they are not.
+
 The split into `first_pass` and `fallback` lets the pipeline run them in two actor pools
 with the encoder states travelling between them as CPU arrays (the paper's CPU offload).
 """
@@ -99,9 +105,13 @@ class SelfSpeculativeDecoder:
                  reuse_kv: bool = True, verify_max_entropy: float | None = None,
                  verify_chunk: int | None = VERIFY_HEAD_CHUNK, lookahead: int = 0,
                  lookahead_rule: str = "greedy", gate_verify_tau: float | None = None, map_drafting=None,
-                 gate_calibration=None, use_cuda_graphs: bool = True):
+                 gate_calibration=None, use_cuda_graphs: bool = True, verify_rule: str = "tau_slm"):
         if lookahead_rule not in LOOKAHEAD_RULES:
             raise ValueError(f"lookahead_rule must be one of {LOOKAHEAD_RULES}, got {lookahead_rule!r}")
+        if verify_rule not in LOOKAHEAD_RULES:
+            raise ValueError(f"verify_rule must be one of {LOOKAHEAD_RULES}, got {verify_rule!r}")
+        if verify_rule == "greedy" and (gate_calibration is not None or lookahead_rule != "greedy"):
+            raise ValueError("verify_rule greedy keeps greedy AR's text: no calibrated gate, lookahead_rule greedy")
         self.adapter = adapter
         self.tau_ctc = tau_ctc
         self.tau_slm = tau_slm
@@ -112,6 +122,7 @@ class SelfSpeculativeDecoder:
         self.lookahead = lookahead
         self.lookahead_rule = lookahead_rule
         self.gate_verify_tau = gate_verify_tau
+        self.exact = verify_rule == "greedy"
         if map_drafting is not None and lookahead and lookahead_rule != "greedy":
             raise ValueError("token-map drafting verifies greedily: it cannot join lookahead_rule tau_slm")
         # pipeline.decoding.drafters.TokenMapDrafter (its policy kept across calls), or None
@@ -131,7 +142,10 @@ class SelfSpeculativeDecoder:
     def gate_rows(self, draft_texts: list[str], max_entropy: torch.Tensor) -> list[SSDRow]:
         """Eq. 3: one row per draft, final (ctc_gate) where the gate accepts it, else pending."""
         nonempty = [bool(t.strip()) for t in draft_texts]
-        if self.gate_calibration is not None:
+        if self.exact:
+            # every draft is verified: an unverified draft is not greedy AR's text
+            gated, probes = [False] * len(draft_texts), [False] * len(draft_texts)
+        elif self.gate_calibration is not None:
             gated, probes = self.gate_calibration.decide(max_entropy.float().cpu().numpy(), nonempty)
             gated = (gated & ~probes).tolist()
             probes = probes.tolist()
@@ -174,7 +188,7 @@ class SelfSpeculativeDecoder:
             accept_tau = torch.tensor([self.gate_verify_tau if g else label_tau for g in gated]) \
                 if check_gated or calibration is not None else None
             ver = verify_drafts(ad, encoder_states[todo], drafts, self.tau_slm, head_chunk=self.verify_chunk,
-                                accept_tau=accept_tau)
+                                accept_tau=accept_tau, greedy=self.exact)
             js = ver.first_reject.tolist()
             plausible = ver.accepted.tolist()
             for n, i in enumerate(todo):
