@@ -81,7 +81,7 @@ class NotRun:
 
 
 SYNOPSIS = ("shardscribe transcribe --input SRC --output DST [--config NAME] [--model NAME|DIR|ID "
-            "[--allow-download]] [--language CODE|auto] [--task transcribe|translate] [--set key=value ...] "
+            "[--allow-download]] [--language CODE|auto|CODE,CODE] [--task transcribe|translate] [--set key=value ...] "
             "[--runner ray|local] [--format srt,vtt,json,tsv,txt,nemo] [--overwrite | --resume] [--print | --quiet] "
             "[--retry-errors] [--dry-run] [--verbose] [--progress-interval S] [--audio-column NAME] "
             "[--text-column NAME]")
