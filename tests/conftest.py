@@ -116,6 +116,21 @@ def transcribe_cli(dst: Path, *args: str) -> tuple[dict, dict]:
     return summary, rows
 
 
+def transcribe_in_process(dst: Path, *args: str) -> tuple[dict, dict]:
+    """``shardscribe transcribe --output DST ARGS...`` through ``jobs.cli.main`` in this
+    process (what :func:`transcribe_cli` checks, without a new interpreter's imports, for a
+    test whose subject is the job rather than the command line); asserts it returns 0."""
+    import pyarrow.parquet as pq
+
+    from jobs.cli import main
+    from pipeline.output import SUMMARY_NAME
+
+    assert main(["transcribe", "--output", str(dst), *args]) == 0
+    summary = json.loads((dst / SUMMARY_NAME).read_text())
+    rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
+    return summary, rows
+
+
 def ray_job_rows(source, cfg, dst: Path) -> list[dict]:
     """The Ray plan run on ``source`` into ``dst`` (a local Ray instance started for it and
     shut down after, unless one was already up); its rows, read from the parts with pyarrow."""
@@ -290,9 +305,49 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # Test files that take minutes on a 2-core machine, longest first. xdist (--dist=loadfile)
-# hands files to workers in collection order, so starting these first keeps one of them
-# from being the run's tail while the other workers sit idle (longest-first scheduling).
+# hands files to workers in collection order (each worker takes its next file when two of
+# its tests are left), so starting these first keeps one of them from being the run's
+# tail while the other worker sits idle (longest-processing-time-first). Ranked by each
+# file's measured total (setup + call, `pytest --durations`, two full runs of 2026-11-29,
+# two workers on the 2-core VM, the larger of the two); the rest follow in collection order.
 SLOW_FIRST = (
+    "test_faults.py",
+    "test_golden_transcripts.py",       # one fixture of 70-150 s: the lumpiest unit, first
+    "test_pipeline_decoders.py",
+    "test_token_map_online.py",
+    "test_second_stage_pool.py",
+    "test_broken_inputs.py",
+    "test_ssd_pack_gate.py",
+    "test_ssd.py",
+    "test_ssd_packed_verify.py",
+    "test_whisper_base.py",
+    "test_ssd_gate_calibration.py",
+    "test_e2e_cli.py",
+    "test_job_acceptance.py",
+    "test_transducer_embedded.py",
+    "test_readme_commands.py",
+    "test_python_api.py",
+    "test_train_draft_head.py",
+    "test_sources_streaming.py",
+    "test_ssd_adapt.py",
+    "test_packing.py",
+    "test_ssd_bench.py",
+    "test_ctc_beam_models.py",
+    "test_verify_policy.py",
+    "test_engines.py",
+    "test_language_mismatch.py",
+    "test_token_map.py",
+    "test_cluster.py",
+    "test_lm_build.py",
+    "test_whisper_conversion.py",
+    "test_bench_sets.py",
+    "test_fenced_lock.py",
+)
+
+
+# The fast tier (`pytest -m "not slow"`, a few minutes) leaves out these files and the fault
+# suite: the ones that run whole jobs on Ray or through the CLI, or every shipped config.
+SLOW = {
     "test_golden_transcripts.py",
     "test_broken_inputs.py",
     "test_faults.py",
@@ -303,12 +358,6 @@ SLOW_FIRST = (
     "test_ssd_bench.py",
     "test_cluster.py",
     "test_job_acceptance.py",
-)
-
-
-# The fast tier (`pytest -m "not slow"`, a few minutes) leaves out these files and the fault
-# suite: the ones that run whole jobs on Ray or through the CLI, or every shipped config.
-SLOW = set(SLOW_FIRST) | {
     "test_whisper_base.py",
     "test_second_stage_pool.py",
     "test_python_api.py",

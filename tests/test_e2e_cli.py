@@ -48,6 +48,22 @@ def _run_cli(*args):
                           text=True, timeout=900)
 
 
+def _cli_here(capsys, *args):
+    """``_run_cli`` in this process (jobs.cli.main, its output captured): for the audit
+    kind's jobs, where the subject is the job's rule, not a new interpreter's imports."""
+    from types import SimpleNamespace
+
+    from jobs.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+
 def _rows(dst):
     return pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()
 
@@ -152,14 +168,14 @@ def test_three_minute_recording_keeps_all_its_words(tmp_path, model_cache):
     assert corpus_wer([text], [row["text"]]) < 0.25
 
 
-def test_a_run_where_every_recording_fails_exits_4(tmp_path):
+def test_a_run_where_every_recording_fails_exits_4(tmp_path, capsys):
     """A mount that is down looks like a corpus of missing files: the rows are written
     (rows in = rows out), but the exit tells a scheduler the run did nothing."""
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps({"id": f"m{i}", "audio": str(tmp_path / "gone" / f"{i}.wav")}) + "\n"
                                 for i in range(3)))
     dst = tmp_path / "out"
-    proc = _run_cli("transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
+    proc = _cli_here(capsys, "transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
                     "--set", "decoder.kind=audit")
     assert proc.returncode == 4, proc.stderr[-3000:]
     assert "every one of the 3 recordings" in proc.stderr and len(_rows(dst)) == 3
@@ -167,7 +183,7 @@ def test_a_run_where_every_recording_fails_exits_4(tmp_path):
     assert (dst / SUMMARY_NAME).exists()
 
 
-def test_retry_errors_redoes_the_failed_recordings_once_the_mount_is_back(tmp_path, samples_dir, sample_manifest):
+def test_retry_errors_redoes_the_failed_recordings_once_the_mount_is_back(tmp_path, samples_dir, sample_manifest, capsys):
     """A mount that was down for part of a job: a plain rerun keeps the error rows (they
     are rows), --retry-errors transcribes those recordings again and replaces their rows,
     one row per recording; --overwrite with it is refused in one line."""
@@ -182,20 +198,20 @@ def test_retry_errors_redoes_the_failed_recordings_once_the_mount_is_back(tmp_pa
     dst = tmp_path / "out"
     job = ["transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
            "--set", "decoder.kind=audit"]
-    assert _run_cli(*job).returncode == 0
+    assert _cli_here(capsys, *job).returncode == 0
     assert sorted(r["id"] for r in _rows(dst) if r["error"]) == ["m0", "m1", "m2"]
 
     mount.mkdir()
     for i in range(3):
         shutil.copy(present, mount / f"{i}{present.suffix}")
-    plain = _run_cli(*job)
+    plain = _cli_here(capsys, *job)
     assert plain.returncode == 0 and "resuming: 4 of 4" in plain.stderr
     assert sum(1 for r in _rows(dst) if r["error"]) == 3
 
-    refused = _run_cli(*job, "--retry-errors", "--overwrite")
+    refused = _cli_here(capsys, *job, "--retry-errors", "--overwrite")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
 
-    retry = _run_cli(*job, "--retry-errors")
+    retry = _cli_here(capsys, *job, "--retry-errors")
     assert retry.returncode == 0, retry.stderr[-3000:]
     assert "retrying 3 recordings" in retry.stderr and "resuming: 1 of 4" in retry.stderr
     rows = _rows(dst)
@@ -205,7 +221,7 @@ def test_retry_errors_redoes_the_failed_recordings_once_the_mount_is_back(tmp_pa
     assert summary["rows_in"] == summary["rows_out"] == 4 and summary["errors"] == 0
 
 
-def test_the_local_runner_commits_rows_that_waited_commit_interval_s(tmp_path, samples_dir, sample_manifest):
+def test_the_local_runner_commits_rows_that_waited_commit_interval_s(tmp_path, samples_dir, sample_manifest, capsys):
     """Far fewer rows than output.rows_per_part: by default one part at the end; with
     output.commit_interval_s=0 every batch is committed as soon as it is finished (what a
     killed job keeps), the same rows either way."""
@@ -216,13 +232,14 @@ def test_the_local_runner_commits_rows_that_waited_commit_interval_s(tmp_path, s
     parts = {}
     for name, extra in (("default", []), ("every_batch", ["--set", "output.commit_interval_s=0"])):
         dst = tmp_path / name
-        proc = _run_cli("transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
+        proc = _cli_here(capsys, "transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
                         "--set", "decoder.kind=audit", "--set", "batching.recordings_per_batch=2", *extra)
         assert proc.returncode == 0, proc.stderr[-3000:]
         parts[name] = sorted(dst.glob("part-*.parquet"))
         assert sorted(r["id"] for r in _rows(dst)) == [x["id"] for x in lines]
-    assert len(parts["default"]) == 1 and len(parts["every_batch"]) == 3
-    assert [pq.read_metadata(p).num_rows for p in parts["every_batch"]] == [2, 2, 2]
+    # batches of 2 after the slow start's first batch of 1 (batching.first_batch): 1, 1, 2, 2
+    assert len(parts["default"]) == 1 and len(parts["every_batch"]) == 4
+    assert sorted(pq.read_metadata(p).num_rows for p in parts["every_batch"]) == [1, 1, 2, 2]
 
 
 def test_a_batch_slower_than_commit_interval_s_is_committed_when_it_is_finished(tmp_path, samples_dir,
@@ -252,7 +269,7 @@ def test_a_batch_slower_than_commit_interval_s_is_committed_when_it_is_finished(
     assert len(list(tmp_path.glob("part-*.parquet"))) == 3
 
 
-def test_dry_run_checks_everything_before_the_workers_and_writes_nothing(tmp_path, samples_dir, sample_manifest):
+def test_dry_run_checks_everything_before_the_workers_and_writes_nothing(tmp_path, samples_dir, sample_manifest, capsys):
     """--dry-run for a scheduler: the job's own refusals (exit 2, one line) and, where it
     would run, what it would do (counts from the folder's rows), with nothing written:
     no folder, no lock, no success marker removed, no part quarantined."""
@@ -265,21 +282,21 @@ def test_dry_run_checks_everything_before_the_workers_and_writes_nothing(tmp_pat
     dst = tmp_path / "out"
     job = ["transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
            "--set", "decoder.kind=audit"]
-    first = _run_cli(*job, "--dry-run")
+    first = _cli_here(capsys, *job, "--dry-run")
     assert first.returncode == 0, first.stderr
     assert "4 recordings in the input, 0 already" in first.stdout and "4 to transcribe" in first.stdout
     assert not dst.exists()
 
-    assert _run_cli(*job).returncode == 0
+    assert _cli_here(capsys, *job).returncode == 0
     before = {p.name: p.stat().st_mtime_ns for p in dst.rglob("*") if p.is_file()}
-    again = _run_cli(*job, "--dry-run", "--retry-errors")
+    again = _cli_here(capsys, *job, "--dry-run", "--retry-errors")
     assert again.returncode == 0, again.stderr
     assert "4 already in" in again.stdout and "(1 with an error, retried); 1 to transcribe" in again.stdout
-    other = _run_cli(*job, "--dry-run", "--set", "audio.vad_threshold=0.3")
+    other = _cli_here(capsys, *job, "--dry-run", "--set", "audio.vad_threshold=0.3")
     assert other.returncode == 2 and other.stderr.count("\n") == 1 and "another config" in other.stderr
     lock = OutputLock(str(dst), "someone").acquire()
     try:
-        busy = _run_cli(*job, "--dry-run")
+        busy = _run_cli(*job, "--dry-run")     # a process of its own: this one holds the lock
     finally:
         lock.release()
     assert busy.returncode == 2 and "in use by job someone" in busy.stderr, busy.stderr
@@ -287,7 +304,7 @@ def test_dry_run_checks_everything_before_the_workers_and_writes_nothing(tmp_pat
     assert (dst / SUCCESS_NAME).exists()
 
 
-def test_dry_run_judges_the_folder_as_resume_does(tmp_path, samples_dir, sample_manifest):
+def test_dry_run_judges_the_folder_as_resume_does(tmp_path, samples_dir, sample_manifest, capsys):
     """A part resume would quarantine (a required column missing) is counted as redone,
     not done, and a recording held twice counts once, with the duplicates named."""
     import shutil
@@ -311,7 +328,7 @@ def test_dry_run_judges_the_folder_as_resume_does(tmp_path, samples_dir, sample_
     good = write_part(rows(["r0", "r1"]), str(dst), "j")
     shutil.copy(dst / good, dst / "part-copy.parquet")
     pq_.write_table(rows(["r2", "r3"]).drop_columns(["stage"]), dst / "part-nostage.parquet")
-    proc = _run_cli("transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
+    proc = _cli_here(capsys, "transcribe", "--input", str(manifest), "--output", str(dst), "--runner", "local",
                     "--set", "decoder.kind=audit", "--resume", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     line = proc.stdout

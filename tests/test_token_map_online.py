@@ -2,8 +2,8 @@
 Drafting" built online (token_map.online): the growing map against the offline Algorithm 1
 over the same text, its memory bounds, its replay against the decoder's own counts, and
 the ar kind and a job drafting from it against plain greedy AR (``--config ar``), text for
-text, on the embedded Whisper and the bundled samples said three times, so that later
-rows draft from earlier rows' transcripts."""
+text, on the embedded Whisper and the bundled samples said twice, so that later rows
+draft from earlier rows' transcripts."""
 from __future__ import annotations
 
 import json
@@ -11,14 +11,14 @@ import random
 
 import pytest
 
-from conftest import SAMPLES, transcribe_cli
+from conftest import SAMPLES, transcribe_in_process
 from pipeline.config import ConfigError, load_config
 from pipeline.decoding.ar_greedy import greedy_decode
 from pipeline.decoding.drafters import TokenMapDrafter
 from pipeline.decoding.token_map import END, TokenMap, build_token_map
 from pipeline.decoding.token_map_online import NODES_PER_KEY, OnlineTokenMap, replay_online
 
-COPIES = 3
+COPIES = 2      # a second saying drafts from the first's transcripts
 
 
 # ---------------------------------------------------------------------------- the map
@@ -164,8 +164,8 @@ def test_ssd_fallback_learns_and_stays_exact(ssd_adapter, sample_audio, sample_m
 
 
 def test_job_with_an_online_map_writes_ar_text_and_reports_the_map(tmp_path):
-    """Two jobs on the local runner, `--config ar` and `--config ar --set
-    token_map.online=true`, on the samples said three times (seven recordings a batch):
+    """Two jobs on the local runner (jobs.cli.main in this process), `--config ar` and
+    `--config ar --set token_map.online=true`, on the samples said twice (seven recordings a batch):
     the same text for every id, and the summary reports the map replayed on the job's own
     text, with drafts accepted and a bound above 1."""
     rows = [json.loads(line) for line in (SAMPLES / "samples.jsonl").read_text().splitlines()]
@@ -173,9 +173,9 @@ def test_job_with_an_online_map_writes_ar_text_and_reports_the_map(tmp_path):
     manifest.write_text("".join(json.dumps({**r, "id": f"{r['id']}-{c}", "audio": str(SAMPLES / r["audio"])}) + "\n"
                                 for c in range(COPIES) for r in rows))
     common = ["--input", str(manifest), "--runner", "local", "--quiet", "--set", "batching.recordings_per_batch=7"]
-    _, plain = transcribe_cli(tmp_path / "ar", *common, "--config", "ar")
-    summary, online = transcribe_cli(tmp_path / "online", *common, "--config", "ar",
-                                     "--set", "token_map.online=true")
+    _, plain = transcribe_in_process(tmp_path / "ar", *common, "--config", "ar")
+    summary, online = transcribe_in_process(tmp_path / "online", *common, "--config", "ar",
+                                            "--set", "token_map.online=true")
     assert {i: r["text"] for i, r in online.items()} == {i: r["text"] for i, r in plain.items()}
     report = summary["token_map_online"]
     assert report["replayed_segments"] == len(rows) * COPIES and report["batch"] == 7
