@@ -48,7 +48,9 @@ def _recording_languages(decoder, rows: list[dict], flat: list[tuple[int, int]])
     order = sorted(per_row)
     try:
         found = dict(zip(order, detect([per_row[r] for r in order])))
-    except Exception:
+    except Exception as exc:
+        if is_device_fault(exc):
+            raise device_fault(exc, "while detecting languages") from exc
         return None
     languages = [found.get(r) for r, _ in flat]
     return languages if any(x is not None for x in languages) else None

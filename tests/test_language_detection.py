@@ -144,3 +144,17 @@ def test_keys_validated_listed_and_hashed_only_with_auto():
     assert hashed_config(auto)["model"]["language_detection"] == "recording"
     assert config_hash(auto) != config_hash(load_config(None, ["model.language=auto",
                                                                "model.language_detection=segment"], model="base"))
+
+
+def test_a_recordings_detection_window_is_its_first_30_s_of_speech_only():
+    """The segments joined without their gaps, cut at the window; no copy of the rest (a
+    recording of hours has hours of segments)."""
+    import numpy as np
+
+    from pipeline.models.whisper.adapter import _first_samples
+
+    segments = [np.arange(n, dtype=np.float64) + 1000 * k for k, n in enumerate((5, 7, 400, 9))]
+    got = _first_samples(segments, 20)
+    assert got.dtype == np.float32 and got.tolist() == np.concatenate(segments)[:20].tolist()
+    assert _first_samples(segments, 1000).tolist() == np.concatenate(segments).tolist()
+    assert _first_samples([], 10).size == 0

@@ -185,8 +185,7 @@ class WhisperAdapter:
         names = {v: k for k, v in self.special.lang_to_id.items()}
         for start in range(0, len(todo), batch):
             part = todo[start:start + batch]
-            windows = [np.concatenate([np.asarray(a, dtype=np.float32) for a in recordings[r]])[:WINDOW_SAMPLES]
-                       for r in part]
+            windows = [_first_samples(recordings[r], WINDOW_SAMPLES) for r in part]
             states = self.run_encoder(self.features(windows))
             ids, probs = detect_language(self, states, self.special, self.options.language_candidates)
             for r, i, p in zip(part, ids, probs):
@@ -407,3 +406,16 @@ def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
     return WhisperAdapter(model, processor, device=device, ctc_head=head, ctc_decode=decode,
                           encoder_micro_batch=encoder_micro_batch, options=options,
                           screened_argmax=screened_argmax, cross_kv_dtype=cross_kv_dtype)
+
+
+def _first_samples(segments: list[np.ndarray], limit: int) -> np.ndarray:
+    """The first ``limit`` samples of ``segments`` joined, copying no more than that (a
+    recording of hours has hours of segments)."""
+    out, n = [], 0
+    for a in segments:
+        if n >= limit:
+            break
+        piece = np.asarray(a, dtype=np.float32)[:limit - n]
+        out.append(piece)
+        n += len(piece)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
