@@ -58,6 +58,7 @@ def test_phrase_fscore_counts_multi_word_phrases():
     assert f == pytest.approx(100 * 2 * (2 / 2) * (2 / 3) / (1 + 2 / 3))
 
 
+@pytest.mark.slow
 def test_quick_bench_runs_end_to_end_with_the_contract_keys(tmp_path, capsys, monkeypatch):
     """`shardscribe bench ctc-beam --quick` on simulated posteriors: every contract key is a
     number, the speed ratios come from the interleaved headline timing, the LM and the

@@ -270,6 +270,7 @@ def test_golden_config_keys_default_off():
     assert json.loads(json.dumps(cfg.to_dict()))["token_map"]["candidates"] >= 1
 
 
+@pytest.mark.slow
 def test_bench_reports_the_replay_bounds_beside_the_measured_rows(tmp_path, capsys, model_cache):
     """`bench token-map` on a few domain clips: every drafted row equals AR, and the bound
     rows order as they must (the right map's >= the best map's >= the main map's >= 1).

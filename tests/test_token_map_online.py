@@ -163,6 +163,7 @@ def test_ssd_fallback_learns_and_stays_exact(ssd_adapter, sample_audio, sample_m
     assert texts[True] == texts[False]
 
 
+@pytest.mark.slow
 def test_job_with_an_online_map_writes_ar_text_and_reports_the_map(tmp_path):
     """Two jobs on the local runner (jobs.cli.main in this process), `--config ar` and
     `--config ar --set token_map.online=true`, on the samples said twice (seven recordings a batch):
@@ -183,6 +184,7 @@ def test_job_with_an_online_map_writes_ar_text_and_reports_the_map(tmp_path):
     assert report["always_right_pass_ratio"] >= report["pass_ratio"] > 1.0
 
 
+@pytest.mark.slow
 def test_bench_online_rows_equal_ar_and_report_the_online_bound(tmp_path, model_cache):
     """`bench token-map --online` on the samples said twice: the online rows' tokens equal
     plain AR's, drafts are accepted, and the online map's bound is reported (>= 1, at most
