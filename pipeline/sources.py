@@ -495,17 +495,9 @@ def input_batches(rows, rows_per_batch: int, items: list[dict] | None = None,
     """INPUT tables of at most ``rows_per_batch`` rows from a list of row dicts or a Source
     (streamed; ``items``: its scan's work items, if already made); with ``first_batch``
     the first ``rows_per_batch`` rows come in growing pieces (:func:`slow_start_tables`)."""
-    first_batch = first_batch or rows_per_batch
-    if not isinstance(rows, list):
-        yield from slow_start_tables(iter_input_batches(rows, rows_per_batch, items), rows_per_batch, first_batch)
-        return
-    start = 0
-    for size in slow_start(first_batch, rows_per_batch):
-        if start < len(rows):
-            yield table(rows[start:start + size], INPUT_SCHEMA)
-        start += size
-    for i in range(start, len(rows), rows_per_batch):
-        yield table(rows[i:i + rows_per_batch], INPUT_SCHEMA)
+    tables = (table(rows[i:i + rows_per_batch], INPUT_SCHEMA) for i in range(0, len(rows), rows_per_batch)) \
+        if isinstance(rows, list) else iter_input_batches(rows, rows_per_batch, items)
+    yield from slow_start_tables(tables, rows_per_batch, first_batch or rows_per_batch)
 
 
 def slow_start_tables(tables: Iterable[pa.Table], rows_per_batch: int, first_batch: int) -> Iterator[pa.Table]:
