@@ -226,6 +226,12 @@ def write_output(ds, cfg, dst: str, job_id: str, on_batch=None, kind=None, on_se
 
     second = None
     stats = None
+    # The job's first batch comes in growing blocks (batching.first_batch): the pending
+    # rows of those blocks but the last are finished block by block, as the local runner
+    # does, so a job whose first rows all go to the second stage shows them within seconds.
+    per_block = max(1, cfg.batching.recordings_per_batch)
+    ramp = cfg.batching.first_batch < per_block
+    taken = 0
     try:
         if kind.two_stage:
             from actors.second_pool import RaySecondStage
@@ -241,6 +247,7 @@ def write_output(ds, cfg, dst: str, job_id: str, on_batch=None, kind=None, on_se
                 continue
             if not block.num_rows:
                 continue
+            taken += block.num_rows
             counts = pc.list_value_length(block.column("pending_index")).fill_null(0)
             waiting = pc.greater(counts, 0)
             done = block.filter(pc.invert(waiting))
@@ -248,7 +255,7 @@ def write_output(ds, cfg, dst: str, job_id: str, on_batch=None, kind=None, on_se
                 commit(_output_table(done.select(OUTPUT_NAMES)))
             pending = block.filter(waiting)
             if pending.num_rows:
-                second.offer(pending, int(pc.sum(counts).as_py()))
+                second.offer(pending, int(pc.sum(counts).as_py()), start=ramp and taken < per_block)
             # The next block only while the pending rows held stay under the bound.
             second.throttle()
         if second is not None:

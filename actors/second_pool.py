@@ -19,10 +19,13 @@ rerun redoes exactly those rows. Ray Data keeps streaming; the driver stops taki
 while ``second_stage.max_pending_segments`` are held (priced, pooled or being finished).
 
 A service thread dispatches and collects, so a batch leaves after ``max_wait_s`` even while
-the driver waits for a slow block.
+the driver waits for a slow block. The pending rows of the job's slow-start blocks
+(``batching.first_batch``) but the last are finished as soon as they are priced (trigger
+``start``), as the local runner does, so the first rows show within seconds.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 
@@ -83,6 +86,7 @@ class RaySecondStage:
         self.finishing: dict = {}           # finish future -> (actor, [(block, row)], segments)
         self.held = 0                       # pending segments offered and not yet committed
         self.final = False
+        self.starting: set[int] = set()     # slow-start blocks not yet priced
         self.error: BaseException | None = None
         self.stop = threading.Event()
         self._numbers = itertools.count()
@@ -91,9 +95,10 @@ class RaySecondStage:
         self.thread.start()
 
     # -- the driver's thread -------------------------------------------------------------
-    def offer(self, pending, segments: int) -> None:
+    def offer(self, pending, segments: int, start: bool = False) -> None:
         """A block's rows with pending segments (an INTERMEDIATE table), ``segments`` of
-        them pending in all."""
+        them pending in all; ``start``: a block of the job's slow start, whose rows are
+        finished once priced (trigger ``start``) instead of waiting for a full budget."""
         ref = self.ray.put(pending)
         block = next(self._numbers)
         with self.cond:
@@ -102,6 +107,8 @@ class RaySecondStage:
             self.held += segments
             if self.pooled:
                 self.pricing[self.actors[next(self._next_actor)].price.remote(ref)] = block
+                if start:
+                    self.starting.add(block)
             else:
                 # Unpooled: the block's pending rows as one call, as the old per-block stage.
                 self._dispatch([(block, i) for i in range(pending.num_rows)], "block", [], segments)
@@ -156,10 +163,15 @@ class RaySecondStage:
         else:
             ready = []
             self.stop.wait(self.POLL_S)
+        start = False
         with self.cond:
             for fut in ready:
                 if fut in self.pricing:
-                    self._priced(self.pricing.pop(fut), self.ray.get(fut))
+                    block = self.pricing.pop(fut)
+                    self._priced(block, self.ray.get(fut))
+                    if block in self.starting:
+                        self.starting.discard(block)
+                        start = True
             finished = [(fut, self.finishing.pop(fut)) for fut in ready if fut in self.finishing]
         for fut, (actor, keys, segments) in finished:
             out, calls = self.ray.get(fut)
@@ -177,7 +189,11 @@ class RaySecondStage:
             if self.pooled:
                 nothing_moves = not self.finishing and not self.pricing
                 drain = self.held >= self.max_pending and nothing_moves
-                for batch in self.pool.take(final=self.final and not self.pricing, drain=drain):
+                due = self.pool.take(final=self.final and not self.pricing, drain=drain)
+                if start:
+                    due += [dataclasses.replace(b, trigger="start") if b.trigger == "bound" else b
+                            for b in self.pool.take(drain=True)]
+                for batch in due:
                     self._dispatch(batch.keys, batch.trigger, batch.waits, batch.segments)
             self.cond.notify_all()
 

@@ -13,8 +13,9 @@ batch), so it is committed once, after its second stage. Batches are due when:
 - ``end``: the input is exhausted (``final``);
 - ``wait``: a row has waited ``max_wait_s`` (a slow source holds nothing back);
 - ``bound``: the pool holds ``max_pending_segments`` and nothing else will drain it;
-- ``start``: the in-process runner empties the pool after each of a job's slow-start
-  batches (``batching.first_batch``), so the first rows finish within seconds.
+- ``start``: the pool is emptied after each of a job's slow-start batches
+  (``batching.first_batch``) but the last, in both runners, so the first rows finish
+  within seconds.
 
 No Ray, no decoder: pipeline layer.
 """

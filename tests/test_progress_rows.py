@@ -38,7 +38,7 @@ def test_input_batches_grow_and_keep_every_row_in_order(tmp_path):
     assert [r["id"] for b in streamed for r in b.to_pylist()] == whole and len(whole) == 20
 
 
-def _job(tmp_path, runner: str, overrides: list[str]) -> tuple[list, float]:
+def _job(tmp_path, runner: str, overrides: list[str], with_summary: bool = False) -> tuple:
     """A job over 16 copies of the bundled samples, batching.recordings_per_batch=16; its
     progress reports with the time each came, and the time it started."""
     from actors.job import JobSpec, run_job
@@ -52,7 +52,7 @@ def _job(tmp_path, runner: str, overrides: list[str]) -> tuple[list, float]:
     start = time.monotonic()
     summary = run_job(spec, on_progress=lambda p: seen.append((time.monotonic(), p)), log=lambda line: None)
     assert summary["rows_out"] == 16 and summary["errors"] == 0
-    return seen, start
+    return (seen, start, summary) if with_summary else (seen, start)
 
 
 def _running_counts(seen) -> list[int]:
@@ -78,8 +78,14 @@ def test_a_local_job_counts_rows_as_they_finish(tmp_path, model_cache):
 
 
 @pytest.mark.slow
-def test_the_ray_plan_of_a_listing_starts_with_small_blocks(tmp_path):
+def test_the_ray_plan_of_a_listing_starts_with_small_blocks(tmp_path, model_cache):
     """Ray Data would bundle small blocks back into whole batches (a map's batch_size):
-    the listing's first blocks must reach the driver as they are."""
-    seen, _ = _job(tmp_path, "ray", ["decoder.kind=audit", "model.device=cpu"])
+    the listing's first blocks must reach the driver as they are. The default config's
+    rows mostly go to its second pool, which finishes those of the slow start's blocks
+    once priced (trigger ``start``) rather than holding them for a full budget (these 16
+    rows' segments fit one) or ``second_stage.max_wait_s``."""
+    seen, _, summary = _job(tmp_path, "ray", [f"model.cache_dir={model_cache}",
+                                             "second_stage.max_wait_s=600"], with_summary=True)
     assert len(_running_counts(seen)) >= 3, [p.rows for _, p in seen]
+    triggers = summary["second_stage"]["by_trigger"]
+    assert triggers["start"]["calls"] >= 2 and "wait" not in triggers, triggers
