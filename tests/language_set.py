@@ -12,6 +12,11 @@ imported by the pipeline.
     .venv/bin/python tests/language_set.py score OUT [--translate]
     .venv/bin/python tests/language_set.py render --long DIR    # recordings of 32 s or more
     .venv/bin/python tests/language_set.py score --segments OUT
+    .venv/bin/python tests/language_set.py render --tune DIR    # the tuning set (TUNE)
+
+TUNE is a separate set for choosing the parameters of a detector (12 Spanish and 12
+French sentences, other than the 40 above, in three other voices per language), so that
+the 40 report a result they were not tuned on; `score` scores either set's rows.
 """
 from __future__ import annotations
 
@@ -95,14 +100,62 @@ VOICES = {"es": ("es", "es+f2"), "fr": ("fr", "fr+m3")}
 SETS = {"es": SPANISH, "fr": FRENCH}
 SPEED = 150
 
+# The tuning set: 6 short (3-6 words) and 6 longer sentences per language, none of the
+# above, each rendered in one of three voices none of the above use (in turn).
+TUNE_SPANISH = [
+    ("El perro duerme en el sofá.", "The dog sleeps on the sofa."),
+    ("¿Cuánto cuesta este libro?", "How much does this book cost?"),
+    ("Vamos a la playa.", "Let's go to the beach."),
+    ("Mi coche es rojo.", "My car is red."),
+    ("Ella trabaja en un hospital.", "She works in a hospital."),
+    ("Tengo mucha hambre.", "I am very hungry."),
+    ("Esta mañana he perdido el autobús y he llegado tarde a la oficina.",
+     "This morning I missed the bus and arrived late at the office."),
+    ("Los estudiantes tienen que entregar el trabajo antes del viernes por la tarde.",
+     "The students have to hand in the work before Friday afternoon."),
+    ("En invierno me gusta leer novelas junto a la chimenea con una taza de chocolate.",
+     "In winter I like to read novels by the fireplace with a cup of chocolate."),
+    ("El ayuntamiento va a construir un nuevo puente sobre el río.",
+     "The town council is going to build a new bridge over the river."),
+    ("Mis primos vienen a visitarnos todos los años en Navidad.",
+     "My cousins come to visit us every year at Christmas."),
+    ("Hemos comprado fruta fresca en el mercado del barrio esta mañana.",
+     "We bought fresh fruit at the neighbourhood market this morning."),
+]
 
-def clips() -> list[tuple[str, str, str, str, str]]:
-    """(file id, language, voice, sentence, English) for every clip of the set."""
+TUNE_FRENCH = [
+    ("Le chien dort sur le canapé.", "The dog sleeps on the sofa."),
+    ("Combien coûte ce livre?", "How much does this book cost?"),
+    ("Allons à la plage.", "Let's go to the beach."),
+    ("Ma voiture est rouge.", "My car is red."),
+    ("Elle travaille dans un hôpital.", "She works in a hospital."),
+    ("J'ai très faim.", "I am very hungry."),
+    ("Ce matin, j'ai raté le bus et je suis arrivé en retard au bureau.",
+     "This morning I missed the bus and arrived late at the office."),
+    ("Les étudiants doivent rendre leur travail avant vendredi après-midi.",
+     "The students have to hand in their work before Friday afternoon."),
+    ("En hiver, j'aime lire des romans près de la cheminée avec une tasse de chocolat.",
+     "In winter I like to read novels by the fireplace with a cup of chocolate."),
+    ("La commune va construire un nouveau pont sur la rivière.",
+     "The town is going to build a new bridge over the river."),
+    ("Mes cousins viennent nous rendre visite chaque année à Noël.",
+     "My cousins come to visit us every year at Christmas."),
+    ("Nous avons acheté des fruits frais au marché du quartier ce matin.",
+     "We bought fresh fruit at the neighbourhood market this morning."),
+]
+TUNE_VOICES = {"es": ("es+m1", "es+f4", "es-419+m2"), "fr": ("fr+f2", "fr+m7", "fr-be+f3")}
+TUNE_SETS = {"es": TUNE_SPANISH, "fr": TUNE_FRENCH}
+
+
+def clips(tune: bool = False) -> list[tuple[str, str, str, str, str]]:
+    """(file id, language, voice, sentence, English) for every clip of the set (``tune``:
+    of the tuning set, ids ``tune_<lang>_<k>.wav``)."""
+    sets, voices, head = (TUNE_SETS, TUNE_VOICES, "tune_") if tune else (SETS, VOICES, "")
     out = []
-    for lang, sentences in SETS.items():
+    for lang, sentences in sets.items():
         for i, (text, english) in enumerate(sentences):
-            voice = VOICES[lang][i % 2]
-            out.append((f"{lang}_{i:02d}.wav", lang, voice, text, english))
+            voice = voices[lang][i % len(voices[lang])]
+            out.append((f"{head}{lang}_{i:02d}.wav", lang, voice, text, english))
     return out
 
 
@@ -115,10 +168,10 @@ def _espeak(text: str, voice: str, path: Path) -> Path:
     return path
 
 
-def render(folder: Path, only: list[str] | None = None) -> list[Path]:
-    """The set's WAVs in ``folder`` (``only``: those file ids)."""
+def render(folder: Path, only: list[str] | None = None, tune: bool = False) -> list[Path]:
+    """The set's WAVs in ``folder`` (``only``: those file ids; ``tune``: the tuning set's)."""
     folder.mkdir(parents=True, exist_ok=True)
-    return [_espeak(text, voice, folder / name) for name, _, voice, text, _ in clips()
+    return [_espeak(text, voice, folder / name) for name, _, voice, text, _ in clips(tune)
             if only is None or name in only]
 
 
@@ -176,7 +229,7 @@ def score(rows: list[dict], translate: bool = False) -> dict:
     from pipeline.metrics import corpus_wer
 
     basic = BasicTextNormalizer()
-    truth = {name: (lang, text, english) for name, lang, _, text, english in clips()}
+    truth = {name: (lang, text, english) for name, lang, _, text, english in clips() + clips(tune=True)}
     out = {}
     for lang in SETS:
         mine = sorted((r for r in rows if truth.get(r["id"], (None,))[0] == lang), key=lambda r: r["id"])
@@ -204,13 +257,17 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("render")
     r.add_argument("folder", type=Path)
     r.add_argument("--long", action="store_true", help="the joined recordings of 32 s or more (render_long)")
+    r.add_argument("--tune", action="store_true", help="the tuning set (TUNE_SPANISH, TUNE_FRENCH)")
     s = sub.add_parser("score")
     s.add_argument("output", type=Path)
     s.add_argument("--translate", action="store_true")
     s.add_argument("--segments", action="store_true", help="per segment of the joined recordings")
     args = parser.parse_args(argv)
     if args.command == "render":
-        (render_long if args.long else render)(args.folder)
+        if args.long:
+            render_long(args.folder)
+        else:
+            render(args.folder, tune=args.tune)
         return 0
     import pyarrow.parquet as pq
 
