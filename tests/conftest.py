@@ -346,7 +346,8 @@ SLOW_FIRST = (
 
 
 # The fast tier (`pytest -m "not slow"`, a few minutes) leaves out these files and the fault
-# suite: the ones that run whole jobs on Ray or through the CLI, or every shipped config.
+# suite: the ones that run whole jobs on Ray or through the CLI, or every shipped config
+# (a single test of 20 s or more carries its own mark).
 SLOW = {
     "test_golden_transcripts.py",
     "test_broken_inputs.py",

@@ -114,6 +114,7 @@ def _decode(adapter, audios, mode: str):
     return ARSegmentDecoder(adapter, max_new_tokens=96, fallback=rule, use_cuda_graphs=False).decode(audios)
 
 
+@pytest.mark.slow   # Whisper base translating with the temperature fallback: about 25 s
 def test_translate_gives_english_without_loops(clips, translator):
     import jiwer
 

@@ -122,6 +122,7 @@ def test_replay_predicts_the_online_decoders_counts(repeated):
     assert got.pass_ratio > 1.0
 
 
+@pytest.mark.slow   # three passes over 14 clips: about 30 s
 def test_ar_kind_with_an_online_map_drafts_from_earlier_batches_and_equals_plain_ar(repeated):
     from pipeline.decoders.ar.stage import build
 
@@ -139,6 +140,7 @@ def test_ar_kind_with_an_online_map_drafts_from_earlier_batches_and_equals_plain
     assert adaptive.drafting.totals["tm_accepted"] > 0
 
 
+@pytest.mark.slow   # two SSD passes over 14 clips, every row falling back: about 20 s
 def test_ssd_fallback_learns_and_stays_exact(ssd_adapter, sample_audio, sample_manifest):
     """SSD's fallback drafts from the online map too; the texts are the plain fallback's."""
     from pipeline.decoders.ssd.stages import build_fallback, build_first_pass
