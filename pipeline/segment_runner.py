@@ -16,6 +16,8 @@ pipeline.pending_pool). None of these functions knows any decoder's fields
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from pipeline.batching import pack_by_budget
@@ -34,26 +36,31 @@ def decode_segments(decoder, audios: list[np.ndarray], max_tokens: int, language
     return results
 
 
-def _recording_languages(decoder, rows: list[dict], flat: list[tuple[int, int]]) -> list | None:
+def _recording_languages(decoder, rows: list[dict], flat: list[tuple[int, int]]) -> tuple[list | None, dict]:
     """Per segment of ``flat``: its recording's language as the decoder detects it once per
-    recording (Whisper, model.language=auto), or None for all where the decoder does not.
-    A detection that raises leaves each segment to be detected as it is decoded, where a
-    bad segment's error is isolated to its own row."""
+    recording (Whisper, model.language=auto), or None for all where the decoder does not;
+    and per row detected, its share of the detection's seconds (an encoder pass over the
+    recording's first window, which belongs in the row's ``t_encode_s``). A detection that
+    raises leaves each segment to be detected as it is decoded, where a bad segment's error
+    is isolated to its own row."""
     detect = getattr(decoder, "detect_recordings", None)
     if detect is None:
-        return None
+        return None, {}
     per_row: dict[int, list[np.ndarray]] = {}
     for r, s in flat:
         per_row.setdefault(r, []).append(np.asarray(rows[r]["seg_audio"][s], dtype=np.float32))
     order = sorted(per_row)
+    start = time.perf_counter()
     try:
         found = dict(zip(order, detect([per_row[r] for r in order])))
     except Exception as exc:
         if is_device_fault(exc):
             raise device_fault(exc, "while detecting languages") from exc
-        return None
+        return None, {}
+    detected = [r for r in order if found.get(r) is not None]
+    spent = {r: (time.perf_counter() - start) / len(detected) for r in detected}
     languages = [found.get(r) for r, _ in flat]
-    return languages if any(x is not None for x in languages) else None
+    return (languages if detected else None), spent
 
 
 def _decode_isolating(decoder, audios: list[np.ndarray], batch: list[int], languages=None) -> list[SegmentResult]:
@@ -107,7 +114,8 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int, confidence=N
         for s, audio in enumerate(row["seg_audio"]):
             flat.append((r, s))
             audios.append(np.asarray(audio, dtype=np.float32))
-    results = decode_segments(decoder, audios, max_tokens, _recording_languages(decoder, rows, flat)) if audios else []
+    languages, detection_s = _recording_languages(decoder, rows, flat) if audios else (None, {})
+    results = decode_segments(decoder, audios, max_tokens, languages) if audios else []
     _score(confidence, results)
     per_row: dict[int, list[tuple[int, SegmentResult]]] = {}
     for (r, s), res in zip(flat, results):
@@ -123,7 +131,7 @@ def transcribe_prepared(rows: list[dict], decoder, max_tokens: int, confidence=N
             "prepare_error": row.get("error"),
             "segments": [segment_dict(row["seg_start"][s], row["seg_end"][s], res) for s, res in segs],
             "decoder": decoder.name, "t_prepare_s": row.get("t_prepare_s"),
-            "t_encode_s": sum(res.t_encode_s for _, res in segs),
+            "t_encode_s": sum(res.t_encode_s for _, res in segs) + detection_s.get(r, 0.0),
             "t_decode_s": sum(res.t_decode_s for _, res in segs), "t_fallback_s": 0.0,
             "pending_index": [s for s, _ in pending],
             "pending_state": [res.pending.to_bytes() if pending_as_bytes else res.pending for _, res in pending],

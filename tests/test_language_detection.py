@@ -158,3 +158,39 @@ def test_a_recordings_detection_window_is_its_first_30_s_of_speech_only():
     assert got.dtype == np.float32 and got.tolist() == np.concatenate(segments)[:20].tolist()
     assert _first_samples(segments, 1000).tolist() == np.concatenate(segments).tolist()
     assert _first_samples([], 10).size == 0
+
+
+def test_the_recordings_detection_counts_in_its_encode_seconds():
+    """The per-recording detection runs its own encoder pass: its seconds go to the rows it
+    detected (shared among them), in ``t_encode_s``; a row it left to its segments pays
+    nothing extra."""
+    import time
+
+    from pipeline.decoders.base import SegmentResult
+    from pipeline.segment_runner import transcribe_prepared
+
+    class Decoder:
+        name = "stub"
+
+        def segment_cost(self, audio):
+            return 1500
+
+        def detect_recordings(self, recordings):
+            time.sleep(0.3)
+            return [("fr", 0.9) if len(segs) > 1 else None for segs in recordings]
+
+        def decode(self, audios, languages=None):
+            return [SegmentResult("texte", "ar", 1, t_encode_s=0.01, language=(lang or ("en", 1.0))[0])
+                    for lang in (languages or [None] * len(audios))]
+
+    def row(name, n):
+        return {"id": name, "audio": f"{name}.wav", "seg_start": [30.0 * i for i in range(n)],
+                "seg_end": [30.0 * i + 2 for i in range(n)], "error": None,
+                "seg_audio": [np.zeros(32000, dtype=np.float32)] * n}
+
+    two, one, also_two = transcribe_prepared([row("a", 2), row("b", 1), row("c", 2)], Decoder(), max_tokens=24000)
+    assert [s["language"] for s in two["segments"]] == ["fr", "fr"]
+    assert one["t_encode_s"] == pytest.approx(0.01)
+    for detected in (two, also_two):
+        # the batch's 0.01 per segment, plus half of the 0.3-s detection
+        assert 0.15 + 0.02 <= detected["t_encode_s"] < 0.3, detected["t_encode_s"]
