@@ -16,7 +16,6 @@ with nothing pending are committed at once, a pending row only once finished.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import sys
@@ -25,6 +24,7 @@ import time
 from actors.audio_prep import AudioPrep
 from actors.finisher import Finisher
 from actors.transcriber import Transcriber
+from pipeline.batching import in_slow_start
 from pipeline.decoders import decoder_kind
 from pipeline.output import PartCommitter, new_job_id
 from pipeline.pending_pool import PendingPool, SecondStageStats
@@ -74,7 +74,6 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
         if second is not None and opts.pooled else None
     held: dict[int, dict] = {}     # pooled rows by key, their pending states as objects
     keys = itertools.count()
-    ramp = cfg.batching.first_batch < step    # the job's first rows come in growing batches
     read = 0
 
     def emit(out):
@@ -98,8 +97,6 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
     try:
         for batch in input_batches(rows, step, items, first_batch=cfg.batching.first_batch):
             read += batch.num_rows
-            # The slow start's batches but its last, whose pending rows pool with the next ones'.
-            starting = ramp and read < step
             if second is None:
                 emit(model(prep(batch)))
                 continue
@@ -119,14 +116,11 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
                 emit(table(done, OUTPUT_SCHEMA))
             # Full batches; all of it once a row has waited max_wait_s, or once the buffer
             # reaches its bound (the next batch is read only after).
-            due = pool.take(drain=pool.segments >= opts.max_pending_segments)
-            if starting:
-                # The slow start's rows are finished batch by batch too, not held for a
-                # full budget: otherwise a job whose first rows all go to the second stage
-                # shows none of them until the budget fills or max_wait_s passes.
-                due += [dataclasses.replace(b, trigger="start") if b.trigger == "bound" else b
-                        for b in pool.take(drain=True)]
-            dispatch(due)
+            # The slow start's rows are finished batch by batch too, not held for a full
+            # budget: otherwise a job whose first rows all go to the second stage shows
+            # none of them until the budget fills or max_wait_s passes.
+            dispatch(pool.take(drain=pool.segments >= opts.max_pending_segments,
+                               start=in_slow_start(read, cfg.batching.first_batch, step)))
         if pool is not None:
             dispatch(pool.take(final=True))
     finally:

@@ -14,6 +14,7 @@ import secrets
 import sys
 import warnings
 
+from pipeline.batching import in_slow_start
 from pipeline.device import resolve_device
 from pipeline.decoders import decoder_kind
 from pipeline.models import model_family
@@ -230,7 +231,6 @@ def write_output(ds, cfg, dst: str, job_id: str, on_batch=None, kind=None, on_se
     # rows of those blocks but the last are finished block by block, as the local runner
     # does, so a job whose first rows all go to the second stage shows them within seconds.
     per_block = max(1, cfg.batching.recordings_per_batch)
-    ramp = cfg.batching.first_batch < per_block
     taken = 0
     try:
         if kind.two_stage:
@@ -255,7 +255,8 @@ def write_output(ds, cfg, dst: str, job_id: str, on_batch=None, kind=None, on_se
                 commit(_output_table(done.select(OUTPUT_NAMES)))
             pending = block.filter(waiting)
             if pending.num_rows:
-                second.offer(pending, int(pc.sum(counts).as_py()), start=ramp and taken < per_block)
+                second.offer(pending, int(pc.sum(counts).as_py()),
+                             start=in_slow_start(taken, cfg.batching.first_batch, per_block))
             # The next block only while the pending rows held stay under the bound.
             second.throttle()
         if second is not None:

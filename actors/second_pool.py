@@ -25,7 +25,6 @@ the driver waits for a slow block. The pending rows of the job's slow-start bloc
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
 
@@ -189,11 +188,7 @@ class RaySecondStage:
             if self.pooled:
                 nothing_moves = not self.finishing and not self.pricing
                 drain = self.held >= self.max_pending and nothing_moves
-                due = self.pool.take(final=self.final and not self.pricing, drain=drain)
-                if start:
-                    due += [dataclasses.replace(b, trigger="start") if b.trigger == "bound" else b
-                            for b in self.pool.take(drain=True)]
-                for batch in due:
+                for batch in self.pool.take(final=self.final and not self.pricing, drain=drain, start=start):
                     self._dispatch(batch.keys, batch.trigger, batch.waits, batch.segments)
             self.cond.notify_all()
 

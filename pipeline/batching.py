@@ -51,3 +51,10 @@ def slow_start(first: int, full: int) -> list[int]:
         left -= take
         size *= 2
     return sizes
+
+
+def in_slow_start(rows_read: int, first: int, full: int) -> bool:
+    """Whether the batch that brought the rows read to ``rows_read`` is one of the slow
+    start's pieces (:func:`slow_start`) but its last: its pending rows are finished at once
+    (pipeline.pending_pool's ``start``), the last piece's pool with the next batches'."""
+    return first < full and rows_read < full

@@ -88,10 +88,11 @@ class PendingPool:
         costs = [c for k in keys for c in self._entries[k].costs]
         return len(costs) * max(costs) > self.max_tokens - max(costs)   # one more would not fit
 
-    def take(self, final: bool = False, drain: bool = False) -> list[PooledBatch]:
+    def take(self, final: bool = False, drain: bool = False, start: bool = False) -> list[PooledBatch]:
         """The batches due now, removed from the pool: every full one; then what is left
         (a partial batch) when ``final`` (the input is exhausted), ``drain`` (the caller's
-        bound) or once its oldest row has waited ``max_wait_s``."""
+        bound), once its oldest row has waited ``max_wait_s``, or when ``start`` (the
+        caller has just added a slow-start batch's rows)."""
         if not self._entries:
             return []
         batches = self._pack()
@@ -106,6 +107,8 @@ class PendingPool:
             out.append(self._remove(last, "bound"))
         elif self.oldest_wait() >= self.max_wait_s:
             out.append(self._remove(last, "wait"))
+        elif start:
+            out.append(self._remove(last, "start"))
         return out
 
     def _remove(self, keys: list, trigger: str) -> PooledBatch:

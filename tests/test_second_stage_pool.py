@@ -43,6 +43,8 @@ def test_the_wait_the_end_and_the_bound_flush_a_partial_batch():
     assert batch.trigger == "wait" and batch.waits == [5.0]
     pool.add("b", [2])
     assert [b.trigger for b in pool.take(drain=True)] == ["bound"]
+    pool.add("s", [2])
+    assert [b.trigger for b in pool.take(start=True)] == ["start"]
     pool.add("c", [2])
     assert [b.trigger for b in pool.take(final=True)] == ["end"]
     assert pool.segments == 0 and pool.take(final=True) == []
