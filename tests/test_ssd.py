@@ -207,6 +207,25 @@ def test_greedy_verify_rule_keeps_greedy_ars_text_where_eq5_takes_a_near_miss(wh
     assert [r.stage for r in right] == [LLM_VERIFY] * len(full) and [r.tokens for r in right] == full
 
 
+def test_greedy_verify_rule_accepts_ars_own_text_whatever_its_probabilities(whisper_adapter, encoded):
+    """Under ``verify_rule`` greedy a token passes where it is the decoder's argmax, at any
+    probability: AR's own transcript verifies whole even at a tau_slm that eq. 5 fails on
+    (the reference is the uncached greedy decode), so a draft equal to AR's text never
+    pays for a fallback."""
+    enc, full = encoded
+    tau_slm = 0.999
+    drafts = _texts(whisper_adapter, full)
+    eq5 = SelfSpeculativeDecoder(whisper_adapter, tau_ctc=0.0, tau_slm=tau_slm, max_new_tokens=48)
+    assert any(r.stage != LLM_VERIFY for r in eq5.first_pass(enc.states, drafts, torch.full((len(full),), 9.0))), \
+        "every token of AR's text is above tau_slm: the input cannot tell the rules apart"
+    exact = SelfSpeculativeDecoder(whisper_adapter, tau_ctc=0.0, tau_slm=tau_slm, max_new_tokens=48,
+                                   verify_rule="greedy")
+    rows = exact.decode(enc.states, drafts, torch.zeros(len(full)))
+    assert [r.stage for r in rows] == [LLM_VERIFY] * len(full)
+    for i, row in enumerate(rows):
+        assert row.tokens == uncached_greedy(whisper_adapter, enc.states[i:i + 1], [], 48)
+
+
 def test_greedy_verify_rule_refuses_gates_that_accept_other_text():
     from pipeline.config import load_config
     from pipeline.config_values import ConfigError

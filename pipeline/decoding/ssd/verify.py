@@ -18,10 +18,12 @@ accept_tau[b] and end-of-text follows; j (and the next token) are still found at
 so one pass serves a gated draft checked at a low tau and the prefix its fallback needs if
 that check fails. Without it every row is accepted at tau_slm, as in the paper.
 
-``greedy`` (beyond the paper, ``ssd.verify_rule: greedy``): a draft token also fails where
-it is not the decoder's own argmax, so what is accepted is exactly what greedy AR writes
-(eq. 5 keeps any token above tau_slm, which lets a draft close to, but not equal to, the
-decoder's text through).
+``greedy`` (beyond the paper, ``ssd.verify_rule: greedy``): a draft token passes exactly
+where it is the decoder's own argmax, whatever its probability, so what is accepted is
+exactly what greedy AR writes (eq. 5 keeps any token above tau_slm, which lets a draft
+close to, but not equal to, the decoder's text through). No threshold applies: an argmax
+below tau_slm is still the token greedy AR writes, and failing it would send a draft equal
+to AR's text to the fallback.
 
 ``head_chunk`` (beyond the paper): the output projection runs over draft positions in
 chunks and stops for a row at the chunk holding its first failure. The decisions (accept,
@@ -111,15 +113,18 @@ def verify_drafts(adapter, encoder_states: torch.Tensor, drafts: list[list[int]]
         p = p.masked_fill(~in_d, 0.0)
         probs[alive, c0:c1] = p
         computed[alive, c0:c1] = True
-        # greedy: a token greedy AR would not have written fails at any probability
-        miss = (logits.argmax(-1) != targets[alive, c0:c1]) & in_d if greedy else torch.zeros_like(in_d)
-        fails = ((p <= tau_slm) & in_d) | miss
+        if greedy:
+            # a token fails exactly where greedy AR would not have written it
+            fails = (logits.argmax(-1) != targets[alive, c0:c1]) & in_d
+            stops = fails.any(1)
+        else:
+            fails = (p <= tau_slm) & in_d
+            stops = ((p <= acc_tau[alive].unsqueeze(1)) & in_d).any(1)
         rows = (fails.any(1) & ~j_found[alive]).nonzero().squeeze(-1)
         at = fails.float().argmax(1)
         first_fail[alive[rows]] = at[rows] + c0
         next_token[alive[rows]] = logits[rows, at[rows]].argmax(-1)
         j_found[alive[rows]] = True
-        stops = (((p <= acc_tau[alive].unsqueeze(1)) & in_d) | miss).any(1)
         acc_failed[alive] |= stops
         ended = (Ka < c1) & ~stops
         rows = ended.nonzero().squeeze(-1)
