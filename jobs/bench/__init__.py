@@ -20,7 +20,7 @@ from pathlib import Path
 COMMAND = "bench"
 # Modules here that are not benchmarks: held-out data, references and timing (data), and
 # the checkpoint half of `bench ctc-beam --model DIR` (ctc_beam_model).
-SHARED = frozenset({"data", "ctc_beam_model"})
+SHARED = frozenset({"data", "ctc_beam_model", "ctc_beam_runs"})
 
 
 def available() -> list[str]:

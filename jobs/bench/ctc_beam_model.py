@@ -121,7 +121,7 @@ def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float
                      refs: list[str] | None = None) -> dict:
     """ms/utterance (and WER against ``refs``) of ours, flashlight-text and pyctcdecode at
     beam 8 with the token LM (pyctcdecode: the word LM), timed in turn."""
-    from jobs.bench.ctc_beam import FLTOP_PAPER, decode_ours, utterance_rows
+    from jobs.bench.ctc_beam_runs import FLTOP_PAPER, decode_ours, utterance_rows
     from jobs.bench.data import interleaved_ms_per_utt
     from pipeline.decoding.ctc_beam import CTCBeamSearch
     from pipeline.decoding.ctc_greedy import ctc_greedy
