@@ -18,9 +18,9 @@ accept_tau[b] and end-of-text follows; j (and the next token) are still found at
 so one pass serves a gated draft checked at a low tau and the prefix its fallback needs if
 that check fails. Without it every row is accepted at tau_slm, as in the paper.
 
-``greedy`` (beyond the paper, ``ssd.verify_rule: greedy``): a draft token passes exactly
-where it is the decoder's own argmax, whatever its probability, so what is accepted is
-exactly what greedy AR writes (eq. 5 keeps any token above tau_slm, which lets a draft
+``greedy`` (beyond the paper, ``ssd.verify_rule: greedy``): a draft token passes where it
+is the decoder's own argmax, whatever its probability, so what is accepted is exactly what
+greedy AR writes (eq. 5 keeps any token above tau_slm, which lets a draft
 close to, but not equal to, the decoder's text through). No threshold applies: an argmax
 below tau_slm is still the token greedy AR writes, and failing it would send a draft equal
 to AR's text to the fallback.
@@ -46,7 +46,8 @@ import torch
 @dataclass
 class Verification:
     accepted: torch.Tensor      # [B] bool
-    first_reject: torch.Tensor  # [B] int64, j at tau_slm (= K when every token passes tau_slm)
+    first_reject: torch.Tensor  # [B] int64, j at tau_slm (= K when every token passes tau_slm;
+                                # greedy: the first token that is not the argmax)
     min_prob: torch.Tensor      # [B] min draft-token probability (1.0 for an empty draft)
     token_probs: torch.Tensor   # [B, Kmax] probabilities of the draft tokens (0 on padding and
                                 # beyond the head chunk holding j: never computed)
