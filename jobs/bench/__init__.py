@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 COMMAND = "bench"
-# Modules here that are not benchmarks: held-out data, references and timing (data), and
-# the checkpoint half of `bench ctc-beam --model DIR` (ctc_beam_model).
+# Modules here that are not benchmarks: held-out data, references and timing (data), the
+# checkpoint half of `bench ctc-beam --model DIR` (ctc_beam_model), and how both halves of
+# `bench ctc-beam` run our search (ctc_beam_runs).
 SHARED = frozenset({"data", "ctc_beam_model", "ctc_beam_runs"})
 
 

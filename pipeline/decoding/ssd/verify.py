@@ -20,10 +20,10 @@ that check fails. Without it every row is accepted at tau_slm, as in the paper.
 
 ``greedy`` (beyond the paper, ``ssd.verify_rule: greedy``): a draft token passes where it
 is the decoder's own argmax, whatever its probability, so what is accepted is exactly what
-greedy AR writes (eq. 5 keeps any token above tau_slm, which lets a draft
-close to, but not equal to, the decoder's text through). No threshold applies: an argmax
-below tau_slm is still the token greedy AR writes, and failing it would send a draft equal
-to AR's text to the fallback.
+greedy AR writes (eq. 5 keeps any token above tau_slm, which lets a draft close to, but
+not equal to, the decoder's text through). No threshold applies: an argmax below tau_slm is
+still the token greedy AR writes, and failing it would send a draft equal to AR's text to
+the fallback.
 
 ``head_chunk`` (beyond the paper): the output projection runs over draft positions in
 chunks and stops for a row at the chunk holding its first failure. The decisions (accept,
