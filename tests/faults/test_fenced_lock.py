@@ -188,8 +188,8 @@ def test_a_heartbeat_that_finds_another_owner_stops_and_never_rewrites_lock(tmp_
     """Job A's heartbeat misses the staleness (it beats every 0.3 s, stale after 0.2 s),
     so job B takes the folder over; A's next beat finds B's claim: it stops, LOCK stays
     B's, and A's commits are refused (LockLost, one line), leaving nothing behind."""
-    monkeypatch.setattr(output, "STALE_AFTER_S", 0.2)
-    monkeypatch.setattr(output, "HEARTBEAT_S", 0.3)
+    monkeypatch.setattr(output.lock, "STALE_AFTER_S", 0.2)     # read where the lock is: pipeline.output.lock
+    monkeypatch.setattr(output.lock, "HEARTBEAT_S", 0.3)
     dst = str(tmp_path)
     a = output.OutputLock(dst, "jobA").acquire()
     try:
