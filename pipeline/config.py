@@ -298,6 +298,7 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     (``--set ssd.presets.high_rtfx.gate_verify_tau=null``)."""
     data = _over_defaults(_read_yaml(resolve_config_path(name_or_path)))
     if model:
+        _use_model_storage(model, _storage_options(data, overrides or []))
         allow = _allow_download(data, overrides or [])
         use_model(data, model, allow_download=allow)
         if name_or_path is None and _needs_ar_default(data):
@@ -320,7 +321,9 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     if isinstance(ray, dict) and ray.get("address") is None and os.environ.get("RAY_ADDRESS"):
         # Ray's convention: `ray job submit` and cluster shells name the cluster this way.
         ray["address"] = os.environ["RAY_ADDRESS"]
-    return _build_job(data).validate()
+    cfg = _build_job(data).validate()
+    _use_model_storage(cfg.model.source, cfg.storage.options)
+    return cfg
 
 
 def _has_key(model: dict, name: str) -> bool:
@@ -351,6 +354,44 @@ def _allow_download(data: dict, overrides: list[str]) -> bool:
         if path == ["model", "allow_download"]:
             value = parsed
     return value is True
+
+
+def _storage_options(data: dict, overrides: list[str]) -> dict:
+    """storage.options as the config and its overrides set them, validated: --model reads a
+    checkpoint URL's config.json before the overrides are applied."""
+    import copy
+
+    probe = {"storage": copy.deepcopy(data.get("storage") or {})}
+    for item in overrides:
+        path, value = parse_override(item, data)
+        if path[:2] != ["storage", "options"]:
+            continue
+        node = probe
+        for part in path[:-1]:   # a part that is no mapping is left to the overrides proper to refuse
+            node = node.setdefault(part, {}) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node[path[-1]] = value
+    storage = StorageConfig(options=probe["storage"].get("options") or {})
+    storage.validate("storage")
+    return storage.options
+
+
+def _use_model_storage(source: str, options: dict) -> None:
+    """A checkpoint URL's storage options made fsspec's defaults for its protocol, here and
+    in the processes this one starts, as the job does for its input and output
+    (pipeline.storage.use_options): the driver reads the checkpoint's configs with them,
+    and every worker fetches its weights with them. A URL that carries credentials is
+    refused: the config is copied into logs and the output folder."""
+    from pipeline.models.remote import is_remote
+    from pipeline.storage import redact_uri, use_options
+
+    if not is_remote(source):
+        return
+    if redact_uri(source) != source:
+        raise ConfigError(f"model.source={redact_uri(source)}: the URL carries a user:password@ part or a query "
+                          "string; credentials come from the standard chains (environment, profile files, "
+                          "instance metadata), not from the config")
+    use_options(options, [source])
 
 
 def _needs_ar_default(data: dict) -> bool:

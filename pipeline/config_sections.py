@@ -19,10 +19,14 @@ class ModelConfig:
     ``model.quantize``, ...) are its options dataclass (``ModelFamily.options``), read
     through this object as ``cfg.model.<key>``."""
     family: str = "whisper"           # a registered model family (pipeline.models)
-    source: str = "embedded"          # "embedded" (the family's shipped model), a local dir or HF id
+    # "embedded" (the family's shipped model), a local dir, an HF id, or a checkpoint
+    # folder's fsspec URL (s3://, gs://, file://, ...: fetched once per node into cache_dir)
+    source: str = "embedded"
     device: str = "auto"              # auto | cpu | cuda | cuda:N
     dtype: str = "float32"            # float32 | float16 | bfloat16
-    cache_dir: str | None = None      # converted checkpoints; default ~/.cache/shardscribe
+    # converted checkpoints, and models fetched from a URL (under models/); default
+    # $SHARDSCRIBE_CACHE, else ~/.cache/shardscribe. Not in config_hash.
+    cache_dir: str | None = None
     # A Hugging Face id not in the local cache is downloaded before any worker starts
     # (--allow-download); false: refused in one line saying how to fetch it. Not in config_hash.
     allow_download: bool = False

@@ -10,6 +10,9 @@ import json
 from pathlib import Path
 
 from pipeline.models.errors import ModelError
+from pipeline.models.remote import (cache_root, download_checkpoint, fetch_checkpoint, is_remote, list_checkpoint,
+                                     read_member)
+from pipeline.storage import redact_uri
 
 
 def check_device(device: str) -> None:
@@ -28,8 +31,11 @@ def check_device(device: str) -> None:
 
 
 def checkpoint_json(source: str, name: str) -> dict | None:
-    """Another JSON file of a checkpoint (a directory, or a hub id in the local cache);
-    None where it has none."""
+    """Another JSON file of a checkpoint (a directory, a URL, or a hub id in the local
+    cache); None where it has none."""
+    if is_remote(source):
+        text = read_member(source, name)
+        return json.loads(text) if text is not None else None
     path = Path(source).expanduser()
     if path.is_dir():
         return json.loads((path / name).read_text()) if (path / name).is_file() else None
@@ -59,24 +65,14 @@ def fetch_hint(source: str) -> str:
             f"the hub is reachable: hf download {source} (huggingface-cli download {source})")
 
 
-def download_checkpoint(source: str, cache_dir: str | None = None) -> None:
-    """Hub id ``source`` into the local Hugging Face cache (``model.allow_download``), in the
-    driver, so the workers on this machine read it from the cache; ModelError in one line
-    where the hub cannot be reached or has no such repository."""
-    try:
-        from huggingface_hub import snapshot_download
-
-        snapshot_download(source, cache_dir=cache_dir)
-    except Exception as exc:   # network, authentication, no such repository: one line either way
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise ModelError(f"model.source={source}: the download (model.allow_download) failed: "
-                         f"{type(exc).__name__}: {first}") from None
-
-
 def checkpoint_config(source: str, cache_dir: str | None = None, allow_download: bool = False) -> dict:
-    """The ``config.json`` of a checkpoint directory or of a hub id in the local Hugging
-    Face cache (jobs read models offline unless ``allow_download``: then a hub id not in
-    the cache is downloaded first); ModelError when there is none."""
+    """The ``config.json`` of a checkpoint directory, of a checkpoint folder at a URL (read
+    remotely, that file alone) or of a hub id in the local Hugging Face cache (jobs read
+    models offline unless ``allow_download``: then a hub id not in the cache is downloaded
+    first); ModelError when there is none."""
+    if is_remote(source):
+        list_checkpoint(source)   # one line for a URL with nothing there, or no config.json
+        return _config_mapping(redact_uri(source), read_member(source, "config.json") or "")
     path = Path(source).expanduser()
     if path.is_dir():
         config = path / "config.json"
@@ -141,15 +137,38 @@ def check_model(model_config) -> None:
                              "model; set model.source to a checkpoint directory")
         family.check(model_config, None)
         return
+    if is_remote(model_config.source):
+        _check_remote(model_config, family)
+        return
+    folder = Path(model_config.source).expanduser()
+    no_weights = folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES)
+    _check_checkpoint(model_config, family, f"the directory has a config.json but no weights "
+                      f"({' or '.join(WEIGHT_FILES[::2])})" if no_weights else None)
+
+
+def _check_checkpoint(model_config, family, weights_problem: str | None) -> None:
+    """A checkpoint's config, options and components; ``weights_problem``: what is wrong
+    with its weights (None: nothing), said after what its config says."""
     config = checkpoint_config(model_config.source, allow_download=model_config.allow_download)
     check_family(model_config, config)
     family.check(model_config, config)
     # Last: what the config says is wrong is the more useful message.
-    folder = Path(model_config.source).expanduser()
-    if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise ModelError(f"model.source={model_config.source}: the directory has a config.json but no weights "
-                         f"({' or '.join(WEIGHT_FILES[::2])})")
+    if weights_problem:
+        raise ModelError(f"model.source={model_config.source}: {weights_problem}")
     family.check_components(model_config)
+
+
+def _check_remote(model_config, family) -> None:
+    """A checkpoint at a URL, checked as a directory on the copy of its config and tokenizer
+    files in this machine's model cache (the weights are listed, never read); messages
+    name the URL, not the copy."""
+    url = model_config.source
+    listing = list_checkpoint(url)
+    copy, _ = fetch_checkpoint(url, cache_root(model_config), weights=False, listing=listing)
+    try:
+        _check_checkpoint(model_config.with_values(source=str(copy)), family, listing.weights_problem())
+    except ModelError as exc:
+        raise ModelError(str(exc).replace(str(copy), redact_uri(url))) from None
 
 
 def check_family(model_config, config: dict) -> None:
@@ -197,7 +216,8 @@ def _checkpoint_config_for_flag(source: str, allow_download: bool = False) -> di
     try:
         return checkpoint_config(source, allow_download=allow_download)
     except (ModelError, ValueError) as exc:
-        raise ValueError(f"--model: {str(exc).removeprefix(f'model.source={source}: ')} ({source})") from None
+        shown = redact_uri(source)
+        raise ValueError(f"--model: {str(exc).removeprefix(f'model.source={shown}: ')} ({shown})") from None
 
 
 def family_of_checkpoint(source: str, allow_download: bool = False) -> str:
@@ -215,5 +235,5 @@ def family_of_checkpoint(source: str, allow_download: bool = False) -> str:
         for family in FAMILIES.values():
             if family.loads_model_type(kind):
                 return family.name
-    raise ValueError(f"--model: no model family loads {source} (architectures {archs or 'not named'}, "
+    raise ValueError(f"--model: no model family loads {redact_uri(source)} (architectures {archs or 'not named'}, "
                      f"model_type {kind or 'not named'}; known families: {', '.join(sorted(FAMILIES))})")

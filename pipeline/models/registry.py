@@ -96,11 +96,19 @@ class ModelFamily:
             _named(self.components)(model_config)
 
     def ctc_vocabulary(self, model_config):
-        """The CTC vocabulary of ``model_config``'s model, without loading the model."""
+        """The CTC vocabulary of ``model_config``'s model, without loading the model (a
+        checkpoint at a URL: from its config and tokenizer files in this node's cache)."""
         if self.vocabulary is None:
             raise ValueError(f"model family {self.name!r} names no CTC vocabulary")
         factory = self.vocabulary
-        return (factory if callable(factory) else _named(factory))(model_config)
+        return (factory if callable(factory) else _named(factory))(self.on_this_node(model_config, weights=False))
+
+    def on_this_node(self, model_config, weights: bool = True):
+        """``model_config`` with its checkpoint on this node (pipeline.models.remote: a URL's
+        copy in the node's cache; a hub id downloaded under model.allow_download)."""
+        from pipeline.models.remote import local_model_config
+
+        return local_model_config(model_config, weights, shipped=("embedded",) + self.shipped)
 
 
 def _named(ref: str):
@@ -143,11 +151,14 @@ def option_classes() -> list[type]:
 
 
 def load_model(model_config):
-    """The adapter for ``model_config`` (a pipeline.config.ModelConfig), on its device."""
+    """The adapter for ``model_config`` (a pipeline.config.ModelConfig), on its device; a
+    checkpoint at a URL is loaded from this node's copy (pipeline.models.remote), fetched
+    by the first process on the node that needs it."""
     import torch
 
     from pipeline.device import resolve_device, torch_dtype
 
+    model_config = model_family(model_config.family).on_this_node(model_config)
     if model_config.num_threads:
         torch.set_num_threads(model_config.num_threads)
     adapter = model_family(model_config.family).load(model_config, device=resolve_device(model_config.device),

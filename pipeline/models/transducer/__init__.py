@@ -31,10 +31,17 @@ def load(model_config, device: str, dtype):
 
 def check_components(model_config) -> None:
     """A Parakeet checkpoint's feature extractor and tokenizer load (preflight; ModelError
-    if not). The shipped transducers and train-transducer outputs carry their own."""
-    from pipeline.models.transducer.embedded import EMBEDDED, EMBEDDED_RNNT, is_embedded_transducer_dir
+    if not). The shipped transducers and train-transducer outputs carry their own: known
+    by their config's architecture too, since a checkpoint at a URL is checked on a copy
+    of its configs without the weights file."""
+    from pipeline.models.preflight import checkpoint_json
+    from pipeline.models.transducer.embedded import (ARCHITECTURE, CONFIG_FILE, EMBEDDED, EMBEDDED_RNNT,
+                                                     is_embedded_transducer_dir)
 
-    if model_config.source in (EMBEDDED, EMBEDDED_RNNT) or is_embedded_transducer_dir(model_config.source):
+    source = model_config.source
+    if source in (EMBEDDED, EMBEDDED_RNNT) or is_embedded_transducer_dir(source):
+        return
+    if ARCHITECTURE in ((checkpoint_json(source, CONFIG_FILE) or {}).get("architectures") or []):
         return
     from pipeline.models.transducer.adapter import load_processing
 
