@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.batching import UnsetMaxTokens
 from pipeline.config_values import ConfigError, at_least, check_token_map, choice, flat_keys
 
 
@@ -22,8 +23,15 @@ class ModelConfig:
     # "embedded" (the family's shipped model), a local dir, an HF id, or a checkpoint
     # folder's fsspec URL (s3://, gs://, file://, ...: fetched once per node into cache_dir)
     source: str = "embedded"
-    device: str = "auto"              # auto | cpu | cuda | cuda:N
-    dtype: str = "float32"            # float32 | float16 | bfloat16
+    # auto | cpu | cuda | cuda:N. auto: CUDA where the process that loads the model has a
+    # GPU (a Ray model actor: the one Ray assigned it), else the CPU.
+    device: str = "auto"
+    # auto | float32 | float16 | bfloat16, resolved where the model loads. auto: bfloat16 on
+    # a CUDA device with native bfloat16 (compute capability 8.0+) for a checkpoint that runs
+    # in it (the shipped Whisper models do not: their decoder flips words), float32
+    # elsewhere (the CPU, older GPUs). Any CUDA model runs float32 products in TF32.
+    # config_hash reads auto as float32 (the old default): folders it wrote still resume.
+    dtype: str = "auto"
     # converted checkpoints, and models fetched from a URL (under models/); default
     # $SHARDSCRIBE_CACHE, else ~/.cache/shardscribe. Not in config_hash.
     cache_dir: str | None = None
@@ -72,7 +80,7 @@ class ModelConfig:
         return dataclasses.replace(self, **core, options=options)
 
     def validate(self, key: str) -> None:
-        choice(f"{key}.dtype", self.dtype, ("float32", "float16", "bfloat16"))
+        choice(f"{key}.dtype", self.dtype, ("auto", "float32", "float16", "bfloat16"))
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"{key}.device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
         at_least(f"{key}.num_threads", self.num_threads, 0)
@@ -175,12 +183,26 @@ class AudioConfig:
 
 @dataclass
 class BatchingConfig:
-    recordings_per_batch: int = 16    # rows handed to one actor call
-    max_tokens: int = 24000           # padded encoder frames per model sub-batch (Whisper: 1500 per segment)
+    # Rows (recordings) per model-stage call: prepared and decoded together, their
+    # segments then cut into GPU sub-batches of at most max_tokens. It sets the memory a
+    # call holds and how soon rows show, not the GPU batch, which can be no larger than one
+    # call's segments: with short clips (one segment each) on a GPU, raise it until a
+    # call's segments fill max_tokens.
+    recordings_per_batch: int = 16
+    # The GPU batch: padded encoder frames per model sub-batch (segments x the widest
+    # segment's frames; Whisper: 1500 a segment). null: 24000 on the CPU; on CUDA, sized
+    # where the model loads from the GPU's free memory and the model's size
+    # (pipeline.batching.resolve_max_tokens), at least one segment. A number is used as
+    # set on every device.
+    max_tokens: int | None = UnsetMaxTokens()
     # Rows in a job's first batch; the next ones double up to recordings_per_batch
     # (pipeline.batching.slow_start), so the first rows finish, and show in the progress,
     # within seconds, for a few extra batches a job. recordings_per_batch or more: no ramp.
     first_batch: int = 1
+
+    def __post_init__(self):
+        if self.max_tokens is None:
+            self.max_tokens = UnsetMaxTokens()
 
     def validate(self, key: str) -> None:
         at_least(f"{key}.recordings_per_batch", self.recordings_per_batch, 1)

@@ -1,6 +1,10 @@
-"""Device and dtype names of the config, resolved for torch, whether this CPU computes
-in bfloat16 natively (AMX or AVX512-BF16) rather than emulating it in float32, how many
-CPU threads a stage's torch ops use, and which failures leave the device unusable."""
+"""Device and dtype names of the config, resolved for torch where the model runs, whether
+this CPU computes in bfloat16 natively (AMX or AVX512-BF16) rather than emulating it in
+float32, TF32 on CUDA, how many CPU threads a stage's torch ops use, and which failures
+leave the device unusable.
+
+``model.device`` and ``model.dtype`` default to ``auto``, resolved by :func:`load_target` in
+the process that loads the model (a Ray worker on a GPU node; the driver may have none)."""
 from __future__ import annotations
 
 import os
@@ -55,6 +59,96 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
+def is_cuda(device: str) -> bool:
+    """Whether a resolved device name (``cuda``, ``cuda:N``) is a CUDA device."""
+    return device == "cuda" or device.startswith("cuda:")
+
+
+def cuda_bf16_native(device: str) -> bool:
+    """Whether CUDA device ``device`` computes in bfloat16 in hardware (compute capability 8.0
+    and later: Ampere, Hopper, ...). torch's own default also answers True where bfloat16
+    is only emulated, which is slower than float32 there, so emulation does not count."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    index = torch.device(device).index
+
+    def native() -> bool:
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:   # a torch before the argument: its answer did not count emulation
+            return bool(torch.cuda.is_bf16_supported())
+
+    if index is None:
+        return native()
+    with torch.cuda.device(index):
+        return native()
+
+
+def resolve_dtype_name(name: str, device: str, bf16_ok: bool = True) -> str:
+    """model.dtype resolved for a model on ``device`` (``auto`` allowed): ``auto`` is
+    bfloat16 on a CUDA device with native bfloat16 for a model that runs in it
+    (``bf16_ok``), float32 everywhere else. A CUDA device without native bfloat16 (Turing,
+    Volta) gets float32 rather than float16: float16's range overflows in checkpoints
+    trained in bfloat16 or float32, and float32 gives what a CPU job's transcripts are
+    measured in; ``model.dtype=float16`` asks for it. Any other name is returned as is."""
+    if name != "auto":
+        return name
+    device = resolve_device(device)
+    return "bfloat16" if is_cuda(device) and bf16_ok and cuda_bf16_native(device) else "float32"
+
+
+def hashed_dtype_name(name: str) -> str:
+    """model.dtype as config_hash sees it: ``auto`` as float32, which it was by default
+    before ``auto`` existed and still is on the CPU. What auto picks depends on the device
+    the model runs on, and ``model.device`` is no part of the hash either; so folders
+    written under the old default resume under the new one. An explicit dtype is hashed as
+    set."""
+    return "float32" if name == "auto" else name
+
+
+def runs_bf16(model_config) -> bool:
+    """Whether ``model_config``'s checkpoint runs in bfloat16 under model.dtype=auto: yes,
+    unless its family's options say otherwise (``runs_bf16(model_config)`` on the options
+    dataclass: the shipped Whisper models, whose decoder flips words in bfloat16)."""
+    check = getattr(model_config.options, "runs_bf16", None)
+    return True if check is None else bool(check(model_config))
+
+
+def enable_tf32(device: str) -> bool:
+    """Let float32 matrix products and convolutions on CUDA run in TF32 (10-bit mantissa on
+    tensor cores, several times float32's throughput on Ampere and later) when ``device``
+    resolves to CUDA; True when it did. Set through the flags that both of torch's APIs read
+    back (the newer ``fp32_precision`` reports "tf32" after them); process-wide, and only a
+    CUDA model's process sets them. A CPU's products are untouched."""
+    import torch
+
+    if not is_cuda(resolve_device(device)):
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return True
+
+
+def load_target(model_config):
+    """(device, torch dtype) that ``model_config``'s model loads on, resolved in the calling
+    process, which is the one that loads it: model.device and model.dtype (``auto``: see
+    :func:`resolve_device`, :func:`resolve_dtype_name`), with TF32 on for a CUDA device."""
+    device = resolve_device(model_config.device)
+    name = resolve_dtype_name(model_config.dtype, device, runs_bf16(model_config))
+    enable_tf32(device)
+    return device, torch_dtype(name)
+
+
+def cuda_memory(device: str) -> tuple[int, int]:
+    """(free bytes on CUDA device ``device``, bytes this process's tensors hold there)."""
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return int(free), int(torch.cuda.memory_allocated(torch.device(device)))
+
+
 def cpu_bf16_native() -> bool:
     """True where the CPU has AMX or AVX512-BF16 (read from /proc/cpuinfo's flags, else
     from torch's dispatch level: ``avx512_bf16`` / ``amx``)."""
@@ -72,10 +166,11 @@ def cpu_bf16_native() -> bool:
 
 def encoder_dtype_name(encoder_dtype: str | None, device: str, dtype: str) -> str | None:
     """model.encoder_dtype resolved on this machine: "auto" is bfloat16 on a CPU with
-    native bfloat16 under a float32 model, else None (the model's dtype)."""
+    native bfloat16 under a float32 model (model.dtype float32, or auto, which is float32
+    on a CPU), else None (the model's dtype)."""
     if encoder_dtype != "auto":
         return encoder_dtype
-    native = resolve_device(device) == "cpu" and dtype == "float32" and cpu_bf16_native()
+    native = resolve_device(device) == "cpu" and dtype in ("float32", "auto") and cpu_bf16_native()
     return "bfloat16" if native else None
 
 

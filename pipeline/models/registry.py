@@ -156,13 +156,14 @@ def load_model(model_config):
     by the first process on the node that needs it."""
     import torch
 
-    from pipeline.device import resolve_device, torch_dtype
+    from pipeline.device import load_target
 
     model_config = model_family(model_config.family).on_this_node(model_config)
     if model_config.num_threads:
         torch.set_num_threads(model_config.num_threads)
-    adapter = model_family(model_config.family).load(model_config, device=resolve_device(model_config.device),
-                                                     dtype=torch_dtype(model_config.dtype))
+    # model.device and model.dtype "auto" are resolved here, in the process that loads the model.
+    device, dtype = load_target(model_config)
+    adapter = model_family(model_config.family).load(model_config, device=device, dtype=dtype)
     if model_config.compile:
         from pipeline.models.compile import compile_encoder
 

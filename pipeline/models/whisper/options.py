@@ -15,6 +15,9 @@ WHISPER_TASKS = ("transcribe", "translate")
 PROMPT_OPTIONS = ("language", "task", "initial_prompt")
 AR_ONLY_OPTIONS = ("timestamps", "word_timestamps")
 _LANGUAGE_CODE = r"[a-z]{2,3}|[a-z]{2}-[a-z]{2,4}"
+# model.source of the shipped Whisper models (loader.py's EMBEDDED, EMBEDDED_BASE; that
+# module imports torch, which validating a config must not).
+SHIPPED_SOURCES = ("embedded", "embedded-base")
 
 
 @dataclass
@@ -86,7 +89,9 @@ class WhisperModelOptions:
         for name in ("encoder_dtype", "cross_kv_dtype"):
             if getattr(self, name) is not None:
                 choice(f"{key}.{name}", getattr(self, name), ("auto", "float32", "float16", "bfloat16"))
-        if self.quantize != "none" and self.cross_kv_dtype not in (None, "auto", model.dtype):
+        # int8 runs on the CPU only, where model.dtype=auto is float32.
+        dtype = "float32" if model.dtype == "auto" else model.dtype
+        if self.quantize != "none" and self.cross_kv_dtype not in (None, "auto", dtype):
             raise ConfigError(f"{key}.cross_kv_dtype: the cross-attention projections are {self.quantize} "
                               f"under model.quantize={self.quantize}; leave it auto")
         if self.quantize != "none" and model.device.startswith("cuda"):
@@ -120,11 +125,24 @@ class WhisperModelOptions:
                               f"set {drafting}={off} with model.timestamps")
 
     @staticmethod
+    def runs_bf16(model) -> bool:
+        """Whether the checkpoint runs in bfloat16 under model.dtype=auto on CUDA
+        (pipeline.device.runs_bf16): not the shipped Whisper models, whose decoder flips
+        words in bfloat16 (tiny.en: 7 clips' WER 1.5% -> 7.6%, docs/engines.md); they stay
+        float32 (TF32 on CUDA). The ctc family's embedded model reads the encoder's output
+        alone, which model.encoder_dtype=auto already runs in bfloat16 on CPUs that have it."""
+        return not (model.family == "whisper" and model.source in SHIPPED_SOURCES)
+
+    @staticmethod
     def canonical(model: dict) -> None:
         """What ``auto`` means on this machine, for config_hash: null where it changes
-        nothing, so configs that do not use it hash as before the default existed."""
-        from pipeline.device import cross_kv_dtype_name, encoder_dtype_name
+        nothing, so configs that do not use it hash as before the default existed.
+        model.dtype is common to every family, but config_hash runs each registered
+        family's ``canonical`` on the one model section, this one among them: its ``auto``
+        hashes as float32 (pipeline.device.hashed_dtype_name), the old default."""
+        from pipeline.device import cross_kv_dtype_name, encoder_dtype_name, hashed_dtype_name
 
+        model["dtype"] = hashed_dtype_name(model.get("dtype", "float32"))
         encoder = encoder_dtype_name(model.get("encoder_dtype"), model.get("device", "auto"),
                                      model.get("dtype", "float32"))
         cross = cross_kv_dtype_name(model.pop("cross_kv_dtype", None), encoder, model.get("dtype", "float32"),
