@@ -78,6 +78,8 @@ def test_the_check_is_a_filter_key():
         load_config(None, ["filters.english_only_logprob=0.5"])
 
     class EnglishOnly:
+        options = object()      # decoding options set: Whisper's multitask prompt
+
         class special:
             multilingual = False
 

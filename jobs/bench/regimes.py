@@ -350,10 +350,9 @@ def _static_ar(adapter, states, ar, t_ar: float, o) -> tuple[dict, dict]:
     import torch
 
     from pipeline.decoding.ar_greedy import greedy_decode
-    from pipeline.decoding.ar_static_steps import static_step
     from pipeline.decoding.ar_static_graphs import StaticDecoding
 
-    if static_step(adapter) is None:
+    if adapter.static_step() is None:
         return {"static_s": None}, {}
     variants = [("static", StaticDecoding(cpu_static=True, capture=False))]
     if o.device.type == "cuda":

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from jobs.bench.data import concat_long_form, flat_segments, join_by_recording, load_recordings
 from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
+from pipeline.models.base import PACKABLE
 from pipeline.timing import timed
 
 PAPER_GATE_ROW = "SSD high_rtfx, paper gate"
@@ -245,7 +246,7 @@ def run(args) -> dict:
                 configs.append((f"SSD {name}, lookahead {args.lookahead} {rule}", tc, ts,
                                 lambda tc=tc, ts=ts, rule=rule, gv=gv:
                                 run_ssd(tc, ts, lookahead=args.lookahead, lookahead_rule=rule, gate_verify_tau=gv)))
-    if hasattr(adapter, "encode_packed"):
+    if PACKABLE in adapter.capabilities:
         for pack_gate in (False, True):
             label = f"SSD high_rtfx, pipeline, {'packed' if pack_gate else 'unpacked'} gate"
             configs.append((label, hr_tc, hr_ts,
@@ -320,7 +321,7 @@ def run(args) -> dict:
         if k == 0:
             recorded["CTC greedy"] = record("CTC greedy", [t.strip() for d in drafts for t in d.texts], t_ctc,
                                             stages={"ctc_head": t_ctc})
-            if hasattr(adapter, "encode_packed"):
+            if PACKABLE in adapter.capabilities:
                 packed = recorded["CTC greedy, packed windows"] = record("CTC greedy, packed windows",
                                                                           *run_packed_ctc())
                 packed["rtfx"] = audio_s / packed["decode_s"]  # its own encoder pass

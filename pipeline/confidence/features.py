@@ -13,10 +13,15 @@ segment_words) and one feature dict per word.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from pipeline.confidence.scores import ctc_token_scores, decoder_token_scores, transducer_token_scores
 from pipeline.confidence.words import agreement, aggregate, nbest_posterior, segment_words, token_word_index
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel, TransducerModel
 
 
 def _with(features: list[dict], name: str, values: list[float] | None) -> list[dict]:
@@ -26,7 +31,7 @@ def _with(features: list[dict], name: str, values: list[float] | None) -> list[d
     return features
 
 
-def decoder_words(adapter, encoder_states: torch.Tensor, tokens: list[list[int]],
+def decoder_words(adapter: ARDecoderModel, encoder_states: torch.Tensor, tokens: list[list[int]],
                   drafts: list[str | None] | None = None, timed: list[list[dict] | None] | None = None,
                   prompts: list[list[int]] | None = None, cross_kv: list | None = None):
     """Per row: words and features of ``tokens`` scored by the attention decoder over
@@ -75,7 +80,7 @@ def ctc_words(log_probs: torch.Tensor, path: list[int], blank: int, vocabulary, 
     return words, feats
 
 
-def transducer_words(adapter, frames: torch.Tensor, tokens: list[int], token_frames: list[int]):
+def transducer_words(adapter: TransducerModel, frames: torch.Tensor, tokens: list[int], token_frames: list[int]):
     """Words and features of one utterance's transducer ``tokens`` emitted at
     ``token_frames`` over its encoder ``frames`` [T, H]."""
     from pipeline.decoding.transducer.words import best_path_words

@@ -14,10 +14,15 @@
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from pipeline.confidence.measures import token_measures
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel, TransducerModel
 
 
 def _numpy(measures: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -25,7 +30,7 @@ def _numpy(measures: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 
 @torch.inference_mode()
-def teacher_forced_logprobs(adapter, encoder_states: torch.Tensor, tokens: list[list[int]],
+def teacher_forced_logprobs(adapter: ARDecoderModel, encoder_states: torch.Tensor, tokens: list[list[int]],
                             prompts: list[list[int]] | None = None, cross_kv: list | None = None):
     """Per row, the log-distributions [K, V] that predicted its K ``tokens`` and those
     tokens as a tensor, or None for a row without tokens: one teacher-forced decoder pass
@@ -68,7 +73,7 @@ def teacher_forced_logprobs(adapter, encoder_states: torch.Tensor, tokens: list[
 
 
 @torch.inference_mode()
-def decoder_token_scores(adapter, encoder_states: torch.Tensor, tokens: list[list[int]],
+def decoder_token_scores(adapter: ARDecoderModel, encoder_states: torch.Tensor, tokens: list[list[int]],
                          prompts: list[list[int]] | None = None,
                          cross_kv: list | None = None) -> list[dict[str, np.ndarray]]:
     """Measures of each row's ``tokens`` under the attention decoder
@@ -106,9 +111,10 @@ def ctc_token_scores(log_probs: torch.Tensor, path: list[int], blank: int) -> tu
 
 
 @torch.inference_mode()
-def transducer_token_scores(model, frames: torch.Tensor, tokens: list[int], token_frames: list[int]) -> dict[str, np.ndarray]:
+def transducer_token_scores(model: TransducerModel, frames: torch.Tensor, tokens: list[int],
+                            token_frames: list[int]) -> dict[str, np.ndarray]:
     """Measures of one utterance's ``tokens`` emitted at ``token_frames`` over its encoder
-    ``frames`` [T, H] (a model of pipeline.decoding.transducer.TransducerModel)."""
+    ``frames`` [T, H] (a model of pipeline.models.base.TransducerModel)."""
     if not tokens:
         return {k: np.zeros(0) for k in ("prob", "max_prob", "gibbs", "tsallis", "renyi")}
     state = model.predictor_init(1)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pipeline.models.base import EncoderModel
 
 PENDING = "pending"
 
@@ -106,7 +109,7 @@ class SecondStage(Protocol):
     def finish(self, results: list[SegmentResult]) -> float: ...
 
 
-def encode_then(adapter, audios: list[np.ndarray], after_encode, packed: bool = False):
+def encode_then(adapter: EncoderModel, audios: list[np.ndarray], after_encode, packed: bool = False):
     """Encode ``audios`` (several short clips per encoder window when ``packed``) and run
     ``after_encode(encoder_batch)``; returns its result and the encoder's and its own
     seconds per segment (the per-stage timings of each row)."""

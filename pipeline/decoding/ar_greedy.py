@@ -39,13 +39,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from pipeline.decoding.ar_static import runs_static
 from pipeline.decoding.drafters import NO_DRAFT
 from pipeline.decoding.screened_argmax import greedy_tokens
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel
 
 
 @dataclass
@@ -118,7 +121,7 @@ def _cross_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return layers
 
 
-def _project_cross(adapter, encoder_states: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _project_cross(adapter: ARDecoderModel, encoder_states: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every row's cross-attention K/V per layer, from one throwaway decoder step over a
     scratch cache (its self-attention entry is dropped with it)."""
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -198,16 +201,16 @@ class TokenRules:
     edit: Callable[[torch.Tensor, list[list[int]]], None] | None = None
 
     @classmethod
-    def of(cls, adapter, edit: Callable | None = None) -> "TokenRules":
+    def of(cls, adapter: ARDecoderModel, edit: Callable | None = None) -> "TokenRules":
         """The adapter's suppressed and begin-suppressed tokens, and ``edit``."""
         return cls(adapter.suppress_mask, adapter.begin_suppress_ids, edit)
 
-    def plain_for(self, adapter) -> bool:
+    def plain_for(self, adapter: ARDecoderModel) -> bool:
         """Whether these are the adapter's own masks with no edit: the rules drafted steps
         verify under, and that its screened argmax (``adapter.next_tokens``) applies."""
         return self.edit is None and self.suppress_mask is adapter.suppress_mask
 
-    def first_tokens(self, adapter, hidden: torch.Tensor, empty: torch.Tensor,
+    def first_tokens(self, adapter: ARDecoderModel, hidden: torch.Tensor, empty: torch.Tensor,
                      histories: list[list[int]]) -> torch.Tensor:
         """The first step's tokens (``hidden`` [B, D]; ``empty`` [B] bool: rows with no
         prefix), always from the full logits."""
@@ -221,7 +224,8 @@ class TokenRules:
             self.edit(logits, histories)
         return logits.argmax(-1)
 
-    def next_tokens(self, adapter, hidden: torch.Tensor, histories: Callable[[], list[list[int]]]) -> torch.Tensor:
+    def next_tokens(self, adapter: ARDecoderModel, hidden: torch.Tensor,
+                    histories: Callable[[], list[list[int]]]) -> torch.Tensor:
         """A later step's tokens (``hidden`` [A, D]): through the adapter's screened argmax
         where the rules are its own (no logits; pipeline.decoding.screened_argmax), else the
         argmax of the masked logits, edited first from ``histories()`` where ``edit``."""
@@ -277,7 +281,7 @@ class DecodeState:
 
 
 @torch.inference_mode()
-def greedy_decode(adapter, encoder_states: torch.Tensor, prefixes: list[list[int]] | None = None,
+def greedy_decode(adapter: ARDecoderModel, encoder_states: torch.Tensor, prefixes: list[list[int]] | None = None,
                   max_new_tokens: int = 224, *, prompts: list[list[int]] | None = None,
                   seeds: list[DecodeSeed] | None = None, drafter=NO_DRAFT, rules: TokenRules | None = None,
                   cross_out: list | None = None, timer: dict | None = None, static=None) -> list[list[int]]:

@@ -22,30 +22,34 @@ suppressed tokens masked; on a CPU without a graph it goes through the adapter's
 screened argmax as the eager loop does (pipeline.decoding.screened_argmax), so the
 tokens are the eager loop's. What the static loop does not run (the eager loop does):
 drafters, per-row logit edits (Whisper's timestamp rules), decoders without a static
-step (pipeline.decoding.ar_static_steps: Whisper's and granite-speech's have one).
+step (the adapter's ``static_step``, pipeline.decoding.ar_static_steps: Whisper's and
+granite-speech's have one).
 """
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.decoding.ar_static_steps import static_step
 from pipeline.decoding.drafters import NO_DRAFT
 from pipeline.decoding.screened_argmax import greedy_tokens
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel
 
 # Steps between the host's checks that every row has ended: each check waits for the
 # device; between them finished rows decode end-of-text for nothing.
 CHECK_EVERY = 8
 
 
-def runs_static(adapter, drafter, rules) -> bool:
+def runs_static(adapter: ARDecoderModel, drafter, rules) -> bool:
     """Whether a ``greedy_decode`` call can take the static loop: plain greedy steps (no
     drafter), the adapter's own masks with no per-row edit, a decoder with a static step
     (pipeline.decoding.ar_static_steps)."""
     if drafter is not NO_DRAFT or rules.edit is not None or rules.suppress_mask is not adapter.suppress_mask:
         return False
-    return static_step(adapter) is not None
+    return adapter.static_step() is not None
 
 
 def layers_of(cache) -> tuple[list, list]:
@@ -59,7 +63,7 @@ def layers_of(cache) -> tuple[list, list]:
             [(la.keys, la.values) for la in cross_cache.layers if la.keys is not None and la.keys.numel()])
 
 
-def pick_tokens(adapter, hidden: torch.Tensor, screened: bool) -> torch.Tensor:
+def pick_tokens(adapter: ARDecoderModel, hidden: torch.Tensor, screened: bool) -> torch.Tensor:
     """The greedy tokens after ``hidden`` [B, D]: the adapter's screened argmax where
     ``screened`` (a CPU without a graph: the eager loop's choice), else the argmax of the
     masked float32 logits, which a graph can hold."""
@@ -118,7 +122,7 @@ class StepState:
         self.out[:, 0] = self.tok
 
 
-def advance(step, adapter, st: StepState, screened: bool) -> None:
+def advance(step, adapter: ARDecoderModel, st: StepState, screened: bool) -> None:
     """One step of every row, in place: feed ``tok`` at ``col``, decide the next token
     (end-of-text again for finished rows), record it."""
     hidden = step(st.tok, st.pos, st.col, st.valid & (st.columns <= st.col), st.self_kv, st.cross_kv)
@@ -134,8 +138,8 @@ class EagerRunner:
     """The static step run op by op on per-call buffers (no graph): the CPU's static loop
     and the reference a graph replay must equal."""
 
-    def __init__(self, adapter, screened: bool = True):
-        self.adapter, self.step, self.screened = adapter, static_step(adapter), screened
+    def __init__(self, adapter: ARDecoderModel, screened: bool = True):
+        self.adapter, self.step, self.screened = adapter, adapter.static_step(), screened
         # the screened argmax already waits for each step's tokens: checking is free
         self.check_every = 1 if screened else CHECK_EVERY
         self.state = None
@@ -153,8 +157,8 @@ class EagerRunner:
         self.state = None
 
 
-def run_static_loop(runner, adapter, self_kv, cross_kv, mask: torch.Tensor, pos: torch.Tensor, first: torch.Tensor,
-                    limit: int, timer: dict | None = None) -> list[list[int]]:
+def run_static_loop(runner, adapter: ARDecoderModel, self_kv, cross_kv, mask: torch.Tensor, pos: torch.Tensor,
+                    first: torch.Tensor, limit: int, timer: dict | None = None) -> list[list[int]]:
     """Steps 2-3 of the module docstring from the eager prefill's state: its K/V per layer
     (``self_kv`` [B, H, L, d], ``cross_kv`` [B, H, T, d]; none without cross-attention),
     ``mask`` [B, L], ``pos`` [B, 1] (the next position), ``first`` [B] (the first token).

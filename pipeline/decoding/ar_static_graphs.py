@@ -20,11 +20,14 @@ slower than the eager loop there, see docs/ar.md), else the eager loop.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline.decoding.ar_static import CHECK_EVERY, EagerRunner, StepState, advance
-from pipeline.decoding.ar_static_steps import static_step
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +46,8 @@ class GraphRunner:
     first load captures; where that fails, the adapter's ``pool`` is marked failed (one
     log line: later calls take the eager loop) and this call runs the step uncaptured."""
 
-    def __init__(self, adapter, B: int, S: int, self_like, cross_like, device, pool: dict):
-        self.adapter, self.step, self.pool = adapter, static_step(adapter), pool
+    def __init__(self, adapter: ARDecoderModel, B: int, S: int, self_like, cross_like, device, pool: dict):
+        self.adapter, self.step, self.pool = adapter, adapter.static_step(), pool
         self.state = StepState(B, S, S, self_like, cross_like, device, own_cross=True)
         self.graph, self.device = None, device
         self.check_every = CHECK_EVERY
@@ -100,7 +103,7 @@ class StaticDecoding:
         """Whether calls on ``device`` take the static loop (before any work for it)."""
         return self.use_cuda_graphs and (device.type == "cuda" or self.cpu_static)
 
-    def runner(self, adapter, mask: torch.Tensor, limit: int, self_kv, cross_kv):
+    def runner(self, adapter: ARDecoderModel, mask: torch.Tensor, limit: int, self_kv, cross_kv):
         """The runner for a call (``mask`` [B, L]: its prefill's), or None: the eager loop."""
         if not self.applies(mask.device):
             return None
@@ -109,7 +112,7 @@ class StaticDecoding:
                 EagerRunner(adapter, screened=False)
         return EagerRunner(adapter, screened=True) if self.cpu_static else None
 
-    def _graph(self, adapter, mask, limit, self_kv, cross_kv):
+    def _graph(self, adapter: ARDecoderModel, mask, limit, self_kv, cross_kv):
         pool = adapter.__dict__.setdefault("_ar_graphs", {})
         if pool.get("failed"):
             return None

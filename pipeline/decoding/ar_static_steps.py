@@ -7,7 +7,9 @@ them, so on a CPU the hidden states are those of the eager pass (same operations
 the attention reads more, masked, columns). Whisper (transformers' WhisperDecoder:
 self-attention, cross-attention over cached encoder K/V, MLP) and granite-speech's
 Granite LLM (RMSNorm, rotary positions, grouped-query attention, the Granite
-multipliers); another decoder has none, and greedy decoding keeps its eager loop.
+multipliers); another decoder has none, and greedy decoding keeps its eager loop. An
+adapter builds its own (``ARDecoderModel.static_step``, pipeline.models.base): it knows
+where its decoder's layers are.
 """
 from __future__ import annotations
 
@@ -87,24 +89,3 @@ class GraniteStaticStep:
             x = x + sa.o_proj(a.reshape(B, 1, -1).contiguous()) * layer.residual_multiplier
             x = x + layer.mlp(layer.post_attention_layernorm(x)) * layer.residual_multiplier
         return body.norm(x)[:, 0]
-
-
-def static_step(adapter):
-    """The adapter's static decoder step (built once, kept on the adapter), or None where
-    its decoder has none (the eager loop then decodes)."""
-    kept = getattr(adapter, "__dict__", None)
-    if kept is None:
-        return None
-    step = kept.get("_static_step")
-    if step is not None:
-        return step
-    decoder = getattr(getattr(getattr(adapter, "model", None), "model", None), "decoder", None)
-    body = getattr(adapter, "language_model", None)
-    if type(decoder).__name__ == "WhisperDecoder":
-        step = WhisperStaticStep(decoder)
-    elif type(body).__name__ == "GraniteModel":
-        step = GraniteStaticStep(body)
-    else:
-        return None
-    kept["_static_step"] = step
-    return step

@@ -18,10 +18,14 @@ pipeline.decoding.screened_argmax).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline.decoding.screened_argmax import greedy_tokens
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel
 
 
 @dataclass
@@ -91,7 +95,7 @@ def tree_inputs(trees: DraftTrees, past_mask: torch.Tensor, pos: torch.Tensor, p
     return ids.to(device), mask, pos + depth.to(device), real.to(device)
 
 
-def walk_trees(adapter, hidden: torch.Tensor, trees: DraftTrees, eot: int):
+def walk_trees(adapter: ARDecoderModel, hidden: torch.Tensor, trees: DraftTrees, eot: int):
     """Greedy verification: per row, the accepted draft tokens (the walked path) and the
     decoder's token after them. ``hidden`` [A, W, D] holds the tree pass's states."""
     A = hidden.shape[0]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -47,6 +48,9 @@ from pipeline.decoding.draft_sync import advance, proposal
 from pipeline.decoding.draft_tree import build_trees, kept_columns, tree_inputs, walk_trees
 from pipeline.decoding.screened_argmax import greedy_tokens
 from pipeline.timing import synchronize
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel
 
 # Guess positions per chunk of a speculative round's output projection.
 LOOKAHEAD_CHUNK = 4
@@ -249,7 +253,7 @@ def _advance_last(draft: list[int], ptr: int, prefix: list[int], generated: list
     return advance(draft, ptr, generated[-1], prev)
 
 
-def _verify_guesses(adapter, hidden: torch.Tensor, guesses: torch.Tensor, sizes: list[int], chunk: int,
+def _verify_guesses(adapter: ARDecoderModel, hidden: torch.Tensor, guesses: torch.Tensor, sizes: list[int], chunk: int,
                     accept_prob: float | None = None):
     """Greedy verification of a speculative round. ``hidden`` [A, 1+G, D] holds the pass
     over (decided token, guesses); position i predicts what follows input i. Returns the

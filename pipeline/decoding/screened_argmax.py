@@ -35,8 +35,12 @@ tokens are left out of the product altogether. Two screens:
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel
 
 # 2 * 2^-8 (inputs) + 2^-8 (bfloat16 output) + D * 2^-24 (D <= 4096) is ~0.012; with margin:
 REL = 2.0 ** -5
@@ -70,11 +74,11 @@ class ScreenedArgmax:
         return _rescored_argmax(hidden, approx, rows[keep], cols[keep], self.tokens, self.weight)
 
 
-def greedy_tokens(adapter, hidden: torch.Tensor) -> torch.Tensor:
+def greedy_tokens(adapter: ARDecoderModel, hidden: torch.Tensor) -> torch.Tensor:
     """The greedy token after each of ``hidden``'s rows [N, D] with the adapter's
     suppressed tokens masked: through its screened argmax (``adapter.next_tokens``) where it
     has one, else the argmax of its logits."""
-    pick = getattr(adapter, "next_tokens", None)
+    pick = adapter.next_tokens
     if pick is not None:
         return pick(hidden)
     logits = adapter.logits(hidden)

@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pipeline.filters import compression_ratio
 from pipeline.models.whisper.language_check import mean_logprobs
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,9 @@ class GumbelSampling:
         logits.fill_(float("-inf")).scatter_(-1, keep, chosen)
 
 
-def decode_with_fallback(adapter, encoder_states: torch.Tensor, tokens: list[list[int]], rule: FallbackRule,
-                         decode, prompts: list[list[int]] | None = None) -> tuple[list[list[int]], list[int]]:
+def decode_with_fallback(adapter: ARDecoderModel, encoder_states: torch.Tensor, tokens: list[list[int]],
+                         rule: FallbackRule, decode,
+                         prompts: list[list[int]] | None = None) -> tuple[list[list[int]], list[int]]:
     """``tokens`` (the greedy rows) with each row that fails ``rule`` decoded again at the
     rule's temperatures; ``decode(rows, temperature)`` samples the given rows (indices
     into the batch) at ``temperature``. Returns (tokens, the temperature index each row

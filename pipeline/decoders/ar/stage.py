@@ -10,6 +10,8 @@ tokens (the segment's text cut into timed spans) and word times from cross-atten
 alignment (pipeline.models.whisper.prompting, pipeline.models.whisper.alignment)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from pipeline.audio import SAMPLE_RATE
@@ -19,8 +21,11 @@ from pipeline.decoding.ar_greedy import TokenRules, greedy_decode
 from pipeline.decoding.ar_static_graphs import StaticDecoding
 from pipeline.decoding.drafters import NO_DRAFT, TokenMapDrafter
 
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel, MultitaskDecoderModel
 
-def map_drafting(adapter, cfg) -> TokenMapDrafter | None:
+
+def map_drafting(adapter: ARDecoderModel, cfg) -> TokenMapDrafter | None:
     """The token-map drafting ``cfg`` asks for (None where decoder.token_map is null and
     token_map.online off), a given map checked against the adapter's vocabulary; with
     token_map.online, a map that grows from this decoder's own transcripts on top of it.
@@ -47,7 +52,7 @@ def map_drafting(adapter, cfg) -> TokenMapDrafter | None:
 class ARSegmentDecoder:
     name = "ar"
 
-    def __init__(self, adapter, max_new_tokens: int = 224, drafting: TokenMapDrafter | None = None,
+    def __init__(self, adapter: ARDecoderModel, max_new_tokens: int = 224, drafting: TokenMapDrafter | None = None,
                  confidence: bool = False, use_cuda_graphs: bool = True, fallback: FallbackRule | None = None,
                  english_check=None):
         self.adapter = adapter
@@ -78,15 +83,15 @@ class ARSegmentDecoder:
     def detect_recordings(self, recordings: list[list[np.ndarray]]):
         """Per recording (its segments' audio): the language detected once for all its
         segments, or None where each segment is detected as it is decoded (the adapter's
-        ``detect_recordings``; models without one detect nothing here)."""
-        detect = getattr(self.adapter, "detect_recordings", None)
-        return detect(recordings) if detect is not None else [None] * len(recordings)
+        ``detect_recordings``; a model without decoding options detects nothing here)."""
+        if self.adapter.options is None:
+            return [None] * len(recordings)
+        return self.adapter.detect_recordings(recordings)
 
     def decode(self, audios: list[np.ndarray], languages=None) -> list[SegmentResult]:
         """``languages``: per segment, its recording's detected (language, probability)
         or None (``detect_recordings``)."""
-        options = getattr(self.adapter, "options", None)
-        if options is None:
+        if self.adapter.options is None:
             (tokens, words), t_enc, t_dec = encode_then(self.adapter, audios, self._decode)
             out = [SegmentResult(self.adapter.text(t), "ar", len(t), t_enc, t_dec, generated=len(t)) for t in tokens]
             for res, w in zip(out, words or []):
@@ -102,7 +107,9 @@ class ARSegmentDecoder:
     def _decode_whisper(self, enc, seconds: list[float], detected=None) -> list[SegmentResult]:
         from pipeline.models.whisper.prompting import split_timestamps
 
-        adapter, options = self.adapter, self.adapter.options
+        # options set: the multitask format's per-row prompts, timestamps and word times
+        adapter: MultitaskDecoderModel = self.adapter
+        options = adapter.options
         prompts, languages, probs = (adapter.language_prompts(enc.states, detected) if detected is not None
                                      else adapter.language_prompts(enc.states))
         cross = []
@@ -182,10 +189,10 @@ def _unheard_rows_empty(tokens: list[list[int]], valid_frames) -> list[list[int]
     return [t if int(n) > 0 else [] for t, n in zip(tokens, valid_frames.tolist())]
 
 
-def build(adapter, cfg) -> ARSegmentDecoder:
+def build(adapter: ARDecoderModel, cfg) -> ARSegmentDecoder:
     from pipeline.models.whisper.language_check import EnglishOnlyCheck
 
-    options = getattr(adapter, "options", None)     # Whisper's: the fallback is Whisper's rule
+    options = adapter.options     # Whisper's: the fallback is Whisper's rule
     fallback = FallbackRule.of(cfg.decoder, options.task) if options is not None else None
     return ARSegmentDecoder(adapter, cfg.decoder.max_new_tokens, map_drafting(adapter, cfg),
                             confidence=cfg.confidence.enabled, use_cuda_graphs=cfg.decoder.use_cuda_graphs,

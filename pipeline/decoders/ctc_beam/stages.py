@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +21,9 @@ from pipeline.decoding.ctc_beam.frames import pad_rows
 from pipeline.decoding.ctc_words import words_from_path
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult, encode_then
 from pipeline.decoders.ctc_greedy.stage import CTCGreedySegmentDecoder
+
+if TYPE_CHECKING:
+    from pipeline.models.base import CTCModel
 
 BEAM = "beam"
 
@@ -133,7 +137,7 @@ class CTCBeamFinisher:
                          nbest=(texts, scores))
 
 
-def build_log_probs(adapter, cfg) -> CTCLogProbsDecoder:
+def build_log_probs(adapter: CTCModel, cfg) -> CTCLogProbsDecoder:
     return CTCLogProbsDecoder(adapter, pack=cfg.decoder.pack_windows)   # the beam pool times words
 
 

@@ -5,20 +5,25 @@ share encoder windows (pipeline.packing). Each segment's words are timed from th
 path (pipeline.decoding.ctc_words) where the model family names its CTC vocabulary."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from pipeline.decoders.base import SegmentResult, encode_then
+
+if TYPE_CHECKING:
+    from pipeline.models.base import CTCModel
 
 
 class CTCGreedySegmentDecoder:
     name = "ctc_greedy"
 
-    def __init__(self, adapter, pack: bool = False, vocabulary=None, confidence: bool = False):
+    def __init__(self, adapter: CTCModel, pack: bool = False, vocabulary=None, confidence: bool = False):
         self.adapter = adapter
         self.pack = pack
         self.vocabulary = vocabulary
         self.confidence = confidence
-        self.stride_s = getattr(adapter, "frame_stride_s", None)
+        self.stride_s = adapter.frame_stride_s
 
     def segment_cost(self, audio: np.ndarray) -> int:
         return self.adapter.segment_cost(len(audio), packed=self.pack)
@@ -59,6 +64,6 @@ def word_vocabulary(cfg):
     return family.ctc_vocabulary(cfg.model)
 
 
-def build(adapter, cfg) -> CTCGreedySegmentDecoder:
+def build(adapter: CTCModel, cfg) -> CTCGreedySegmentDecoder:
     return CTCGreedySegmentDecoder(adapter, pack=cfg.decoder.pack_windows, vocabulary=word_vocabulary(cfg),
                                    confidence=cfg.confidence.enabled)

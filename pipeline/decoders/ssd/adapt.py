@@ -20,11 +20,15 @@ import copy
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from pipeline.filters import compression_ratio
+
+if TYPE_CHECKING:
+    from pipeline.models.base import CTCModel
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +49,7 @@ class AdaptStats:
 class HeadAdaptation:
     """The slice, the fit and the swap for one model actor's adapter (its ``ctc_head``)."""
 
-    def __init__(self, adapter, audio_minutes: float, fit_minutes: float, save_dir: str | None,
+    def __init__(self, adapter: CTCModel, audio_minutes: float, fit_minutes: float, save_dir: str | None,
                  epochs: int = 12, lr: float = 2e-4, seed: int = 0):
         self.adapter = adapter
         self.audio_s_target = 60.0 * audio_minutes

@@ -28,7 +28,7 @@ from pipeline.decoding.ssd.gate_calibration import GateCalibration
 from pipeline.decoding.ssd.pack_gate_policy import PackGatePolicy
 from pipeline.decoding.ssd.packed_verify import verify_packed_drafts
 from pipeline.decoding.ssd.verify_policy import VerifyPolicy
-from pipeline.models.base import PACKABLE, require
+from pipeline.models.base import PACKABLE, ARDecoderModel, require
 from pipeline.timing import synchronize, timed
 
 
@@ -106,7 +106,7 @@ class SSDFirstPassDecoder:
     # row is prefilled as usual). ~18 MB per Whisper tiny segment, mostly cross K/V.
     SEED_BUDGET_BYTES = 1 << 30
 
-    def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
+    def __init__(self, adapter: ARDecoderModel, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None, lookahead: int = 0,
                  lookahead_rule: str = "greedy", pack_gate: bool = False,
                  gate_verify_tau: float | None = None, adaptive_pack_gate: bool = False, map_drafting=None,
@@ -329,7 +329,7 @@ class SSDFirstPassDecoder:
             host_rows = dict(zip((needs[k] for k in pending), kept))
         shipped_kv = self._ship_kv([rows[needs[k]] for k in pending])
         # A fixed model.language (auto needs the ar kind) is every segment's language.
-        language = getattr(self.adapter, "prompt_language", None)
+        language = self.adapter.prompt_language
         out = []
         for i, row in enumerate(rows):
             res = SegmentResult(row.text, row.stage or PENDING, len(row.tokens), t_enc, t_dec,
@@ -489,7 +489,7 @@ def _options(cfg) -> dict:
                 verify_rule=cfg.ssd.verify_rule)
 
 
-def build_first_pass(adapter, cfg) -> SSDFirstPassDecoder:
+def build_first_pass(adapter: ARDecoderModel, cfg) -> SSDFirstPassDecoder:
     first = SSDFirstPassDecoder(adapter, pack_gate=cfg.ssd.packs_gate(), adaptive_pack_gate=cfg.ssd.adaptive_pack_gate,
                                 map_drafting=map_drafting(adapter, cfg), max_draft_error=cfg.ssd.draft_error_target(),
                                 adaptive_verify=cfg.ssd.verifies_adaptively(),
@@ -513,7 +513,7 @@ def build_first_pass(adapter, cfg) -> SSDFirstPassDecoder:
     return first
 
 
-def _english_check(adapter, cfg):
+def _english_check(adapter: ARDecoderModel, cfg):
     from pipeline.models.whisper.language_check import EnglishOnlyCheck
 
     return EnglishOnlyCheck.of(adapter, cfg.filters)

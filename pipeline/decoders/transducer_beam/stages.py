@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,6 +18,9 @@ import torch
 from pipeline.decoders.base import PENDING, PendingState, SegmentResult, encode_then
 from pipeline.decoders.ctc_beam.stages import BEAM, load_lm
 from pipeline.decoding.transducer.words import best_path_words
+
+if TYPE_CHECKING:
+    from pipeline.models.base import TransducerModel
 
 
 @dataclass
@@ -29,7 +33,7 @@ class TransducerFramesDecoder:
 
     name = "transducer_beam"
 
-    def __init__(self, adapter):
+    def __init__(self, adapter: TransducerModel):
         self.adapter = adapter
 
     def segment_cost(self, audio: np.ndarray) -> int:
@@ -48,7 +52,7 @@ class TransducerBeamFinisher:
     name = "transducer_beam"
     pending_type = TransducerPending
 
-    def __init__(self, cfg, adapter):
+    def __init__(self, cfg, adapter: TransducerModel):
         from pipeline.decoding.transducer.search import TransducerBeamSearch
         from pipeline.lm.boosting import KeyPhrases
 
@@ -93,7 +97,7 @@ class TransducerBeamFinisher:
         return time.perf_counter() - t0
 
 
-def build_frames(adapter, cfg) -> TransducerFramesDecoder:
+def build_frames(adapter: TransducerModel, cfg) -> TransducerFramesDecoder:
     return TransducerFramesDecoder(adapter)
 
 

@@ -5,16 +5,21 @@ label-looping of "Label-Looping: Highly Efficient Decoding for Transducers" repl
 CUDA graphs (pipeline.decoding.transducer.label_looping), with the same tokens."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from pipeline.decoders.base import SegmentResult, encode_then
 from pipeline.decoding.transducer.words import best_path_words
 
+if TYPE_CHECKING:
+    from pipeline.models.base import TransducerModel
+
 
 class TransducerGreedyDecoder:
     name = "transducer_greedy"
 
-    def __init__(self, adapter, confidence: bool = False, max_symbols: int | None = None,
+    def __init__(self, adapter: TransducerModel, confidence: bool = False, max_symbols: int | None = None,
                  use_cuda_graphs: bool = True):
         from pipeline.decoding.transducer.label_looping import LabelLoopingGreedy
 
@@ -47,7 +52,7 @@ class TransducerGreedyDecoder:
         return results
 
 
-def build(adapter, cfg) -> TransducerGreedyDecoder:
+def build(adapter: TransducerModel, cfg) -> TransducerGreedyDecoder:
     return TransducerGreedyDecoder(adapter, confidence=cfg.confidence.enabled,
                                    max_symbols=cfg.transducer.max_symbols,
                                    use_cuda_graphs=cfg.transducer.use_cuda_graphs)

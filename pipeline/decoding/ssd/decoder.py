@@ -58,6 +58,7 @@ with the encoder states travelling between them as CPU arrays (the paper's CPU o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -66,6 +67,9 @@ from pipeline.decoding.ar_static_graphs import StaticDecoding
 from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
 from pipeline.decoding.drafters import NO_DRAFT, CTCLookahead
 from pipeline.decoding.ssd.verify import verify_drafts
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel
 
 CTC_GATE, LLM_VERIFY, AR_FALLBACK = "ctc_gate", "llm_verify", "ar_fallback"
 # A segment SSD decoded as plain greedy AR, without a draft (pipeline.decoding.ssd.verify_policy).
@@ -101,7 +105,7 @@ def gate(max_entropy: torch.Tensor, nonempty: torch.Tensor, tau_ctc: float) -> t
 
 
 class SelfSpeculativeDecoder:
-    def __init__(self, adapter, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
+    def __init__(self, adapter: ARDecoderModel, tau_ctc: float, tau_slm: float, max_new_tokens: int = 224,
                  reuse_kv: bool = True, verify_max_entropy: float | None = None,
                  verify_chunk: int | None = VERIFY_HEAD_CHUNK, lookahead: int = 0,
                  lookahead_rule: str = "greedy", gate_verify_tau: float | None = None, map_drafting=None,

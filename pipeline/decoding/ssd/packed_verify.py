@@ -21,8 +21,12 @@ threshold is a preset's choice and not fixed here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel
 
 
 @dataclass
@@ -49,7 +53,7 @@ def joined_transcript(prompt: list[int], clips: list[int], drafts: list[list[int
 
 
 @torch.inference_mode()
-def verify_packed_drafts(adapter, window_states: torch.Tensor, windows: list[list[int]],
+def verify_packed_drafts(adapter: ARDecoderModel, window_states: torch.Tensor, windows: list[list[int]],
                          drafts: list[list[int]], tau: float) -> PackedVerification:
     """``windows[w]``: the clip indices in window ``w`` (``window_states[w]``), in window
     order; ``drafts[i]``: clip i's draft in decoder tokens."""

@@ -39,8 +39,12 @@ what greedy decoding forced with tokens < j picks first).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from pipeline.models.base import ARDecoderModel
 
 
 @dataclass
@@ -58,7 +62,7 @@ class Verification:
 
 
 @torch.inference_mode()
-def verify_drafts(adapter, encoder_states: torch.Tensor, drafts: list[list[int]],
+def verify_drafts(adapter: ARDecoderModel, encoder_states: torch.Tensor, drafts: list[list[int]],
                   tau_slm: float, head_chunk: int | None = None,
                   accept_tau: torch.Tensor | None = None, greedy: bool = False) -> Verification:
     B = len(drafts)

@@ -2,43 +2,19 @@
 ASR models" (RNN-T and TDT): batched greedy decoding (:mod:`.greedy`) and the batched
 beam searches ALSD++ and AES++ with n-gram LM fusion and phrase boosting (:mod:`.search`).
 
-The searches see a model only through :class:`TransducerModel`, so they know no
-architecture: pipeline.models.transducer adapts transformers' Parakeet RNN-T/TDT, and the
-tests drive them with tiny random checkpoints.
+The searches see a model only through ``pipeline.models.base.TransducerModel`` (the
+``transducer`` capability's Protocol), so they know no architecture:
+pipeline.models.transducer adapts transformers' Parakeet RNN-T/TDT and the embedded TDT,
+and the tests drive them with tiny random checkpoints.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
-
-class TransducerModel(Protocol):
-    """What a transducer search needs from a model.
-
-    ``blank``: the blank's token id; ``vocab_size``: token outputs (blank included);
-    ``durations``: a TDT's duration values (None for RNN-T); ``max_symbols``: the most
-    tokens emitted at one frame (the one that reaches it moves on to the next frame).
-    A predictor state is a tuple of tensors whose rows are hypotheses."""
-
-    blank: int
-    vocab_size: int
-    durations: list[int] | None
-    max_symbols: int
-
-    def predictor_init(self, n: int): ...
-
-    def predictor_step(self, tokens: torch.Tensor, state): ...
-
-    def predictor_output(self, state) -> torch.Tensor: ...
-
-    def select_state(self, state, index: torch.Tensor): ...
-
-    def where_state(self, mask: torch.Tensor, new, old): ...
-
-    def put_state(self, state, index: torch.Tensor, rows): ...
-
-    def joint(self, frames: torch.Tensor, pred_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+if TYPE_CHECKING:
+    from pipeline.models.base import TransducerModel
 
 
 def advance_predictor(model: TransducerModel, state, tokens: torch.Tensor, emit: torch.Tensor,

@@ -17,10 +17,14 @@ its valid frames.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline.decoding.transducer import advance_predictor, greedy_choice
+
+if TYPE_CHECKING:
+    from pipeline.models.base import TransducerModel
 
 
 @dataclass
@@ -31,7 +35,7 @@ class GreedyResult:
 
 
 @torch.inference_mode()
-def transducer_greedy(model, frames: torch.Tensor, lengths: torch.Tensor,
+def transducer_greedy(model: TransducerModel, frames: torch.Tensor, lengths: torch.Tensor,
                       max_symbols: int | None = None) -> GreedyResult:
     """Greedy decoding of encoder ``frames`` [B, T, H] with valid ``lengths`` [B];
     ``max_symbols``: tokens per frame (default: the model's)."""

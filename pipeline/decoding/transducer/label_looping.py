@@ -26,6 +26,8 @@ No tensor is read back inside a step; the loop reads the end test once every
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from pipeline.decoding.transducer import advance_predictor, copy_state_, greedy_choice
@@ -33,13 +35,16 @@ from pipeline.decoding.transducer.greedy import GreedyResult, transducer_greedy
 from pipeline.decoding.transducer.loop_graphs import GraphCache, StepGraph
 from pipeline.decoding.transducer.static_state import LabelLoopState, frame_bucket
 
+if TYPE_CHECKING:
+    from pipeline.models.base import TransducerModel
+
 LOOPS = ("auto", "eager", "static", "cuda_graph")
 # On a CPU the static loop costs what the eager one does (same joints, same predictor
 # subsets; measured in docs/transducer.md), so the reference keeps the CPU.
 CPU_LOOP = "eager"
 
 
-def _find_label(model, s: LabelLoopState, durations, max_symbols: int) -> None:
+def _find_label(model: TransducerModel, s: LabelLoopState, durations, max_symbols: int) -> None:
     """One inner step: the joint of every row still looking for a label, in place."""
     searching = (s.t < s.lengths) & ~s.pending
     frame = s.frames[s.rows, s.t.clamp(max=s.frames.shape[1] - 1)]
@@ -58,7 +63,8 @@ def _find_label(model, s: LabelLoopState, durations, max_symbols: int) -> None:
     s.pending.logical_or_(emit)
 
 
-def label_step(model, s: LabelLoopState, durations, max_symbols: int, inner: int, masked: bool | None) -> None:
+def label_step(model: TransducerModel, s: LabelLoopState, durations, max_symbols: int, inner: int,
+               masked: bool | None) -> None:
     """One outer iteration: the predictor reads the pending labels, then ``inner`` joint
     steps look for every row's next label."""
     copy_state_(s.pred, advance_predictor(model, s.pred, s.label, s.pending, masked=masked))
@@ -70,7 +76,7 @@ def label_step(model, s: LabelLoopState, durations, max_symbols: int, inner: int
 class StaticGreedyLoop:
     """The label-looping loop over one bucket's buffers, optionally captured."""
 
-    def __init__(self, model, rows: int, frames: int, width: int, dtype, device, max_symbols: int,
+    def __init__(self, model: TransducerModel, rows: int, frames: int, width: int, dtype, device, max_symbols: int,
                  inner: int, masked: bool | None, capture: bool, first=None):
         self.model, self.max_symbols = model, max_symbols
         self.state = LabelLoopState.allocate(model, rows, frames, width, dtype, device, max_symbols)
@@ -104,7 +110,7 @@ class LabelLoopingGreedy:
     GreedyResult``, equal to :func:`transducer_greedy`.
 
     Args:
-        model: a :class:`pipeline.decoding.transducer.TransducerModel`.
+        model: a :class:`pipeline.models.base.TransducerModel`.
         max_symbols: tokens per frame (default: the model's).
         use_cuda_graphs: on CUDA, capture the step per bucket (else eager decoding).
         loop: "auto" (CUDA graphs on CUDA when enabled, ``CPU_LOOP`` on a CPU), or one of
@@ -117,8 +123,9 @@ class LabelLoopingGreedy:
     ``last_loop`` names the loop the last call ran.
     """
 
-    def __init__(self, model, max_symbols: int | None = None, use_cuda_graphs: bool = True, loop: str = "auto",
-                 inner: int | None = None, masked: bool | None = None, check_every: int | None = None):
+    def __init__(self, model: TransducerModel, max_symbols: int | None = None, use_cuda_graphs: bool = True,
+                 loop: str = "auto", inner: int | None = None, masked: bool | None = None,
+                 check_every: int | None = None):
         if loop not in LOOPS:
             raise ValueError(f"loop must be one of {LOOPS}")
         self.model = model

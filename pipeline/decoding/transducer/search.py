@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,6 +47,9 @@ from pipeline.decoding.ctc_beam.state import HASH_BASE, HASH_MOD, NEG_INF
 from pipeline.decoding.transducer import advance_predictor, beam_static
 from pipeline.decoding.transducer.fusion import (BLANK_SCORINGS, PRUNINGS, blank_terms, full_rows,
                                                  lm_token_map)
+
+if TYPE_CHECKING:
+    from pipeline.models.base import TransducerModel
 
 ALGORITHMS = ("alsd", "aes")
 
@@ -96,7 +100,7 @@ class TransducerBeamSearch:
     """Batched ALSD++ (RNN-T, TDT) / AES++ (RNN-T) with LM fusion and phrase boosting.
 
     Args:
-        model: a :class:`pipeline.decoding.transducer.TransducerModel`.
+        model: a :class:`pipeline.models.base.TransducerModel`.
         beam_size: hypotheses per utterance.
         algorithm: "alsd" or "aes".
         lm, alpha_lm: an NGPU-LM over the model's non-blank tokens and its weight lambda.
@@ -122,7 +126,7 @@ class TransducerBeamSearch:
     ``last_loop`` names the loop that ran the last call.
     """
 
-    def __init__(self, model, beam_size: int, algorithm: str = "alsd", lm=None, alpha_lm: float = 0.0,
+    def __init__(self, model: TransducerModel, beam_size: int, algorithm: str = "alsd", lm=None, alpha_lm: float = 0.0,
                  boost=None, alpha_boost: float = 0.0, blank_scoring: str = "lm", pruning: str = "late",
                  max_symbols: int | None = None, dense_fusion_max_bytes: int = 256 * 2 ** 20,
                  expansion_gamma: float | None = None, use_cuda_graphs: bool = True, loop: str = "auto",

@@ -14,10 +14,14 @@ length.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline.decoding.transducer import clone_state, copy_state_
+
+if TYPE_CHECKING:
+    from pipeline.models.base import TransducerModel
 
 
 def frame_bucket(frames: int) -> int:
@@ -53,7 +57,7 @@ class LabelLoopState:
     pred: tuple               # predictor state, rows = B
 
     @classmethod
-    def allocate(cls, model, rows: int, frames: int, width: int, dtype, device,
+    def allocate(cls, model: TransducerModel, rows: int, frames: int, width: int, dtype, device,
                  max_symbols: int) -> "LabelLoopState":
         long = lambda: torch.zeros(rows, dtype=torch.long, device=device)  # noqa: E731
         # a row emits at most max_symbols tokens per frame, plus one scratch column
@@ -66,7 +70,7 @@ class LabelLoopState:
                    torch.zeros((rows, out), dtype=torch.long, device=device),
                    clone_state(model.predictor_init(rows)))
 
-    def load(self, model, frames: torch.Tensor, lengths: torch.Tensor) -> None:
+    def load(self, model: TransducerModel, frames: torch.Tensor, lengths: torch.Tensor) -> None:
         """Start a search over ``frames`` [B, T<=bucket, H] in place."""
         n = frames.shape[1]
         self.frames[:, :n].copy_(frames)

@@ -6,6 +6,11 @@ heard token's frame to its last token's frame + 1, times the frame shift (80 ms 
 Parakeet, 40 ms for the embedded transducer)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.models.base import TransducerModel
+
 MARKER = "▁"
 
 
@@ -36,10 +41,9 @@ def word_timestamps(tokenizer, tokens: list[int], frames: list[int], frame_shift
     return out
 
 
-def best_path_words(model, tokens: list[int], frames: list[int]) -> list[dict] | None:
+def best_path_words(model: TransducerModel, tokens: list[int], frames: list[int]) -> list[dict]:
     """``word_timestamps`` of a transducer adapter's best path (segment-relative seconds):
-    its tokenizer, frame shift and text rule; None where it has no frame shift."""
-    shift = getattr(model, "frame_shift_s", None)
-    if shift is None:
-        return None
-    return word_timestamps(model.tokenizer, tokens, frames, shift, decode=model.decode_text) if tokens else []
+    its tokenizer, frame shift and text rule."""
+    if not tokens:
+        return []
+    return word_timestamps(model.tokenizer, tokens, frames, model.frame_shift_s, decode=model.decode_text)

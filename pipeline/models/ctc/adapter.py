@@ -42,6 +42,7 @@ SAMPLE_RATE = 16000
 
 class CTCModelAdapter:
     capabilities = frozenset({CTC, BEAM_VOCABULARY})   # vocabulary: pipeline.models.ctc.ctc_vocabulary
+    ctc_head = None     # the CTC head is part of the model's own forward (no head to swap)
 
     def __init__(self, model, feature_extractor, tokenizer, processor=None, device: str | torch.device = "cpu"):
         self.model = model.requires_grad_(False).eval()

@@ -81,7 +81,20 @@ def _language_parts(model):
     raise TypeError(f"{type(model).__name__} is not a GraniteSpeechForConditionalGeneration layout")
 
 
+_UNBUILT = object()
+
+
 class GraniteSpeechAdapter:
+    # What Whisper's decoder offers and this one has not (pipeline.models.base.ARDecoderModel,
+    # CTCModel): the chat prompt follows no decoding options, no language is configured,
+    # greedy steps take the logits' argmax, the CTC frames are not timed (the family names
+    # no vocabulary to spell words with) and the CTC head is the encoder's own ``out``.
+    options = None
+    prompt_language = None
+    next_tokens = None
+    frame_stride_s = None
+    ctc_head = None
+
     def __init__(self, model, tokenizer, ctc_vocab: Sequence[str] | None, ctc_blank: int = 0,
                  device: str | torch.device = "cpu", instruction: str = DEFAULT_INSTRUCTION,
                  system_prompt: str | None = None, feature_extractor=None):
@@ -125,6 +138,7 @@ class GraniteSpeechAdapter:
         self.begin_suppress_ids = torch.zeros(0, dtype=torch.long, device=self.device)
         self.max_positions = int(text_cfg.max_position_embeddings)
         self.capabilities = frozenset({ATTENTION_DECODER} | ({CTC} if self.ctc_vocab else set()))
+        self._static_step = _UNBUILT
 
     def segment_cost(self, num_samples: int, packed: bool = False) -> int:
         """Encoder frames of a segment (two 10-ms mel frames each): its batch budget."""
@@ -242,6 +256,17 @@ class GraniteSpeechAdapter:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return (self.lm_head(hidden) / self.logits_scaling).float()
+
+    def static_step(self):
+        """The Granite LLM's step over caller-owned K/V buffers (the static-cache greedy
+        loop, pipeline.decoding.ar_static), built on first use; None for another LLM body,
+        which greedy decoding runs in its eager loop."""
+        if self._static_step is _UNBUILT:
+            from pipeline.decoding.ar_static_steps import GraniteStaticStep
+
+            body = self.language_model
+            self._static_step = GraniteStaticStep(body) if type(body).__name__ == "GraniteModel" else None
+        return self._static_step
 
     def text(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True).strip()

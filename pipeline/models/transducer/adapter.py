@@ -89,7 +89,7 @@ class TransducerAdapter:
             frames = torch.full((states.shape[0],), states.shape[1], dtype=torch.long, device=states.device)
         return EncoderBatch(states=states, valid_frames=frames)
 
-    # --- predictor and joint (pipeline.decoding.transducer.TransducerModel) -------------------
+    # --- predictor and joint (pipeline.models.base.TransducerModel) ----------------------
     def predictor_init(self, n: int):
         """The state after the decoder start token, read from a zero state (as ``generate``)."""
         dec = self.model.decoder

@@ -106,6 +106,7 @@ class WhisperAdapter:
             from pipeline.models.whisper.cross_projection import CrossProjection
 
             self.cross_projection = CrossProjection(model.model.decoder.layers, cross_kv_dtype, self.dtype)
+        self._static_step = None
 
     frame_stride_s = SAMPLES_PER_STATE / SAMPLE_RATE   # encoder states (and CTC head frames)
 
@@ -349,6 +350,15 @@ class WhisperAdapter:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.proj_out(hidden).float()
+
+    def static_step(self):
+        """The decoder's step over caller-owned K/V buffers (the static-cache greedy loop,
+        pipeline.decoding.ar_static), built on first use."""
+        if self._static_step is None:
+            from pipeline.decoding.ar_static_steps import WhisperStaticStep
+
+            self._static_step = WhisperStaticStep(self.model.model.decoder)
+        return self._static_step
 
     def text(self, token_ids: list[int]) -> str:
         if self.options.timestamps:

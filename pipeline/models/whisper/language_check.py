@@ -34,10 +34,10 @@ class EnglishOnlyCheck:
 
     @classmethod
     def of(cls, adapter, filters_cfg) -> "EnglishOnlyCheck | None":
-        """The check for ``adapter`` under ``filters_cfg`` (FiltersConfig): None unless the
-        adapter is an English-only Whisper model and filters.english_only_logprob is set."""
-        special = getattr(adapter, "special", None)
-        if special is None or special.multilingual or filters_cfg.english_only_logprob is None:
+        """The check for ``adapter`` (an ARDecoderModel) under ``filters_cfg`` (FiltersConfig):
+        None unless the adapter is an English-only Whisper model (decoding options set, its
+        special tokens not multilingual) and filters.english_only_logprob is set."""
+        if adapter.options is None or adapter.special.multilingual or filters_cfg.english_only_logprob is None:
             return None
         return cls(filters_cfg.english_only_logprob, filters_cfg.max_compression_ratio)
 
