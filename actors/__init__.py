@@ -1,2 +1,3 @@
 """The execution layer: thin actor shells over the library's factories (each usable with Ray
-Data or in-process), the Ray Data plan and the in-process runner."""
+or in-process), the Ray runner (actors.plan: model actors fed work units by the driver)
+and the in-process runner."""

@@ -1,6 +1,6 @@
 """Decode/segment actor: manifest rows -> prepared rows (pipeline.prepare), CPU only.
 
-Usable with Ray Data (`map_batches(AudioPrep, ...)`) or called in-process.
+A Ray actor beside each model actor on its node (actors.model_worker), or called in-process.
 """
 from __future__ import annotations
 

@@ -2,10 +2,9 @@
 left pending (SSD's AR fallback, CTC beam search), re-batched by token budget across the
 rows it is given; every other row and segment passes through untouched.
 
-The runners pool pending rows across input batches (pipeline.pending_pool) and hand this
-actor full token-budget batches: ``price_rows`` tells them each pending segment's cost,
-``finish_rows`` finishes a batch. On Ray it is a plain actor fed by the driver
-(actors.second_pool); ``__call__`` keeps it usable as a Ray Data stage.
+The runners pool pending rows across input batches (actors.stage_loop, in the process
+that holds the model) and hand this stage full token-budget batches: ``price_rows`` tells
+them each pending segment's cost, ``finish_rows`` finishes a batch.
 
 In-process (``first_stage`` given) the kind's second stage may share the first stage's
 model and in-process state; in its own Ray pool it builds what it needs from the config.

@@ -7,28 +7,24 @@ parts go through the same commit protocol and policy as the Ray path
 (pipeline.output.PartCommitter: ``output.rows_per_part`` rows, or
 ``output.commit_interval_s`` since the last commit; temporary name then rename).
 
-A two-stage decoder kind's pending rows wait in a buffer across batches
-(pipeline.pending_pool, ``second_stage.*``) until a token-budget batch of them is full, the
-input ends, one has waited ``second_stage.max_wait_s`` or the buffer holds
-``second_stage.max_pending_segments`` (then it is decoded before the next batch is read),
-or, in the slow start's batches but its last, after each of them (trigger ``start``); rows
-with nothing pending are committed at once, a pending row only once finished.
+A two-stage decoder kind's pending rows are pooled across batches by the loop both
+runners share (actors.stage_loop); rows with nothing pending are committed at once, a
+pending row only once finished.
 """
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import logging
 import sys
 import time
 
 from actors.audio_prep import AudioPrep
 from actors.finisher import Finisher
+from actors.stage_loop import StageLoop
 from actors.transcriber import Transcriber
-from pipeline.batching import in_slow_start
 from pipeline.decoders import decoder_kind
 from pipeline.output import PartCommitter, new_job_id
-from pipeline.pending_pool import PendingPool, SecondStageStats
-from pipeline.records import OUTPUT_SCHEMA, table
+from pipeline.records import OUTPUT_SCHEMA
 from pipeline.sources import input_batches
 from pipeline.storage import url_to_fs
 
@@ -44,8 +40,11 @@ def build_stages(cfg, kind=None) -> tuple:
         raise ValueError(f"decoder kind {kind.name!r} given for a config of decoder.kind={cfg.decoder.kind}")
     prep = AudioPrep(cfg.to_dict(), kind)
     model = Transcriber(cfg.to_dict(), kind)
-    # A second stage shares the first stage's model in-process (no second copy).
+    # A second stage shares the first stage's model in-process (no second copy), and its
+    # token budget, sized where the model loaded.
     second = Finisher(cfg.to_dict(), kind, first_stage=model.decoder) if kind.two_stage else None
+    if second is not None:
+        second.cfg.batching.max_tokens = model.cfg.batching.max_tokens
     return prep, model, second
 
 
@@ -65,16 +64,13 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
     parts = PartCommitter(dst, job_id, rows_per_part or cfg.output.rows_per_part, cfg.output.commit_interval_s,
                           cfg.storage.options)
     written = 0
-    step = cfg.batching.recordings_per_batch
     start = time.perf_counter()
     total = f"/{len(rows)}" if isinstance(rows, list) else ""
-    stats = SecondStageStats(cfg.batching.max_tokens) if second is not None else None
-    opts = cfg.second_stage
-    pool = PendingPool(cfg.batching.max_tokens, opts.max_wait_s, opts.max_pending_segments) \
-        if second is not None and opts.pooled else None
-    held: dict[int, dict] = {}     # pooled rows by key, their pending states as objects
-    keys = itertools.count()
-    read = 0
+    sized = getattr(model, "cfg", cfg).batching.max_tokens
+    if sized != cfg.batching.max_tokens:
+        # sized from the GPU's memory where the model loaded (batching.max_tokens unset)
+        cfg = dataclasses.replace(cfg, batching=dataclasses.replace(cfg.batching, max_tokens=sized))
+    loop = StageLoop(model, second, cfg)
 
     def emit(out):
         nonlocal written
@@ -89,47 +85,18 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
             rate = written / max(time.perf_counter() - start, 1e-9)
             print(f"\rlocal: {written}{total} recordings ({rate:.2f}/s)", end="", file=sys.stderr)
 
-    def dispatch(batches):
-        for b in batches:
-            stats.record_waits(b.waits)
-            emit(second.finish_rows([held.pop(k) for k in b.keys], stats, b.trigger))
-
+    batches = input_batches(rows, cfg.batching.recordings_per_batch, items, first_batch=cfg.batching.first_batch)
     try:
-        for batch in input_batches(rows, step, items, first_batch=cfg.batching.first_batch):
-            read += batch.num_rows
-            if second is None:
-                emit(model(prep(batch)))
-                continue
-            # The pending segments' states go to the second stage as objects: no table,
-            # no packed bytes, between two stages of one process.
-            out = model.rows(prep(batch), pending_as_bytes=False)
-            if pool is None:
-                emit(second.finish_rows(out, stats, "block"))
-                continue
-            done = [r for r in out if not r.get("pending_index")]
-            pending = [r for r in out if r.get("pending_index")]
-            for row, costs in zip(pending, second.price_rows(pending)):
-                key = next(keys)
-                held[key] = row
-                pool.add(key, costs)
-            if done:
-                emit(table(done, OUTPUT_SCHEMA))
-            # Full batches; all of it once a row has waited max_wait_s, or once the buffer
-            # reaches its bound (the next batch is read only after).
-            # The slow start's rows are finished batch by batch too, not held for a full
-            # budget: otherwise a job whose first rows all go to the second stage shows
-            # none of them until the budget fills or max_wait_s passes.
-            dispatch(pool.take(drain=pool.segments >= opts.max_pending_segments,
-                               start=in_slow_start(read, cfg.batching.first_batch, step)))
-        if pool is not None:
-            dispatch(pool.take(final=True))
+        for _ in loop.steps(((b.num_rows, prep(b)) for b in batches), emit, cfg.batching.first_batch):
+            pass
+        loop.finish(emit)
     finally:
         # Finished rows are committed however the loop ends (an interrupt, a preemption's
         # SIGTERM, a failing batch): a rerun resumes after them instead of redoing up to
         # output.rows_per_part recordings. Rows still pooled are not: the rerun redoes them.
         parts.flush()
-        if stats is not None and on_second_stage is not None:
-            on_second_stage(stats.as_dict())
+        if loop.stats is not None and on_second_stage is not None:
+            on_second_stage(loop.stats.as_dict())
     if progress:
         print(file=sys.stderr)
     return written

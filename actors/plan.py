@@ -1,26 +1,48 @@
-"""The Ray Data plan: read (Ray tasks) -> decode/segment (CPU actors) -> model actor pool -> the
-driver, which commits finished rows to Parquet [and feeds a two-stage decoder kind's pending
-rows to its second pool in full token-budget batches across blocks: actors.second_pool].
+"""The Ray runner: the driver hands work units to model actors and commits the parts they
+write; no row, audio or pending state passes through it.
 
-One linear chain (a fork re-runs the model once per branch). Errors are caught per row
-inside the stages, never through `max_errored_blocks`, which drops blocks silently.
-`num_gpus` is requested only when a GPU exists: on a machine without one, Ray waits for
-it forever instead of failing.
+- **Units.** The input is cut into work units of at most ``ray.rows_per_unit`` rows,
+  fewer where a job is small (about four per actor): a listing's or a list's rows, whose
+  ids and paths the driver already holds, or neighbouring work items of the source
+  (pipeline.sources: manifest lines or Parquet row groups, read by the actor that takes
+  them).
+- **Model actors** (actors.model_worker, sized by actors.pool_size): one per GPU by
+  default, more as GPUs join the cluster; each prepares its units' audio with audio
+  actors on its own node, runs the model and a two-stage kind's second stage itself, and
+  writes finished rows as parts under temporary names (pipeline.output.handoff).
+- **The driver** receives small events (progress counts, the parts written with their
+  ids) and commits each part under the output lock's fence: a rename. Its cost is per
+  event, not per row. A unit is done once every row of it is in a committed part.
+- **Faults.** A model actor that dies (its process, its node) is restarted by Ray; the
+  driver gives each unit it held and had not wholly committed to the next free actor,
+  less the ids already committed, so each row is committed once. Temporary parts the dead
+  actor wrote and never reported are removed at the end. An interrupt asks every actor to
+  write what it holds, commits it, and stops.
+- **Bounds.** No model actor started within ``ray.start_timeout_s``, or a busy actor
+  silent for ``ray.no_progress_timeout_s``, ends the job in one line (JobStalled).
 """
 from __future__ import annotations
 
+import collections
+import logging
 import os
 import secrets
 import sys
-import warnings
+import time
+from dataclasses import dataclass, field
 
-from pipeline.batching import in_slow_start
-from pipeline.device import resolve_device
 from pipeline.decoders import decoder_kind
 from pipeline.models import model_family
-from pipeline.records import INPUT_SCHEMA, OUTPUT_SCHEMA, table
+from pipeline.pending_pool import SecondStageStats
 
-OUTPUT_NAMES = OUTPUT_SCHEMA.names
+log = logging.getLogger(__name__)
+# How often the driver looks for GPUs and nodes that joined the cluster.
+GROW_S = 2.0
+# How long an interrupted job waits for its actors to write what they hold.
+FLUSH_ON_STOP_S = 20.0
+POLL_S = 0.5
+# How often a lost actor is asked whether Ray has restarted it.
+RETRY_S = 2.0
 
 
 def init_ray(cfg) -> None:
@@ -54,12 +76,10 @@ def init_ray(cfg) -> None:
     _loopback_environment()
     import ray
 
-    # More logical CPUs than cores (pipeline.config.RayConfig.cpus), so the CPU stage, the
-    # model actors and Ray Data's tasks fit together on small machines; the OS shares the
-    # real cores.
-    two_stage = decoder_kind(cfg.decoder.kind).two_stage
+    # More logical CPUs than cores (pipeline.config_sections.RayConfig.cpus), so the audio
+    # and model actors fit together on small machines; the OS shares the real cores.
     with starting(local=True):
-        ray.init(address="local", num_cpus=cfg.ray.cpus(two_stage).local, **_INIT_KWARGS)
+        ray.init(address="local", num_cpus=cfg.ray.cpus().local, **_INIT_KWARGS)
 
 
 _INIT_KWARGS = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
@@ -81,220 +101,389 @@ def _loopback_environment() -> None:
         Config.initialize("")
 
 
-def _read_source(source, per_block: int, items: list[dict] | None, first_batch: int | None = None):
-    """The input rows as a dataset of INPUT blocks, read by Ray tasks: one task per work
-    item of pipeline.sources (a few thousand manifest lines, or a Parquet row group),
-    streaming its rows in batches, so the driver holds neither rows nor audio bytes. The
-    resume's exclusions travel once through the object store, not with every task. A
-    listing's first blocks grow from ``first_batch`` rows (pipeline.sources.slow_start_tables)."""
-    import dataclasses
-    import json
-
+def _single_node(cfg) -> bool:
+    """A local instance (or one node joined as such): sized like one machine."""
     import ray
 
-    from pipeline.sources import read_item, scan, slow_start_tables
-
-    items = scan(source).items if items is None else items
-    if source.kind == "files":
-        # A listing holds only ids and paths, already on the driver.
-        tables = list(slow_start_tables((t for it in items for t in read_item(source, it, per_block)), per_block,
-                                        first_batch or per_block))
-        return ray.data.from_arrow(tables or [table([], INPUT_SCHEMA)])
-    exclude_ref = [ray.put(source.exclude)] if source.exclude is not None else None
-    bare = dataclasses.replace(source, exclude=None)
-
-    def read(batch):
-        src = bare if exclude_ref is None else dataclasses.replace(bare, exclude=ray.get(exclude_ref[0]))
-        for spec in batch.column("item").to_pylist():
-            yield from read_item(src, json.loads(spec), per_block)
-
-    ds = ray.data.from_items([{"item": json.dumps(it)} for it in items], override_num_blocks=len(items))
-    return ds.map_batches(read, batch_size=1, batch_format="pyarrow")
-
-
-def build_dataset(rows, cfg, kind=None, items: list[dict] | None = None):
-    """The plan for ``rows``: a list of INPUT dicts, or a pipeline.sources.Source (read by
-    Ray tasks; ``items``: its scan's work items, if already made). The decoder kind
-    (default: the registry's entry for decoder.kind) and the model family travel to every
-    actor, so a kind or family registered only in the driver works in the workers.
-
-    Blocks carry batching.recordings_per_batch rows, shaped by a streaming repartition
-    (split and combine neighbouring blocks), never an all-to-all shuffle of the audio.
-    Where the rows are known on the driver (a list, a files listing) the first blocks
-    are smaller (batching.first_batch, doubling: pipeline.batching.slow_start), so the
-    first rows of a job finish within seconds."""
-    import ray
-    from ray.data import ActorPoolStrategy, DataContext
-
-    from actors.audio_prep import AudioPrep
-    from actors.transcriber import Transcriber
-
-    ctx = DataContext.get_current()
-    ctx.execution_options.preserve_order = False
-    if hasattr(ctx, "execution_no_progress_timeout_s"):
-        ctx.execution_no_progress_timeout_s = cfg.ray.no_progress_timeout_s
-    per_block = max(1, cfg.batching.recordings_per_batch)
-    # Blocks of one batch each, never an all-to-all repartition, which would also switch
-    # off Ray Data's no-progress guard (the job's watchdog).
-    first = cfg.batching.first_batch
-    if isinstance(rows, list):
-        from pipeline.sources import input_batches
-
-        ds = ray.data.from_arrow(list(input_batches(rows, per_block, first_batch=first)) or [table([], INPUT_SCHEMA)])
-    else:
-        ds = _read_source(rows, per_block, items, first)
-        if rows.kind != "files":   # a listing is already in blocks of per_block rows
-            ds = ds.repartition(target_num_rows_per_block=per_block)
-    # Blocks made here hold at most per_block rows: each is one batch as it is. A
-    # batch_size would bundle the small first blocks back into whole batches.
-    batch = None if isinstance(rows, list) or rows.kind == "files" else per_block
-    config = cfg.to_dict()
-    kind = kind or decoder_kind(cfg.decoder.kind)
-    if kind.name != cfg.decoder.kind:
-        raise ValueError(f"decoder kind {kind.name!r} given for a config of decoder.kind={cfg.decoder.kind}")
-    args = {"config": config, "kind": kind, "family": model_family(cfg.model.family)}
-    ds = ds.map_batches(AudioPrep, fn_constructor_kwargs=args,
-                        batch_size=batch, batch_format="pyarrow",
-                        compute=ActorPoolStrategy(size=cfg.ray.audio_actors),
-                        num_cpus=cfg.ray.audio_actor_cpus)
-    gpu = resolve_device(cfg.model.device).startswith("cuda")
-    # Both pools of a two-stage plan share one GPU; a whole GPU each would need two.
-    extra = {"num_gpus": 0.5 if kind.two_stage else 1.0} if gpu else {}
-    ds = ds.map_batches(Transcriber, fn_constructor_kwargs=args,
-                        batch_size=batch, batch_format="pyarrow",
-                        compute=ActorPoolStrategy(size=cfg.ray.decode_actors),
-                        num_cpus=_decode_actor_cpus(cfg, kind), **extra)
-    # A two-stage kind's second pool is no stage of this plan: the driver pools the
-    # pending rows of every block and feeds that pool's actors (actors.second_pool), whose
-    # resources Ray Data must leave alone (none for a one-stage kind: the setting is the
-    # process's, and a previous job's must not stay).
-    from ray.data import ExecutionResources
-
-    second = cfg.ray.fallback_actors if kind.two_stage else 0
-    with warnings.catch_warnings():
-        # Deprecated in favour of node labels, which a single node or a user's own
-        # cluster does not have; still honoured in 2.60.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ctx.execution_options.exclude_resources = ExecutionResources(
-            cpu=second * cfg.ray.fallback_actor_cpus, gpu=second * extra["num_gpus"] if gpu else 0.0)
-    return ds
-
-
-def _decode_actor_cpus(cfg, kind) -> float:
-    """A model actor's CPUs, fitted to the local instance that is running (it may have been
-    started for another config, or by the caller)."""
-    import ray
-
-    running = ray.cluster_resources().get("CPU") if cfg.ray.address is None else None
-    return cfg.ray.cpus(kind.two_stage, instance_cpus=running).decode_actor
-
-
-def write_output(ds, cfg, dst: str, job_id: str, on_batch=None, kind=None, on_second_stage=None) -> dict | None:
-    """The write side: the driver takes the plan's finished blocks as they come and
-    commits them under the output protocol and the local runner's policy
-    (pipeline.output.PartCommitter: ``output.rows_per_part`` rows, or
-    ``output.commit_interval_s`` since the last commit). A Ray Data sink cannot do this:
-    it bundles a write task's rows by count only, so a crash lost up to rows_per_part
-    finished rows per writer. The rows already taken are committed however the run ends
-    (an interrupt, a failed block, the watchdog); a stalled plan ends in one line naming
-    the watchdog's setting. ``on_batch(table)`` sees each block once it is held for a
-    commit (the job's progress).
-
-    For a two-stage decoder kind (``kind``, default: decoder.kind's) the blocks hold the
-    model pool's rows: those with nothing pending are committed at once, the others go to
-    the second pool (actors.second_pool) and are committed once finished, never before;
-    rows still pending when the run stops are not committed, so a rerun redoes them. The
-    second stage's counts (pipeline.pending_pool.SecondStageStats.as_dict) go to
-    ``on_second_stage(stats)`` however the run ends, and are returned (None for a
-    one-stage kind)."""
-    import threading
-
-    import pyarrow.compute as pc
-    from ray.data.exceptions import ExecutionTimeoutError
-
-    from pipeline.output import PartCommitter
-
-    kind = kind or decoder_kind(cfg.decoder.kind)
-    parts = PartCommitter(dst, job_id, cfg.output.rows_per_part, cfg.output.commit_interval_s, cfg.storage.options)
-    lock = threading.Lock()   # the second pool's thread commits too
-
-    def commit(table):
-        with lock:
-            parts.add(table)
-            if on_batch is not None:
-                on_batch(table)
-            parts.commit_if_due()
-
-    second = None
-    stats = None
-    # The job's first batch comes in growing blocks (batching.first_batch): the pending
-    # rows of those blocks but the last are finished block by block, as the local runner
-    # does, so a job whose first rows all go to the second stage shows them within seconds.
-    per_block = max(1, cfg.batching.recordings_per_batch)
-    taken = 0
-    try:
-        if kind.two_stage:
-            from actors.second_pool import RaySecondStage
-
-            second = RaySecondStage(cfg, kind, model_family(cfg.model.family), commit,
-                                    gpu=resolve_device(cfg.model.device).startswith("cuda"))
-        # Each block whole (batch_size=None) and as soon as it is finished: with Ray's
-        # default prefetch_batches=1 the iterator yields a block only once the next one has
-        # arrived, which holds a finished block back for as long as the next one takes.
-        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0):
-            if second is None:
-                commit(_output_table(block))
-                continue
-            if not block.num_rows:
-                continue
-            taken += block.num_rows
-            counts = pc.list_value_length(block.column("pending_index")).fill_null(0)
-            waiting = pc.greater(counts, 0)
-            done = block.filter(pc.invert(waiting))
-            if done.num_rows:
-                commit(_output_table(done.select(OUTPUT_NAMES)))
-            pending = block.filter(waiting)
-            if pending.num_rows:
-                second.offer(pending, int(pc.sum(counts).as_py()),
-                             start=in_slow_start(taken, cfg.batching.first_batch, per_block))
-            # The next block only while the pending rows held stay under the bound.
-            second.throttle()
-        if second is not None:
-            second.drain()
-    except ExecutionTimeoutError as exc:
-        raise JobStalled(f"no progress for ray.no_progress_timeout_s={cfg.ray.no_progress_timeout_s:g} s; "
-                         "parts written so far are kept and a rerun resumes after them") from exc
-    finally:
-        if second is not None:
-            stats = second.close()
-            if on_second_stage is not None:
-                on_second_stage(stats)
-        with lock:
-            parts.flush()
-    return stats
-
-
-def _output_table(block):
-    """A finished block as a table of exactly OUTPUT_SCHEMA (its metadata included), so
-    the blocks of one part concatenate and every part has one schema; raises where a
-    column's type differs."""
-    import pyarrow as pa
-
-    from pipeline.records import OUTPUT_SCHEMA
-
-    return pa.Table.from_batches(block.to_batches(), schema=OUTPUT_SCHEMA)
+    return cfg.ray.address is None and sum(1 for n in ray.nodes() if n.get("Alive")) <= 1
 
 
 class JobStalled(RuntimeError):
-    """The plan made no progress within ray.no_progress_timeout_s."""
+    """No model actor started, or a busy one stopped reporting, within the job's bounds."""
+
+
+def pool_plan(cfg, kind=None):
+    """The model pool for ``cfg`` on the cluster Ray is connected to (actors.pool_size);
+    raises ConfigError for an ask the cluster can never meet."""
+    import ray
+
+    from actors.pool_size import plan_pool
+
+    kind = kind or decoder_kind(cfg.decoder.kind)
+    resources = ray.cluster_resources()
+    local = _single_node(cfg)
+    decode_cpus = cfg.ray.cpus(instance_cpus=resources.get("CPU") if local else None).decode_actor
+    return plan_pool(cfg.ray, cfg.model.device, kind.uses_device, resources, ray.nodes(), local, decode_cpus)
+
+
+def unit_rows(total: int, per_unit: int, actors: int) -> int:
+    """Rows per unit for an input of ``total`` rows known on the driver: ``per_unit``, or
+    fewer so that each of ``actors`` model actors gets about four units (a small job
+    spreads over the whole pool, and the last units even out the actors' ends)."""
+    return max(1, min(per_unit, -(-total // (4 * max(1, actors)))))
+
+
+def _units(rows, per_unit: int, items: list[dict] | None, actors: int):
+    """The job's work units, lazily: ``{"rows": INPUT table}`` or ``{"items": [work items]}``."""
+    from pipeline.records import INPUT_SCHEMA, table
+    from pipeline.sources import read_item, scan
+
+    if isinstance(rows, list):
+        per_unit = unit_rows(len(rows), per_unit, actors)
+        for i in range(0, len(rows), per_unit):
+            yield {"rows": table(rows[i:i + per_unit], INPUT_SCHEMA)}
+        return
+    items = scan(rows).items if items is None else items
+    per_unit = unit_rows(sum(it.get("rows", 0) for it in items), per_unit, actors)
+    if rows.kind == "files":
+        # A listing holds only ids and paths, already on the driver.
+        for it in items:
+            for t in read_item(rows, it, per_unit):
+                yield {"rows": t}
+        return
+    # Neighbouring work items, read by the actor that takes them.
+    unit, held = [], 0
+    for it in items:
+        unit.append(it)
+        held += it.get("rows", 0)
+        if held >= per_unit:
+            yield {"items": unit}
+            unit, held = [], 0
+    if unit:
+        yield {"items": unit}
+
+
+@dataclass
+class _Unit:
+    payload: dict
+    committed: set = field(default_factory=set)
+    expected: int | None = None      # rows in all, once an attempt has finished reading it
+    skipped: int = 0                 # rows committed before the current attempt
+
+
+@dataclass
+class _Slot:
+    actor: object
+    ready: object = None             # the where() call of a starting (or restarting) actor
+    where: dict | None = None
+    gen: object = None               # the running unit's event stream
+    unit: int | None = None
+    since: float = 0.0               # the last event of the running unit (or its dispatch)
+    held: set = field(default_factory=set)   # units it ran and has not wholly committed
+    rows: int = 0
+    group: object = None             # its placement group (with its audio actors)
+    retry_at: float = 0.0            # when to ask a lost actor again whether it is back
+
+
+class RayRunner:
+    """The driver's side of a job on Ray (module docstring)."""
+
+    def __init__(self, rows, cfg, dst: str, job_id: str, kind=None, items=None, on_counts=None):
+        import ray
+
+        self.ray = ray
+        self.cfg, self.dst, self.job_id = cfg, dst, job_id
+        self.kind = kind or decoder_kind(cfg.decoder.kind)
+        if self.kind.name != cfg.decoder.kind:
+            raise ValueError(f"decoder kind {self.kind.name!r} given for a config of decoder.kind={cfg.decoder.kind}")
+        self.on_counts = on_counts
+        self.plan = pool_plan(cfg, self.kind)
+        self.local = _single_node(cfg)
+        self.source_ref = None if isinstance(rows, list) or rows.kind == "files" else ray.put(rows)
+        self.feed = _units(rows, cfg.ray.rows_per_unit, items, self.plan.initial)
+        self.exhausted = False
+        self.queue: collections.deque = collections.deque()     # units to run again, first
+        self.units: dict[int, _Unit] = {}
+        self.next_unit = 0
+        self.slots: list[_Slot] = []
+        self.stats = SecondStageStats(cfg.batching.max_tokens) if self.kind.two_stage else None
+        self.driver = {"events": 0, "bytes_received": 0, "pending_rows": 0, "parts": 0}
+        self.placements: dict[str, dict] = {}
+
+    # -- actors ---------------------------------------------------------------------------
+    def _start_actor(self) -> None:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        plan = self.plan
+        gpu = {"GPU": plan.gpus} if plan.gpus else {}
+        # One reservation on one node for the model actor and its audio actors (its
+        # children join it), so an audio actor never waits for a CPU the cluster gave away.
+        group = placement_group([{"CPU": plan.cpus + plan.audio_actors * plan.audio_cpus, **gpu}],
+                                strategy="STRICT_PACK")
+        where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0,
+                                                 placement_group_capture_child_tasks=True)
+        # Restarted by Ray where it dies (its units go to other actors meanwhile); a unit
+        # is never retried by Ray itself: the driver redoes only its uncommitted rows.
+        from actors.model_actor import ModelActor
+
+        actor = ModelActor.options(num_cpus=plan.cpus, num_gpus=plan.gpus, max_restarts=-1,
+                                            max_task_retries=0, scheduling_strategy=where).remote(
+            self.cfg.to_dict(), self.kind, model_family(self.cfg.model.family), self.dst, self.job_id,
+            self.source_ref, plan.audio_actors)
+        self.slots.append(_Slot(actor, ready=actor.where.remote(), group=group))
+
+    def _grow(self) -> None:
+        if not self.plan.grows:
+            return
+        target = self.plan.target(self.ray.cluster_resources(), self.ray.nodes(), self.local)
+        for _ in range(max(0, target - len(self.slots))):
+            self._start_actor()
+
+    # -- units ----------------------------------------------------------------------------
+    def _next_unit(self) -> int | None:
+        if self.queue:
+            return self.queue.popleft()
+        if self.exhausted:
+            return None
+        payload = next(self.feed, None)
+        if payload is None:
+            self.exhausted = True
+            return None
+        number = self.next_unit
+        self.next_unit += 1
+        self.units[number] = _Unit(payload)
+        return number
+
+    def _dispatch(self, slot: _Slot) -> bool:
+        number = self._next_unit()
+        if number is None:
+            return False
+        unit = self.units[number]
+        unit.skipped, unit.expected = len(unit.committed), None
+        slot.unit, slot.since = number, time.monotonic()
+        slot.held.add(number)
+        slot.gen = slot.actor.run.options(num_returns="streaming").remote(number, unit.payload,
+                                                                         sorted(unit.committed))
+        return True
+
+    def _lost(self, slot: _Slot) -> None:
+        """``slot``'s actor died: every unit it held and had not wholly committed runs
+        again, less its committed rows, once an actor is free."""
+        for number in sorted(slot.held):
+            if number in self.units:
+                self.queue.appendleft(number)
+        slot.held.clear()
+        slot.gen, slot.unit, slot.where = None, None, None
+        slot.ready = slot.actor.where.remote()
+
+    def _complete(self, number: int) -> bool:
+        unit = self.units.get(number)
+        if unit is None:
+            return True
+        if unit.expected is not None and len(unit.committed) >= unit.expected:
+            del self.units[number]
+            return True
+        return False
+
+    # -- events ---------------------------------------------------------------------------
+    def _event(self, slot: _Slot, event: dict) -> None:
+        from pipeline.output.handoff import commit_written
+
+        if slot.where is not None and event["incarnation"] != slot.where["incarnation"]:
+            # A restart the driver had not seen: what the old process held is gone.
+            held = set(slot.held) - ({slot.unit} if slot.unit is not None else set())
+            self.queue.extendleft(sorted((n for n in held if n in self.units), reverse=True))
+            slot.held -= held
+            slot.where = None
+        self.driver["events"] += 1
+        self.driver["bytes_received"] += event["bytes"]
+        self.driver["pending_rows"] += event["pending_rows"]
+        for part in event["parts"]:
+            commit_written(self.dst, self.job_id, part, self.cfg.storage.options)
+            self.driver["parts"] += 1
+            for number, ids in part.ids.items():
+                if number in self.units:
+                    self.units[number].committed.update(ids)
+        if self.stats is not None and (event["calls"] or event["waits"]):
+            self.stats.merge(event["calls"], event["waits"])
+        rows = event["counts"][0]
+        slot.rows += rows
+        if slot.where is not None:
+            self.placements[slot.where["incarnation"]]["rows"] += rows
+        if rows and self.on_counts is not None:
+            self.on_counts(*event["counts"])
+        if event["read"] is not None and slot.unit is not None and slot.unit in self.units:
+            unit = self.units[slot.unit]
+            unit.expected = unit.skipped + event["read"]
+        slot.held = {n for n in slot.held if not self._complete(n)}
+
+    def _ready(self, slot: _Slot, where: dict) -> None:
+        slot.ready, slot.where = None, where
+        self.placements.setdefault(where["incarnation"], {**{k: where[k] for k in ("node", "gpus", "device")},
+                                                          "rows": 0})
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> None:
+        ray = self.ray
+        cfg = self.cfg
+        for _ in range(self.plan.initial):
+            self._start_actor()
+        none_ready_since = time.monotonic()    # the job's start, or since its last actor was lost
+        grown = none_ready_since
+        watchdog = cfg.ray.no_progress_timeout_s
+        while True:
+            now = time.monotonic()
+            for slot in self.slots:
+                if slot.where is None and slot.ready is None and now >= slot.retry_at:
+                    slot.ready = slot.actor.where.remote()
+                if slot.where is not None and slot.gen is None and not self._dispatch(slot) and slot.held \
+                        and not self.queue:
+                    self._drain(slot)
+            if self.exhausted and not self.queue and not self.units:
+                return
+            waiting = {s.ready: s for s in self.slots if s.ready is not None}
+            streams = {s.gen: s for s in self.slots if s.gen is not None}
+            if waiting or streams:
+                ready, _ = ray.wait(list(waiting) + list(streams), num_returns=1, timeout=POLL_S)
+            else:
+                ready = []
+                time.sleep(POLL_S)
+            for obj in ready:
+                if obj in waiting:
+                    self._on_ready(waiting[obj], obj)
+                else:
+                    self._on_stream(streams[obj])
+            now = time.monotonic()
+            if any(s.where is not None for s in self.slots):
+                none_ready_since = now
+            elif now - none_ready_since > cfg.ray.start_timeout_s:
+                raise JobStalled(f"no model actor started within ray.start_timeout_s={cfg.ray.start_timeout_s:g} s "
+                                 f"({self.plan.describe()}; the cluster has {_resources_text(ray)}); parts written "
+                                 "so far are kept and a rerun resumes after them")
+            if watchdog != -1:
+                for s in self.slots:
+                    if s.gen is not None and now - s.since > watchdog:
+                        raise JobStalled(f"no progress for ray.no_progress_timeout_s={watchdog:g} s; parts written "
+                                         "so far are kept and a rerun resumes after them")
+            if now - grown >= GROW_S:
+                grown = now
+                self._grow()
+
+    def _on_ready(self, slot: _Slot, ref) -> None:
+        try:
+            self._ready(slot, self.ray.get(ref))
+        except _actor_lost_errors():
+            # Restarting, its node gone and no room elsewhere yet: asked again in a while
+            # (the job's bound is ray.start_timeout_s without any actor ready).
+            slot.ready, slot.retry_at = None, time.monotonic() + RETRY_S
+
+    def _on_stream(self, slot: _Slot) -> None:
+        ray = self.ray
+        _ACTOR_LOST = _actor_lost_errors()
+        try:
+            ref = next(slot.gen)
+        except StopIteration:
+            slot.gen, slot.unit = None, None
+            return
+        try:
+            event = ray.get(ref)
+        except _ACTOR_LOST:
+            log.warning("a model actor was lost; its unfinished rows run again on another")
+            self._lost(slot)
+            return
+        slot.since = time.monotonic()
+        self._event(slot, event)
+
+    def _drain(self, slot: _Slot) -> None:
+        """An idle actor's held rows (pooled for the second stage, or finished and not yet
+        written), finished, written and committed now: no unit is left for it."""
+        try:
+            self._event(slot, self.ray.get(slot.actor.drain.remote()))
+        except self.ray.exceptions.RayActorError:
+            self._lost(slot)
+            return
+        # Rows its restarted process never had: run again.
+        lost = [n for n in slot.held if n in self.units]
+        if lost:
+            self.queue.extend(sorted(lost))
+            slot.held.clear()
+
+    def stop(self) -> None:
+        """However the run ends: every live actor writes what it holds (an interrupt's
+        rows are committed, as the local runner's are), then every actor is killed."""
+        from pipeline.output.handoff import remove_uncommitted
+
+        ray = self.ray
+        calls = {s.actor.flush.remote(): s for s in self.slots if s.where is not None}
+        deadline = time.monotonic() + FLUSH_ON_STOP_S
+        while calls and time.monotonic() < deadline:
+            ready, _ = ray.wait(list(calls), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            slot = calls.pop(ready[0])
+            try:
+                self._event(slot, ray.get(ready[0]))
+            except Exception as exc:   # a lost actor's rows are redone by the rerun
+                log.warning("a model actor could not write its rows on the way out: %s", exc)
+        from ray.util.placement_group import remove_placement_group
+
+        for s in self.slots:
+            try:
+                ray.kill(s.actor)
+                remove_placement_group(s.group)
+            except Exception:   # already gone with its node, or Ray shut down
+                pass
+        try:
+            remove_uncommitted(self.dst, self.job_id, self.cfg.storage.options)
+        except Exception as exc:
+            log.warning("could not remove the job's uncommitted temporary parts: %s", exc)
+
+    def report(self) -> dict:
+        d = dict(self.driver)
+        d["bytes_per_pending_row"] = round(d["bytes_received"] / d["pending_rows"], 1) if d["pending_rows"] else None
+        return {"model_actors": list(self.placements.values()), "driver": d,
+                "pool": {"gpus_per_actor": self.plan.gpus, "cpus_per_actor": self.plan.cpus,
+                         "audio_actors_per_actor": self.plan.audio_actors, "initial": self.plan.initial,
+                         "grows": self.plan.grows}}
+
+
+def _actor_lost_errors() -> tuple:
+    import ray
+
+    return tuple(e for e in (ray.exceptions.RayActorError, getattr(ray.exceptions, "ActorUnavailableError", None))
+                 if e is not None)
+
+
+def _resources_text(ray) -> str:
+    r = ray.cluster_resources()
+    return f"{r.get('CPU', 0):g} CPUs, {r.get('GPU', 0):g} GPUs"
 
 
 def run_ray(rows, cfg, dst: str, kind=None, items: list[dict] | None = None, job_id: str | None = None,
-            on_batch=None, on_second_stage=None) -> dict | None:
-    """The job on Ray; returns a two-stage kind's second-stage counts (write_output)."""
+            on_counts=None, on_second_stage=None, on_cluster=None) -> dict | None:
+    """The job on Ray: ``rows`` (a list of INPUT dicts, or a pipeline.sources.Source;
+    ``items``: its scan's work items, if already made) into parts under ``dst``.
+    ``on_counts(rows, audio_s, errors)`` gets each report of finished rows;
+    ``on_second_stage(stats)`` a two-stage kind's second-stage counts and ``on_cluster``
+    the pool's placements and the driver's own traffic, however the run ends. Returns the
+    second-stage counts (None for a one-stage kind)."""
     from pipeline.output import new_job_id
+    from pipeline.storage import url_to_fs
 
     init_ray(cfg)
-    kind = kind or decoder_kind(cfg.decoder.kind)
-    return write_output(build_dataset(rows, cfg, kind, items), cfg, dst, job_id or new_job_id(), on_batch=on_batch,
-                        kind=kind, on_second_stage=on_second_stage)
+    fs, path = url_to_fs(dst, cfg.storage.options)
+    fs.makedirs(path, exist_ok=True)
+    runner = RayRunner(rows, cfg, dst, job_id or new_job_id(), kind, items, on_counts)
+    stats = None
+    try:
+        runner.run()
+    finally:
+        runner.stop()
+        if runner.stats is not None:
+            stats = runner.stats.as_dict()
+            if on_second_stage is not None:
+                on_second_stage(stats)
+        if on_cluster is not None:
+            on_cluster(runner.report())
+    return stats

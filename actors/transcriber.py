@@ -1,8 +1,8 @@
 """Model actor: prepared rows -> output rows (or, for a two-stage decoder kind, rows whose
-unfinished segments carry their pending state to the second pool).
+unfinished segments carry their pending state to the second stage).
 
 Loads the model once in ``__init__`` (pipeline.models.load_model) and builds the decoder
-kind's first stage. Usable with Ray Data (`map_batches(Transcriber, ...)`) or in-process.
+kind's first stage. Held by the Ray runner's model actor (actors.model_worker) or the in-process runner.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from actors.registrations import adopt
 from pipeline.confidence.apply import ConfidenceScorer
+from pipeline.batching import resolve_max_tokens
 from pipeline.config import config_from_dict, config_hash
 from pipeline.decoders import decoder_kind
 from pipeline.device import torch_threads, worker_threads
@@ -29,6 +30,9 @@ class Transcriber:
         with torch_threads(self.threads):
             # A kind that needs no model capability (it reads the audio alone) loads no model.
             self.adapter = load_model(self.cfg.model) if self.kind.needs else None
+            if self.adapter is not None:
+                # Sized where the model runs: on CUDA from its free memory, unless set.
+                self.cfg.batching.max_tokens = resolve_max_tokens(self.cfg, self.adapter)
             self.decoder = self.kind.build_first_stage(self.adapter, self.cfg)
         self.schema = INTERMEDIATE_SCHEMA if self.kind.two_stage else OUTPUT_SCHEMA
         self.confidence = ConfidenceScorer.from_config(self.cfg)

@@ -50,7 +50,7 @@ COMMON_KEYS = {
     "audio.vad_threshold": "silero-vad speech probability",
     "confidence.enabled": "word, segment and row confidence (one extra decoder pass)",
     "ray.address": "null: a local Ray instance (RAY_ADDRESS is honoured); auto or ray://HOST:PORT",
-    "ray.decode_actors": "model actors (GPU: one per GPU)",
+    "ray.decode_actors": "model actors: auto (one per GPU of the cluster, growing with it) or a number",
 }
 
 
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set decoder.max_new_tokens=128")
     parser.add_argument("--runner", choices=["ray", "local"], default="ray",
-                        help="Ray Data plan (default) or in-process without Ray")
+                        help="Ray (default: model actors on every GPU of the cluster) or in-process without Ray")
     parser.add_argument("--format", default="", metavar="LIST",
                         help="also write srt,vtt,json,tsv,txt per recording and/or nemo (a manifest with "
                              "pred_text), comma-separated, beside the parts: DST/__srt/, ..., "

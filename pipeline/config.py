@@ -108,12 +108,12 @@ class JobConfig:
                               f"{family.max_segment_s:g} s, got {self.audio.max_segment_s}")
         r = self.ray
         if r.num_cpus is not None and r.address is None:
-            pools = r.cpus(kind.two_stage).pools
+            pools = r.cpus().pools
             if pools + RAY_TASK_CPUS > r.num_cpus:
-                # Ray would start the pools it can and wait for the rest, or for a CPU for
-                # its own read and write tasks, for ever.
-                raise ConfigError(f"ray.num_cpus: the actor pools of decoder.kind={kind.name} need {pools:g} CPUs "
-                                  f"(ray.*_actors x ray.*_actor_cpus) and Ray Data's tasks {RAY_TASK_CPUS} more, "
+                # Ray would start the actors it can and wait for the rest, or for a CPU for
+                # its own tasks, for ever.
+                raise ConfigError(f"ray.num_cpus: the actor pools need {pools:g} CPUs "
+                                  f"(ray.*_actors x ray.*_actor_cpus) and Ray's tasks {RAY_TASK_CPUS} more, "
                                   f"got {r.num_cpus}")
         return self
 

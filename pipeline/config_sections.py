@@ -210,8 +210,8 @@ class BatchingConfig:
         at_least(f"{key}.max_tokens", self.max_tokens, 1)
 
 
-# Logical CPUs a local instance keeps free of the actor pools: Ray Data's own tasks (reading
-# the input, splitting blocks, writing parts) need one each, and without one free the plan
+# Logical CPUs a local instance keeps free of the actor pools: the driver's own work and
+# Ray's tasks (the model preflight's device check) need one, and without one free a task
 # waits for ever.
 RAY_TASK_CPUS = 1
 
@@ -219,6 +219,7 @@ RAY_TASK_CPUS = 1
 # Logical CPUs a local instance may declare per CPU of the machine: Ray's CPUs are logical
 # (the plan asks for twice the cores), but far beyond the machine nothing can run.
 LOCAL_CPUS_PER_CORE = 64
+AUTO = "auto"
 
 
 @dataclass
@@ -235,31 +236,63 @@ class RayCPUs:
 class RayConfig:
     address: str | None = None        # None: start a local instance
     num_cpus: int | None = None       # logical CPUs for a local instance (default: 2 x cores, or what the pools need)
-    decode_actors: int = 1            # model actors (GPU: one per GPU)
+    # Model actors. "auto": one per GPU of the cluster, more as GPUs join it (up to
+    # max_decode_actors); on a cluster without GPUs one per node, on a local instance one.
+    # A number: exactly that many, checked against the cluster before any starts.
+    decode_actors: int | str = AUTO
+    max_decode_actors: int | None = None   # the most "auto" grows to (null: no cap)
     # CPUs of a model actor, hence its threads. null: on a local instance, the physical
     # cores divided among the model actors (within ray.num_cpus when that is set); on a
     # cluster, 1.
     decode_actor_cpus: float | None = None
-    fallback_actors: int = 1          # second pool of a two-stage decoder kind (SSD fallback, beam search)
-    fallback_actor_cpus: float = 1.0
-    audio_actors: int = 1             # decode/segment workers
+    # Decode/segment actors per model actor, on its node. "auto": one on a local
+    # instance; on a cluster, what the node's CPUs left per model actor allow (1 to 4).
+    audio_actors: int | str = AUTO
     audio_actor_cpus: float = 0.5
-    # The job fails with a clear message when no block moves through the plan for this
-    # long (Ray Data's own no-progress guard); -1 switches the watchdog off.
+    # Rows the driver hands a model actor per call (a work unit), at most; a unit's rows
+    # are read, prepared, decoded and pooled for the second stage by that actor alone. A
+    # job with fewer rows than 4 units per actor is cut finer. A Parquet source's row
+    # group is never split.
+    rows_per_unit: int = 512
+    # The cluster adds nodes on demand (an autoscaler): asks beyond its resources at the
+    # start wait for nodes instead of failing.
+    autoscaling: bool = False
+    # The job fails in one line when no model actor has started within this long.
+    start_timeout_s: float = 600.0
+    # The job fails with a clear message when no model actor reports progress for this
+    # long while work is outstanding; -1 switches the watchdog off.
     no_progress_timeout_s: float = 1800.0
 
     def validate(self, key: str) -> None:
         if self.no_progress_timeout_s <= 0 and self.no_progress_timeout_s != -1:
             raise ConfigError(f"{key}.no_progress_timeout_s: must be > 0 or -1 (off), got {self.no_progress_timeout_s}")
-        at_least(f"{key}.decode_actors", self.decode_actors, 1)
-        at_least(f"{key}.audio_actors", self.audio_actors, 1)
-        if (self.decode_actor_cpus is not None and self.decode_actor_cpus <= 0) or self.audio_actor_cpus <= 0 \
-                or self.fallback_actor_cpus <= 0:
+        for name in ("decode_actors", "audio_actors"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                if value != AUTO:
+                    raise ConfigError(f"{key}.{name}: expected auto or a number, got {value!r}")
+            else:
+                at_least(f"{key}.{name}", value, 1)
+        if self.max_decode_actors is not None:
+            at_least(f"{key}.max_decode_actors", self.max_decode_actors, 1)
+        at_least(f"{key}.rows_per_unit", self.rows_per_unit, 1)
+        if self.start_timeout_s <= 0:
+            raise ConfigError(f"{key}.start_timeout_s: must be > 0, got {self.start_timeout_s}")
+        if (self.decode_actor_cpus is not None and self.decode_actor_cpus <= 0) or self.audio_actor_cpus <= 0:
             raise ConfigError(f"{key}: actor CPU shares must be > 0")
         if self.num_cpus is not None:
             at_least(f"{key}.num_cpus", self.num_cpus, 1)
         if self.address is None:
             self._check_local_instance(key)
+
+    @property
+    def local_decode_actors(self) -> int:
+        """Model actors on a local instance: the number set, or one ("auto")."""
+        return 1 if self.decode_actors == AUTO else int(self.decode_actors)
+
+    @property
+    def local_audio_actors(self) -> int:
+        return 1 if self.audio_actors == AUTO else int(self.audio_actors)
 
     def _check_local_instance(self, key: str) -> None:
         """A local instance's numbers against the machine: Ray takes any logical CPU count
@@ -267,20 +300,20 @@ class RayConfig:
         cores = os.cpu_count() or 1
         cap = LOCAL_CPUS_PER_CORE * cores
         asks = [("num_cpus", self.num_cpus or 0), ("decode_actor_cpus", self.decode_actor_cpus or 0),
-                ("fallback_actor_cpus", self.fallback_actor_cpus), ("audio_actor_cpus", self.audio_actor_cpus)]
-        asks += [(name, getattr(self, name)) for name in ("decode_actors", "fallback_actors", "audio_actors")]
+                ("audio_actor_cpus", self.audio_actor_cpus), ("decode_actors", self.local_decode_actors),
+                ("audio_actors", self.local_audio_actors)]
         for name, value in asks:
             if value > cap:
                 raise ConfigError(f"{key}.{name}: a local Ray instance on this machine ({cores} CPUs) takes at most "
                                   f"{cap}, got {value:g} (set ray.address to run on a cluster)")
 
-    def cpus(self, two_stage: bool, cores: int | None = None, instance_cpus: float | None = None) -> RayCPUs:
-        """The plan's CPU asks for a decoder kind with (``two_stage``) or without a second
-        pool; ``cores``: the machine's physical cores (default: this process's);
-        ``instance_cpus``: the logical CPUs of a local instance already running, which
-        the pools must then fit instead of ``num_cpus``."""
-        others = self.audio_actors * self.audio_actor_cpus \
-            + (self.fallback_actors * self.fallback_actor_cpus if two_stage else 0.0)
+    def cpus(self, cores: int | None = None, instance_cpus: float | None = None) -> RayCPUs:
+        """The plan's CPU asks on a local instance or a cluster; ``cores``: the machine's
+        physical cores (default: this process's); ``instance_cpus``: the logical CPUs of a
+        local instance already running, which the pools must then fit instead of
+        ``num_cpus``. Each model actor comes with its audio actors."""
+        actors = self.local_decode_actors
+        others = actors * self.local_audio_actors * self.audio_actor_cpus
         decode = self.decode_actor_cpus
         if decode is None and self.address is not None:
             decode = 1.0
@@ -289,12 +322,12 @@ class RayConfig:
                 from pipeline.device import physical_cores
 
                 cores = physical_cores()
-            decode = cores // self.decode_actors
+            decode = cores // actors
             cap = instance_cpus if instance_cpus is not None else self.num_cpus
             if cap is not None:
-                decode = min(decode, int((cap - others - RAY_TASK_CPUS) // self.decode_actors))
+                decode = min(decode, int((cap - others - RAY_TASK_CPUS) // actors))
             decode = float(max(1, decode))
-        pools = others + self.decode_actors * decode
+        pools = others + actors * decode
         if self.address is not None:
             return RayCPUs(None, decode, pools)
         need = math.ceil(pools + RAY_TASK_CPUS)

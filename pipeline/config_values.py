@@ -72,7 +72,13 @@ def coerce(key: str, value, tp):
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return coerce(key, value, inner[0])
+        # The first type the value fits ("auto" or a number for an int | str key).
+        for tp_ in inner[:-1]:
+            try:
+                return coerce(key, value, tp_)
+            except ConfigError:
+                pass
+        return coerce(key, value, inner[-1])
     if tp is bool:
         if isinstance(value, bool):
             return value

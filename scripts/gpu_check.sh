@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Everything a lent GPU machine checks, in one call, under 8 minutes; JSON results in $OUT.
+# Everything a lent GPU machine checks, in one call, under 10 minutes; JSON results in $OUT.
 #
-#   1. installs the wheels carried in $WHEELS (Ray is not among them: the GPU machine runs
-#      the in-process runner; see ../shared/gpu/README.md for how they are built);
+#   1. installs the wheels carried in $WHEELS, and Ray where its wheel was carried in two
+#      halves (.ray1/raypart.aa, .ray2/raypart.ab: ../shared/gpu/README.md, "Ray: two calls
+#      on a warm machine"; a step records whether Ray imports);
 #   2. the CUDA tests (the files that skip without CUDA);
 #   3. `shardscribe bench regimes` with the pooled second-stage rows (SSD against full AR,
 #      both presets, the rejected rows of 8 and 32 batches in one fallback call);
@@ -12,7 +13,10 @@
 #      $PROCESSOR) saved here with transformers, with a random CTC head of its width, over
 #      $CLIPS copies of the bundled samples: ssd pooled and ssd second_stage.pooled=false
 #      (blocks of 4), each job's summary.json (its second_stage counts) copied to $OUT, all
-#      gathered in $OUT/results.json.
+#      gathered in $OUT/results.json;
+#   5. the same `ar` job through Ray on the one GPU (`--runner ray`: a local instance, one
+#      model actor on the GPU, its audio actor beside it), and its RTFx as a share of the
+#      in-process runner's (results.json's ray_over_local); skipped where Ray is missing.
 #
 # Build the carried files on a machine with the project (not needed for GPU_CHECK_QUICK=1):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -43,14 +47,20 @@ if [ "$QUICK" = 1 ]; then
     CLIPS=${CLIPS:-16}; DEVICE=cpu; BENCH_ARGS=(--quick --device cpu --batch 6)
     LIMIT_TESTS=120; LIMIT_BENCH=240; LIMIT_JOB=300
 else
-    # Worst case, every step at its limit: 30 + 90 + 180 + 90 + 2 x 50 = 490 s, plus the
-    # wheels' install: under 8 minutes.
+    # Worst case, every step at its limit: 30 + 90 + 150 + 90 + 4 x 50 + 30 = 590 s, plus
+    # the wheels' install: under the device's 10 minutes a call.
     CLIPS=${CLIPS:-256}; DEVICE=cuda; BENCH_ARGS=(--pool 8,32 --rounds 2)
-    LIMIT_TESTS=90; LIMIT_BENCH=180; LIMIT_JOB=50
+    LIMIT_TESTS=90; LIMIT_BENCH=150; LIMIT_JOB=50
 fi
 
-if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl > "$OUT/pip.log" 2>&1
+if [ -f .ray1/raypart.aa ] && [ -f .ray2/raypart.ab ] && ! "$PY" -c "import ray" 2>/dev/null; then
+    # Ray's wheel is over one call's carry: its halves came in two calls (wheel name kept).
+    RAY_WHL=$(cat .ray1/name 2>/dev/null || echo ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl)
+    mkdir -p "$WORK/raywheel" && cat .ray1/raypart.aa .ray2/raypart.ab > "$WORK/raywheel/$RAY_WHL"
+fi
+if ls "$WHEELS"/*.whl "$WORK"/raywheel/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --target /tmp/site $(ls "$WHEELS"/*.whl "$WORK"/raywheel/*.whl \
+        2>/dev/null) > "$OUT/pip.log" 2>&1
     export PYTHONPATH=/tmp/site:$PWD
 else
     export PYTHONPATH=$PWD
@@ -123,9 +133,9 @@ print(json.dumps({"parameters": sum(p.numel() for p in model.parameters()), "cli
 EOF
 step checkpoint 90 "$PY" "$WORK/make_checkpoint.py" "$WORK" "$QUICK" "$PROCESSOR" "$CLIPS"
 
-job() {   # job NAME CONFIG EXTRA-SETS...: the local runner on the GPU, summary to $OUT/job_NAME.json
-    local name=$1 config=$2
-    shift 2
+job() {   # job NAME RUNNER CONFIG EXTRA-SETS...: the job on the GPU, summary to $OUT/job_NAME.json
+    local name=$1 runner=$2 config=$3
+    shift 3
     rm -rf "$WORK/out_$name"
     local sets=()
     local dtype=float32
@@ -134,14 +144,19 @@ job() {   # job NAME CONFIG EXTRA-SETS...: the local runner on the GPU, summary 
         sets+=(--set "$s")
     done
     step "job_$name" "$LIMIT_JOB" "$PY" -m jobs.cli transcribe --input "$WORK/clips.jsonl" --output "$WORK/out_$name" \
-        --config "$config" --model "$WORK/turbo" --runner local --progress-interval 0 "${sets[@]}"
+        --config "$config" --model "$WORK/turbo" --runner "$runner" --progress-interval 0 "${sets[@]}"
     cp "$WORK/out_$name/__shardscribe__/summary.json" "$OUT/job_$name.json" 2>/dev/null || true
 }
 # Blocks of 4 recordings: every row of a random head is rejected, so unpooled calls get a
 # block's 4 rows, pooled ones the budget's 16 (24000 / 1500 encoder frames).
-job ar ar batching.recordings_per_batch=4
-job ssd_pooled ssd batching.recordings_per_batch=4
-job ssd_unpooled ssd batching.recordings_per_batch=4 second_stage.pooled=false
+job ar local ar batching.recordings_per_batch=4
+job ssd_pooled local ssd batching.recordings_per_batch=4
+job ssd_unpooled local ssd batching.recordings_per_batch=4 second_stage.pooled=false
+# 5. Ray on the one GPU, beside the in-process runner's `ar` above (same clips and keys).
+step ray_import 30 "$PY" -c "import ray; print(ray.__version__)"
+if "$PY" -c "import ray" 2>/dev/null; then
+    job ar_ray ray ar batching.recordings_per_batch=4
+fi
 
 "$PY" - "$OUT" <<'EOF'
 """One results.json: the steps, the bench's summary, each job's second-stage counts."""
@@ -151,7 +166,7 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 result = {"steps": [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]}
-for name in ("env", "regimes", "job_ar", "job_ssd_pooled", "job_ssd_unpooled"):
+for name in ("env", "regimes", "job_ar", "job_ssd_pooled", "job_ssd_unpooled", "job_ar_ray"):
     path = out / f"{name}.json"
     if path.is_file():
         data = json.loads(path.read_text())
@@ -159,8 +174,11 @@ for name in ("env", "regimes", "job_ar", "job_ssd_pooled", "job_ssd_unpooled"):
             data = data.get("summary", data)
         elif name.startswith("job_"):
             data = {k: data.get(k) for k in ("rows_in", "rows_out", "errors", "wall_seconds", "rtfx",
-                                             "second_stage", "stages") if k in data}
+                                             "second_stage", "stages", "cluster") if k in data}
         result[name] = data
+local, ray_job = result.get("job_ar", {}), result.get("job_ar_ray", {})
+if local.get("rtfx") and ray_job.get("rtfx"):
+    result["ray_over_local"] = round(ray_job["rtfx"] / local["rtfx"], 3)
 (out / "results.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
 print(json.dumps(result, default=str)[:4000])
 EOF

@@ -144,7 +144,7 @@ def test_ray_job_submit_to_a_head_started_with_ray_start(tmp_path):
         assert all(r["error"] is None and r["stage"] == "toy" for r in rows)
         assert (dst / output.SUCCESS_NAME).exists()
         worker_logs = [p.read_text(errors="replace") for p in Path(temp_dir).glob("session_*/logs/worker-*.out")]
-        assert any("MapWorker" in text for text in worker_logs), "the plan's actors did not run on the cluster"
+        assert any("ModelActor" in text for text in worker_logs), "the model actors did not run on the cluster"
         listening = _listening(_descendants(head.pid))
         assert {"gcs_server", "raylet"} <= {name for _, name in listening}, listening
         assert all(LOOPBACK.match(addr) for addr, _ in listening), listening

@@ -150,14 +150,13 @@ def test_auto_encoder_dtype_hashes_as_what_it_means_on_this_machine(monkeypatch)
 
 
 def test_a_local_instance_too_small_for_the_actor_pools_is_refused():
-    """Two pools of 1 CPU and the audio pool's 0.5 do not fit 2 logical CPUs: Ray would
-    start the first two and wait for the beam pool forever (seen with transducer_beam).
-    One pool does not fit either: Ray Data's read and write tasks need a CPU of their own
+    """A model actor of 1 CPU and its audio actor's 0.5 do not fit 2 logical CPUs with
+    the one Ray's own tasks need: Ray would start what fits and wait for the rest for ever
     (`ar` with ray.num_cpus=2 waited at 0 of 7 recordings)."""
-    with pytest.raises(ConfigError, match=r"ray.num_cpus: the actor pools of decoder.kind=ctc_beam need 2.5 CPUs "
-                                          r"\(ray.\*_actors x ray.\*_actor_cpus\) and Ray Data's tasks 1 more, got 2"):
+    with pytest.raises(ConfigError, match=r"ray.num_cpus: the actor pools need 1.5 CPUs "
+                                          r"\(ray.\*_actors x ray.\*_actor_cpus\) and Ray's tasks 1 more, got 2"):
         load_config("ctc_beam", ["ray.num_cpus=2", "ray.decode_actor_cpus=1"])
-    with pytest.raises(ConfigError, match=r"decoder.kind=ar need 1.5 CPUs .* got 2"):
+    with pytest.raises(ConfigError, match=r"actor pools need 1.5 CPUs .* got 2"):
         load_config("ar", ["ray.num_cpus=2"])
     assert load_config("ar", ["ray.num_cpus=3"]).ray.num_cpus == 3          # one model pool and the tasks fit
     assert load_config("ctc_beam", ["ray.num_cpus=2", "ray.address=ray://head:10001"]).ray.num_cpus == 2
@@ -166,27 +165,38 @@ def test_a_local_instance_too_small_for_the_actor_pools_is_refused():
 def test_a_model_actor_gets_the_cores_a_local_instance_has_left():
     """A model actor's CPUs are its threads (Ray sets OMP_NUM_THREADS): on a local instance
     it gets the physical cores by default, shared among the model actors and within an
-    explicit ray.num_cpus, and the instance is sized to hold every pool and Ray Data's tasks."""
+    explicit ray.num_cpus, and the instance is sized to hold every actor and Ray's tasks.
+    A two-stage kind's second stage runs in its model actor: no pool of its own."""
     ray = load_config("ar").ray
-    assert ray.cpus(False, cores=8).decode_actor == 8.0
-    assert ray.cpus(False, cores=1).decode_actor == 1.0
-    two = load_config("ar", ["ray.decode_actors=2"]).ray.cpus(False, cores=8)
-    assert two.decode_actor == 4.0 and two.local >= 0.5 + 2 * 4 + 1
-    ssd = load_config(None).ray.cpus(True, cores=16)
-    assert ssd.decode_actor == 16.0 and ssd.local >= 0.5 + 16 + 1 + 1
-    # within ray.num_cpus=4: 4 - 0.5 (audio) - 1 (fallback) - 1 (tasks) leaves 1
-    within = load_config(None, ["ray.num_cpus=4"]).ray.cpus(True, cores=16)
-    assert (within.local, within.decode_actor, within.pools) == (4, 1.0, 2.5)
-    assert load_config("ar", ["ray.decode_actor_cpus=3"]).ray.cpus(False, cores=16).decode_actor == 3.0
-    cluster = load_config("ar", ["ray.address=ray://head:10001"]).ray.cpus(False, cores=16)
+    assert ray.decode_actors == "auto" and ray.local_decode_actors == 1
+    assert ray.cpus(cores=8).decode_actor == 8.0
+    assert ray.cpus(cores=1).decode_actor == 1.0
+    two = load_config("ar", ["ray.decode_actors=2"]).ray.cpus(cores=8)
+    assert two.decode_actor == 4.0 and two.local >= 2 * 0.5 + 2 * 4 + 1
+    ssd = load_config(None).ray.cpus(cores=16)
+    assert ssd.decode_actor == 16.0 and ssd.local >= 0.5 + 16 + 1
+    # within ray.num_cpus=4: 4 - 0.5 (audio) - 1 (tasks) leaves 2
+    within = load_config(None, ["ray.num_cpus=4"]).ray.cpus(cores=16)
+    assert (within.local, within.decode_actor, within.pools) == (4, 2.0, 2.5)
+    assert load_config("ar", ["ray.decode_actor_cpus=3"]).ray.cpus(cores=16).decode_actor == 3.0
+    cluster = load_config("ar", ["ray.address=ray://head:10001"]).ray.cpus(cores=16)
     assert (cluster.local, cluster.decode_actor) == (None, 1.0)
 
 
 def test_a_model_actor_fits_the_local_instance_already_running():
-    """A local instance started for another config (4 logical CPUs) holds the default's two
-    pools, the audio pool and Ray Data's tasks only with 1 CPU per model actor."""
-    assert load_config(None).ray.cpus(True, cores=16, instance_cpus=4).decode_actor == 1.0
-    assert load_config("ar").ray.cpus(False, cores=16, instance_cpus=4).decode_actor == 2.0
+    """A local instance started for another config (4 logical CPUs) holds the model actor,
+    its audio actor and Ray's tasks with 2 CPUs for the model actor."""
+    assert load_config(None).ray.cpus(cores=16, instance_cpus=4).decode_actor == 2.0
+    assert load_config("ar", ["ray.decode_actors=2"]).ray.cpus(cores=16, instance_cpus=4).decode_actor == 1.0
+
+
+def test_decode_actors_take_auto_or_a_number():
+    assert load_config("ar", ["ray.decode_actors=3"]).ray.decode_actors == 3
+    assert load_config("ar", ["ray.audio_actors=auto"]).ray.audio_actors == "auto"
+    for bad, key in [("ray.decode_actors=many", "ray.decode_actors"), ("ray.audio_actors=0", "ray.audio_actors"),
+                     ("ray.max_decode_actors=0", "ray.max_decode_actors"), ("ray.rows_per_unit=0", "ray.rows_per_unit")]:
+        with pytest.raises(ConfigError, match=key):
+            load_config("ar", [bad])
 
 
 @pytest.mark.parametrize("command, extra", [

@@ -69,7 +69,7 @@ def test_console_is_quiet_and_ends_with_the_table(job):
     assert f"Output: {job['dst']}" in proc.stdout and "Read it: pandas.read_parquet(" in proc.stdout
     # Ray's own lines went to the log in the output folder.
     log = (job["dst"] / SIDECAR_DIR / "transcribe.log").read_text()
-    assert "streaming_executor" in log and str(job["dst"] / SIDECAR_DIR / "transcribe.log") in proc.stderr
+    assert "ModelActor" in log and str(job["dst"] / SIDECAR_DIR / "transcribe.log") in proc.stderr
 
 
 def test_standard_readers_load_every_row_with_one_schema(job, tmp_path, monkeypatch):

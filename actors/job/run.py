@@ -2,12 +2,13 @@
 
 Preflight (the config, the model, the decoder kind's own checks, the storage, the
 source's ids), the output folder's lock, resume (the rows already there, another
-config's rows, --retry-errors, quarantine of unreadable parts), the run on the Ray Data
-plan or in process, the summary and the commit (pipeline.output's protocol), the format
+config's rows, --retry-errors, quarantine of unreadable parts), the run on Ray (actors.plan)
+or in process, the summary and the commit (pipeline.output's protocol), the format
 files. Every refusal is a JobError raised before a worker starts; nothing here prints.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -63,17 +64,23 @@ def _run_job(spec: JobSpec, on_progress, log) -> dict:
 
             # beside the rows it was fitted on: a rerun or a resumed job drafts with it at once
             cfg.ssd.adapt_dir = sidecar_path(spec.output, "draft_head")
-        check_model(cfg.model)
-        decoder_kind(cfg.decoder.kind).check(cfg)
+        # The model and the kind's checks, where a model will run: here, or on a GPU node.
+        checked_on = _model_checks_on_cluster(spec, cfg)
+        if checked_on is None:
+            check_model(cfg.model)
+            decoder_kind(cfg.decoder.kind).check(cfg)
+        _check_pool_on_cluster(spec, cfg)
         use_storage(cfg, spec)
         # The source is scanned for its ids only; its rows are read where they are used.
         source = open_source(spec.input, spec.audio_column, spec.text_column)
         check_apart(source, spec.output)
-        scanned = scan(source)
+        # On Ray, work items small enough to spread a manifest over many model actors (the
+        # runner joins neighbouring items into units: actors.plan).
+        scanned = scan(source, **({"rows_per_item": RAY_ITEM_ROWS} if spec.runner == "ray" else {}))
         where = f"output {spec.output}"
         if spec.dry_run:
             try:
-                return dry_run_report(spec, cfg, scanned)
+                return dry_run_report(spec, cfg, scanned, checked_on)
             finally:
                 scanned.close()
         lock = hold_output(spec.output, cfg)
@@ -142,7 +149,58 @@ def use_storage(cfg, spec: JobSpec) -> None:
         check_reachable(url, cfg.storage.options)
 
 
-def dry_run_report(spec: JobSpec, cfg, scanned) -> dict:
+@contextlib.contextmanager
+def _connected(cfg):
+    """Connected to the cluster of ``cfg.ray.address`` for a check, and disconnected after
+    unless a caller had connected."""
+    import ray
+
+    from actors.plan import init_ray
+
+    was_up = ray.is_initialized()
+    init_ray(cfg)
+    try:
+        yield ray
+    finally:
+        if not was_up:
+            ray.shutdown()
+
+
+# Rows per work item of a manifest on Ray: the grain the runner's units are made of.
+RAY_ITEM_ROWS = 64
+
+
+def _check_pool_on_cluster(spec: JobSpec, cfg) -> None:
+    """The model pool's asks against the cluster's resources (actors.pool_size), before
+    the output folder is touched: an ask a fixed cluster can never meet is a ConfigError
+    naming the key. A local instance's numbers were checked with the config."""
+    if spec.runner != "ray" or not cfg.ray.address:
+        return
+    from actors.plan import pool_plan
+
+    with _connected(cfg):
+        pool_plan(cfg)
+
+
+def _model_checks_on_cluster(spec: JobSpec, cfg) -> str | None:
+    """Where the model runs on Ray nodes and this driver has no CUDA (a head without a
+    GPU, ``ray job submit``), ``model.device=cuda`` is checked where a model will run: the
+    model's preflight and the decoder kind's run in one short task on a GPU node
+    (actors.device_probe); returns that node's id. None where the driver's own checks hold
+    (the in-process runner, a local instance, a driver with CUDA, any other device)."""
+    if spec.runner != "ray" or not cfg.model.device.startswith("cuda") or not cfg.ray.address:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    from actors.device_probe import check_model_on_cluster
+
+    with _connected(cfg):
+        return check_model_on_cluster(cfg)
+
+
+def dry_run_report(spec: JobSpec, cfg, scanned, device_node: str | None = None) -> dict:
     """What the job would do with ``scanned`` (the source's ids) in ``spec.output``, from
     reads alone: OutputBusy where a live job holds the folder; JobError where the folder's
     rows were made by another config and neither overwrite nor resume says what to do.
@@ -179,6 +237,7 @@ def dry_run_report(spec: JobSpec, cfg, scanned) -> dict:
                + (f"; {unreadable} unreadable parts would be quarantined and their rows redone" if unreadable else "")
                + (f"; the folder holds {duplicates} duplicate rows of these recordings: the job would end with rows "
                   "in != rows out" if duplicates else "")
+               + (f"; model.device={cfg.model.device} checked on GPU node {device_node[:12]}" if device_node else "")
                + "; nothing was started or written")
     return {"dry_run": True, "config": cfg.name, "config_hash": job_hash, "model_family": cfg.model.family,
             "model_source": cfg.model.source, "decoder": cfg.decoder.kind, "runner": spec.runner,
@@ -333,10 +392,12 @@ def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, format
         start, started_at = time.perf_counter(), time.time()
         ray_was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
         second_stage: dict = {}   # a two-stage decoder kind's second-stage counts
+        cluster: dict = {}        # the Ray runner's placements and driver traffic
         try:
             if todo:
                 report(0, 0.0, 0)
-                _dispatch(spec.runner, rows, items, cfg, spec.output, report, job_id, second_stage.update)
+                _dispatch(spec.runner, rows, items, cfg, spec.output, report, job_id, second_stage.update,
+                          cluster.update)
         except KeyboardInterrupt as exc:
             _release_ray(spec.runner, ray_was_up)
             raise JobInterrupted(f"{describe(exc)}: the rows committed so far stay in {dst}; the same command "
@@ -368,7 +429,8 @@ def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, format
         summary = JobSummary(summarize(spec.output, plan.wanted(scanned), {
             "config": cfg.name, "config_hash": job_hash, "runner": spec.runner, "run_rows": todo,
             "skipped_existing": scanned.rows - todo, "started_at": started_at, "wall_seconds": wall,
-            "log": console.url, **({"second_stage": second_stage} if second_stage else {}), **online_map,
+            "log": console.url, **({"second_stage": second_stage} if second_stage else {}),
+            **({"cluster": cluster} if cluster else {}), **online_map,
         }, options=cfg.storage.options))
         try:
             # The formats first, then the summary and _SUCCESS: a consumer waiting for
@@ -396,21 +458,21 @@ def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, format
     return summary
 
 
-def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_second_stage=None) -> None:
-    """The workers: the in-process runner or the Ray Data plan; ``report(rows, audio_s,
-    errors)`` gets the running totals as each batch of rows finishes, and every half second
-    between (the console's elapsed time, the log's heartbeat, while a batch runs or no
-    block arrives)."""
+def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_second_stage=None,
+              on_cluster=None) -> None:
+    """The workers: the in-process runner or the Ray runner; ``report(rows, audio_s,
+    errors)`` gets the running totals as rows finish, and every half second between (the
+    console's elapsed time, the log's heartbeat, while a batch runs or no event arrives)."""
     from actors.progress import block_counts
 
     totals = [(0, 0.0, 0)]   # rows, audio seconds, errors: one tuple, replaced whole
-    # The batches' thread (a two-stage kind's second pool on Ray has its own) and the
-    # heartbeat both report: one at a time, so the console's bar is never drawn by two.
+    # The runner's thread and the heartbeat both report: one at a time, so the console's
+    # bar is never drawn by two.
     lock = threading.Lock()
 
-    def count(out):
+    def add(*counts):
         with lock:
-            totals[0] = tuple(a + b for a, b in zip(totals[0], block_counts(out)))
+            totals[0] = tuple(a + b for a, b in zip(totals[0], counts))
             report(*totals[0])
 
     def poll():
@@ -420,10 +482,8 @@ def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_s
 
     if runner == "ray":
         from actors.plan import init_ray
-        from actors.progress import hide_ray_data_progress
 
         init_ray(cfg)
-        hide_ray_data_progress()
     stop = threading.Event()
     watcher = threading.Thread(target=poll, name="progress", daemon=True)
     watcher.start()
@@ -431,12 +491,13 @@ def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_s
         if runner == "local":
             from actors.local_runner import run_local
 
-            run_local(rows, cfg, dst, progress=False, on_batch=count, job_id=job_id, items=items,
-                      on_second_stage=on_second_stage)
+            run_local(rows, cfg, dst, progress=False, on_batch=lambda out: add(*block_counts(out)), job_id=job_id,
+                      items=items, on_second_stage=on_second_stage)
         else:
             from actors.plan import run_ray
 
-            run_ray(rows, cfg, dst, items=items, on_batch=count, job_id=job_id, on_second_stage=on_second_stage)
+            run_ray(rows, cfg, dst, items=items, on_counts=add, job_id=job_id, on_second_stage=on_second_stage,
+                    on_cluster=on_cluster)
     finally:
         stop.set()
         watcher.join()

@@ -54,10 +54,17 @@ class DecoderKind:
     # where the kind's options do not fit the model's files; the driver runs it before any
     # worker starts (it may read checkpoint configs, never weights)
     preflight: str | Callable | None = None
+    # Whether a Ray model actor of this kind holds a GPU where the cluster has them; None:
+    # where it needs a model capability (``needs``), so ``audit`` takes none.
+    holds_device: bool | None = None
 
     @property
     def two_stage(self) -> bool:
         return self.second_stage is not None
+
+    @property
+    def uses_device(self) -> bool:
+        return bool(self.needs) if self.holds_device is None else self.holds_device
 
     def needs_for(self, cfg) -> frozenset:
         """Capabilities the model must have for this kind under ``cfg``."""

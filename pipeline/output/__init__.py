@@ -8,6 +8,8 @@ happens to the job. Each module keeps its own part of the protocol in its docstr
 - :mod:`pipeline.output.parts`: parts (temporary name, fence, rename; named by their ids),
   when to commit (PartCommitter), ``--overwrite``, and the job's begin and commit (the
   summary, then ``_SUCCESS``, last);
+- :mod:`pipeline.output.handoff`: parts written by the Ray runner's model actors and
+  committed (fenced, renamed) by the driver;
 - :mod:`pipeline.output.resume`: a job's start (one whole read of every part),
   quarantine, and ``--retry-errors``' part rewrites;
 - :mod:`pipeline.output.summary`: summary.json and the kinds of error rows;

@@ -5,8 +5,8 @@ on a poisoned segment: one whose peak is exactly POISON_PEAK, a value that only 
 suite's poisoned file has.
 
 ``fault_toy2`` is the same first stage with a second: segments longer than PENDING_S are
-left pending for a second stage (a plain Ray actor fed by the driver, pooled across
-blocks: actors.second_pool) that takes a set time per call and records its pid in a file
+left pending for a second stage (pooled across batches in the model actor that left
+them: actors.stage_loop) that takes a set time per call and records its pid in a file
 of its own (``second-<pid>``, read by ``second_stage_pids``)."""
 from __future__ import annotations
 
@@ -101,8 +101,9 @@ def _no_capabilities(model_config) -> frozenset:
     return frozenset()
 
 
-KIND = DecoderKind("fault_toy", DurationDecoder)
-KIND2 = DecoderKind("fault_toy2", PendingDurationDecoder, second_stage=ToySecondStage)
+# holds_device: on a cluster with GPUs each model actor holds one, as a model's would
+KIND = DecoderKind("fault_toy", DurationDecoder, holds_device=True)
+KIND2 = DecoderKind("fault_toy2", PendingDurationDecoder, second_stage=ToySecondStage, holds_device=True)
 # has_embedded: its "embedded" model is the toy itself (no checkpoint for the preflight to find)
 FAMILY = ModelFamily("fault_family", __name__, capabilities=_no_capabilities, max_segment_s=30.0,
                      max_segment_cost=1, has_embedded=True)
@@ -118,3 +119,16 @@ def register() -> None:
     DECODER_KINDS[KIND2.name] = KIND2
     FAMILIES[FAMILY.name] = FAMILY
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def unregister(saved_env: dict) -> None:
+    """Undo :func:`register`, and put back the environment variables ``saved_env`` held
+    (None: unset) before a suite's cluster changed them."""
+    DECODER_KINDS.pop(KIND.name, None)
+    DECODER_KINDS.pop(KIND2.name, None)
+    FAMILIES.pop(FAMILY.name, None)
+    for k, v in saved_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
