@@ -14,11 +14,13 @@ Pure: the caller reads ``ray.cluster_resources()`` and ``ray.nodes()``.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 from pipeline.config_sections import AUTO
 from pipeline.config_values import ConfigError
 
+log = logging.getLogger(__name__)
 # Audio actors per model actor where "auto" may choose.
 MAX_AUDIO_ACTORS = 4
 
@@ -33,11 +35,16 @@ class PoolPlan:
     grows: bool          # "auto": more as the cluster grows
     maximum: int | None
 
+    @property
+    def need_cpus(self) -> float:
+        """CPUs a model actor reserves on its node, its audio actors' included."""
+        return self.cpus + self.audio_actors * self.audio_cpus
+
     def target(self, resources: dict, nodes: list[dict], local: bool) -> int:
         """Model actors the cluster holds now (for growth; the initial count where fixed)."""
         if not self.grows:
             return self.initial
-        n = _auto_count(self.gpus, self.cpus, resources, nodes, local)
+        n = _auto_count(self.gpus, self.need_cpus, resources, nodes, local)
         return min(n, self.maximum) if self.maximum else n
 
     def describe(self) -> str:
@@ -50,12 +57,16 @@ def _alive(nodes: list[dict]) -> list[dict]:
     return [n.get("Resources", {}) for n in nodes if n.get("Alive", True)]
 
 
-def _auto_count(gpus: float, cpus: float, resources: dict, nodes: list[dict], local: bool) -> int:
-    if gpus:
-        return int(sum(int(r.get("GPU", 0) // gpus) for r in _alive(nodes) if r.get("CPU", 0) >= cpus))
-    if local:
+def _auto_count(gpus: float, need_cpus: float, resources: dict, nodes: list[dict], local: bool) -> int:
+    """Model actors the nodes hold: per node one per GPU (one without GPUs) that its CPUs
+    fit, ``need_cpus`` each (the actor's and its audio actors')."""
+    if local and not gpus:
         return 1
-    return sum(1 for r in _alive(nodes) if r.get("CPU", 0) >= cpus)
+    count = 0
+    for r in _alive(nodes):
+        slots = int(r.get("GPU", 0) // gpus) if gpus else 1
+        count += min(slots, int(r.get("CPU", 0) // need_cpus + 1e-9))
+    return count
 
 
 def _auto_audio(gpus: float, cpus: float, audio_cpus: float, nodes: list[dict]) -> int:
@@ -79,19 +90,19 @@ def plan_pool(ray_cfg, model_device: str, uses_device: bool, resources: dict, no
     if model_device.startswith("cuda") and uses_device and not total_gpus and not ray_cfg.autoscaling:
         raise ConfigError(f"model.device={model_device}: the Ray cluster has no GPU (its resources: "
                           f"{total_cpus:g} CPUs); use model.device=auto or cpu, or a cluster with GPUs")
-    grows = ray_cfg.decode_actors == AUTO
-    if grows:
-        initial = _auto_count(gpus, decode_cpus, resources, nodes, local)
-        if ray_cfg.max_decode_actors:
-            initial = min(initial, ray_cfg.max_decode_actors)
-    else:
-        initial = int(ray_cfg.decode_actors)
     if ray_cfg.audio_actors != AUTO:
         audio = int(ray_cfg.audio_actors)
     elif local:
         audio = 1
     else:
         audio = _auto_audio(gpus, decode_cpus, ray_cfg.audio_actor_cpus, nodes)
+    grows = ray_cfg.decode_actors == AUTO
+    if grows:
+        initial = _auto_count(gpus, decode_cpus + audio * ray_cfg.audio_actor_cpus, resources, nodes, local)
+        if ray_cfg.max_decode_actors:
+            initial = min(initial, ray_cfg.max_decode_actors)
+    else:
+        initial = int(ray_cfg.decode_actors)
     plan = PoolPlan(gpus, decode_cpus, audio, ray_cfg.audio_actor_cpus, initial, grows, ray_cfg.max_decode_actors)
     if ray_cfg.autoscaling:
         # One at least, waiting for the node an autoscaler brings (ray.start_timeout_s).
@@ -108,6 +119,9 @@ def _check_fits(plan: PoolPlan, ray_cfg, resources: dict, nodes: list[dict]) -> 
         raise ConfigError(f"ray.decode_actor_cpus={plan.cpus:g}: no node of the cluster fits a model actor "
                           f"({plan.describe()}; the largest node has {max((r.get('CPU', 0) for r in alive), default=0):g} "
                           "CPUs)")
+    if plan.grows and plan.gpus and plan.initial < total_gpus // plan.gpus:
+        log.warning("%d model actors for %g GPUs: the GPU nodes' CPUs fit no more (%s)", plan.initial, total_gpus,
+                    plan.describe())
     if plan.gpus and plan.initial * plan.gpus > total_gpus:
         raise ConfigError(f"ray.decode_actors={ray_cfg.decode_actors}: the cluster has {total_gpus:g} GPUs and each "
                           f"model actor takes {plan.gpus:g}; set ray.decode_actors=auto (one per GPU) or at most "

@@ -39,6 +39,13 @@ def test_auto_is_one_model_actor_per_gpu_and_grows_with_the_cluster():
     assert _plan(["ray.max_decode_actors=5"], HEAD_AND_TWO_GPU_NODES).target(_totals(joined), joined, False) == 5
 
 
+def test_auto_leaves_out_gpus_whose_node_has_no_cpu_for_their_actor():
+    # 2 CPUs for 2 GPUs: one model actor (1 CPU) and its audio actor (0.5) fit, not two
+    lean = _nodes((4, 0), (2, 2), (2, 2))
+    plan = _plan([], lean)
+    assert (plan.initial, plan.audio_actors) == (2, 1)
+
+
 def test_without_gpus_auto_is_one_per_node_or_one_locally():
     cpu_cluster = _nodes((4, 0), (16, 0), (16, 0))
     plan = _plan([], cpu_cluster)

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
+
 import json
 import os
 import secrets
@@ -86,7 +86,9 @@ QUICK_CONFIGS = ((1, 1), (2, 2))
 CPU_CONFIG = (4, 2)
 QUICK_CPU_CONFIG = (2, 2)
 HEAD_CPUS = 4
-NODE_CPUS = 2
+# Logical CPUs a worker node declares per fake GPU: a model actor's one and its audio
+# actor's half fit beside each GPU, as on a GPU node.
+NODE_CPUS_PER_GPU = 2
 OBJECT_STORE_BYTES = 256 << 20
 
 
@@ -197,9 +199,8 @@ class SleepFinish:
         return self.opts.latency_s
 
 
-# The kinds need no model capability, yet stand for a model that holds a GPU: where the
-# registry can say so (``holds_device``), they do, or a runner would give their actors none.
-_HOLDS = {"holds_device": True} if "holds_device" in {f.name for f in dataclasses.fields(DecoderKind)} else {}
+# The kinds need no model capability, yet stand for a model that holds a GPU.
+_HOLDS = {"holds_device": True}
 ONE_STAGE = DecoderKind(KIND, SleepStage, config_section=SECTION, options=ScaleOptions, **_HOLDS)
 TWO_STAGE = DecoderKind(PENDING_KIND, PendingSleepStage, second_stage=SleepFinish, config_section=SECTION,
                         options=ScaleOptions, **_HOLDS)
@@ -340,11 +341,11 @@ class SimCluster:
     the GPUs per node change. The driver stays connected throughout, so the jobs find Ray
     up and leave it up."""
 
-    def __init__(self, head_cpus: int = HEAD_CPUS, node_cpus: int = NODE_CPUS):
+    def __init__(self, head_cpus: int = HEAD_CPUS, node_cpus_per_gpu: int = NODE_CPUS_PER_GPU):
         import ray
         from ray.cluster_utils import Cluster
 
-        self.node_cpus = node_cpus
+        self.node_cpus_per_gpu = node_cpus_per_gpu
         self.cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": head_cpus, "num_gpus": 0, "object_store_memory": OBJECT_STORE_BYTES,
             "include_dashboard": False})
@@ -369,7 +370,7 @@ class SimCluster:
             self.nodes = []
         self.per_node = per_node
         while len(self.nodes) < nodes:
-            self.nodes.append(self.cluster.add_node(num_cpus=self.node_cpus, num_gpus=per_node,
+            self.nodes.append(self.cluster.add_node(num_cpus=self.node_cpus_per_gpu * per_node, num_gpus=per_node,
                                                     object_store_memory=OBJECT_STORE_BYTES))
         self.cluster.wait_for_nodes()
         deadline = time.monotonic() + 60
@@ -456,7 +457,7 @@ def run_one(sim: SimCluster, work: Path, name: str, rows: int, latency_s: float,
         summary = run_job(spec)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
     first = _records(record_dir, "first")
-    driver = summary.get("driver") or {}
+    driver = (summary.get("cluster") or {}).get("driver") or {}
     return {
         "job": name, "rows_in": summary["rows_in"], "rows_out": summary["rows_out"],
         "duplicates": summary["duplicate_rows"], "errors": summary.get("errors"),
@@ -603,7 +604,7 @@ def _summary(args, plan, jobs, cpu_runs, pending, rows_out) -> dict:
     return {
         "latency_s": args.latency, "batch": args.batch, "rows_per_gpu": plan["rows"],
         "decode_actors": args.decode_actors or "runner default", "overrides": list(args.sets),
-        "cluster": f"head {HEAD_CPUS} CPUs, no GPU; worker nodes {NODE_CPUS} CPUs each",
+        "cluster": f"head {HEAD_CPUS} CPUs, no GPU; worker nodes {NODE_CPUS_PER_GPU} CPUs per GPU",
         "linear_rows_per_s_1gpu": next((r["rows_per_s"] for r in rows_out if r["gpus"] == 1), None),
         "efficiency_largest": largest and largest["efficiency"],
         "driver_cpu_s_per_1000_rows": slope,
