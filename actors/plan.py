@@ -398,11 +398,16 @@ class RayRunner:
     def _drain(self, slot: _Slot) -> None:
         """An idle actor's held rows (pooled for the second stage, or finished and not yet
         written), finished, written and committed now: no unit is left for it."""
+        watchdog = self.cfg.ray.no_progress_timeout_s
         try:
-            self._event(slot, self.ray.get(slot.actor.drain.remote()))
-        except self.ray.exceptions.RayActorError:
+            event = self.ray.get(slot.actor.drain.remote(), timeout=None if watchdog == -1 else watchdog)
+        except self.ray.exceptions.GetTimeoutError:
+            raise JobStalled(f"no progress for ray.no_progress_timeout_s={watchdog:g} s (a model actor finishing "
+                             "its pooled rows); parts written so far are kept and a rerun resumes after them") from None
+        except _actor_lost_errors():
             self._lost(slot)
             return
+        self._event(slot, event)
         # Rows its restarted process never had: run again.
         lost = [n for n in slot.held if n in self.units]
         if lost:

@@ -169,7 +169,10 @@ result = {"steps": [json.loads(x) for x in (out / "steps.jsonl").read_text().spl
 for name in ("env", "regimes", "job_ar", "job_ssd_pooled", "job_ssd_unpooled", "job_ar_ray"):
     path = out / f"{name}.json"
     if path.is_file():
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:   # a step that failed before writing its JSON: its log says why
+            continue
         if name == "regimes":
             data = data.get("summary", data)
         elif name.startswith("job_"):

@@ -59,16 +59,13 @@ def _run_job(spec: JobSpec, on_progress, log) -> dict:
     try:
         formats = parse_formats(spec.format_list)
         cfg = load_config(spec.config, list(spec.overrides), model=spec.model)
-        if getattr(cfg.sections.get("ssd"), "adapt", False) and cfg.ssd.adapt_dir is None:
-            from pipeline.output import sidecar_path
-
-            # beside the rows it was fitted on: a rerun or a resumed job drafts with it at once
-            cfg.ssd.adapt_dir = sidecar_path(spec.output, "draft_head")
+        kind = decoder_kind(cfg.decoder.kind)
+        kind.prepare(cfg, spec.output)    # its settings that depend on the output folder
         # The model and the kind's checks, where a model will run: here, or on a GPU node.
         checked_on = _model_checks_on_cluster(spec, cfg)
         if checked_on is None:
             check_model(cfg.model)
-            decoder_kind(cfg.decoder.kind).check(cfg)
+            kind.check(cfg)
         _check_pool_on_cluster(spec, cfg)
         use_storage(cfg, spec)
         # The source is scanned for its ids only; its rows are read where they are used.
@@ -91,8 +88,8 @@ def _run_job(spec: JobSpec, on_progress, log) -> dict:
     except OSError as exc:  # the filesystem behind SRC or DST (permissions, credentials, network)
         from pipeline.storage import redact_uri
 
-        kind, _, url = where.partition(" ")
-        raise JobError(f"{kind} {redact_uri(url)}: {type(exc).__name__}: {exc}") from exc
+        side, _, url = where.partition(" ")
+        raise JobError(f"{side} {redact_uri(url)}: {type(exc).__name__}: {exc}") from exc
     try:
         return _run_locked(spec, cfg, source, scanned, lock.job_id, formats, on_progress, console)
     finally:
@@ -166,8 +163,10 @@ def _connected(cfg):
             ray.shutdown()
 
 
-# Rows per work item of a manifest on Ray: the grain the runner's units are made of.
-RAY_ITEM_ROWS = 64
+# Rows per work item of a manifest on Ray: the grain the runner's units are made of
+# (fine enough to spread a small job over the actors; a 10M-row manifest's items are
+# about 39k small dicts on the driver).
+RAY_ITEM_ROWS = 256
 
 
 def _check_pool_on_cluster(spec: JobSpec, cfg) -> None:
@@ -374,20 +373,21 @@ def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, format
     """Run the job over the work ``items`` of the source ``rows`` (each carrying its
     share of the resume ``plan``: pipeline.resume), summarize and commit."""
     from actors.plan import JobStalled
+    from pipeline.decoders import decoder_kind
+    from pipeline.decoders.registry import untranscribed_stages
     from pipeline.output import SUMMARY_NAME, LockLost, summarize
     from pipeline.storage import redact_uri
 
     dst = redact_uri(spec.output)
     todo = plan.todo
+    kind = decoder_kind(cfg.decoder.kind)
 
     def report(rows_done: int, audio_s: float, errors: int, final: bool = False) -> None:
         if on_progress is not None:
             on_progress(JobProgress(todo, rows_done, audio_s, errors, final))
 
     with console.session(spec.output):
-        # The audit kind (`shardscribe validate`) loads no model: it reads and segments.
-        verb = "validating" if cfg.decoder.kind == "audit" else "transcribing"
-        console.say(f"shardscribe: {verb} {todo} recordings with config {cfg.name} ({spec.runner} runner)"
+        console.say(f"shardscribe: {kind.verb} {todo} recordings with config {cfg.name} ({spec.runner} runner)"
                     + (f"; Ray and worker output: {console.url}" if console.captures_output else ""))
         start, started_at = time.perf_counter(), time.time()
         ray_was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
@@ -417,21 +417,12 @@ def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, format
             raise JobFailed(f"the job stopped: {_last_line(exc)}{details}") from exc
         _release_ray(spec.runner, ray_was_up)
         wall = time.perf_counter() - start
-        online_map = {}
-        if todo and cfg.token_map.online:
-            from pipeline.decoding.token_map_report import summary_entry
-
-            online_map = {"token_map_online": summary_entry(spec.output, cfg)}
-        if getattr(cfg.sections.get("ssd"), "adapt", False) and cfg.ssd.adapt_dir:
-            from pipeline.decoders.ssd.adapt import summary_entry as adapt_entry
-
-            online_map["ssd_adapt"] = adapt_entry(cfg.ssd.adapt_dir, started_at)
         summary = JobSummary(summarize(spec.output, plan.wanted(scanned), {
             "config": cfg.name, "config_hash": job_hash, "runner": spec.runner, "run_rows": todo,
             "skipped_existing": scanned.rows - todo, "started_at": started_at, "wall_seconds": wall,
             "log": console.url, **({"second_stage": second_stage} if second_stage else {}),
-            **({"cluster": cluster} if cluster else {}), **online_map,
-        }, options=cfg.storage.options))
+            **({"cluster": cluster} if cluster else {}), **kind.summary(cfg, spec.output, started_at, todo),
+        }, options=cfg.storage.options, untranscribed=untranscribed_stages()))
         try:
             # The formats first, then the summary and _SUCCESS: a consumer waiting for
             # _SUCCESS never reads a partial set of subtitle files.

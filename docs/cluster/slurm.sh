@@ -57,10 +57,11 @@ done
 wait_for_nodes "${#nodes[@]}"
 
 # The driver runs on the head node and joins the cluster (ray.address; exporting
-# RAY_ADDRESS="$head_ip:$port" instead does the same); a rerun of this script resumes.
+# RAY_ADDRESS="$head_ip:$port" instead does the same); one model actor per GPU
+# (ray.decode_actors: auto); a rerun of this script resumes.
 srun --nodes=1 --ntasks=1 --overlap -w "$head" \
   shardscribe transcribe --input "$INPUT" --output "$OUTPUT" \
-  --set ray.address="$head_ip:$port" --set ray.decode_actors=${#nodes[@]}
+  --set ray.address="$head_ip:$port"
 
 # The --block ray start steps end with the allocation.
 
