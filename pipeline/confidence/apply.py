@@ -1,8 +1,9 @@
 """Fills ``confidence`` of the words, segments and rows of a job's output.
 
 A word's confidence is the calibrated P(correct) of its features
-(pipeline.confidence.calibration, keyed by decoder kind and segment stage); a segment's and
-a row's are the utterance map's P(no error) over their words' confidences. Without a
+(pipeline.confidence.calibration, keyed by decoder kind and segment stage, or by the key the
+kind names for a stage it has no map of: ``DecoderKind.calibration_fallbacks``); a segment's
+and a row's are the utterance map's P(no error) over their words' confidences. Without a
 calibration for the kind and stage, a word's confidence is its mean token probability
 (faster-whisper's word probability, uncalibrated) and a segment's or row's the mean of
 its words'; a word without features (a decoder with no token-to-word map) gets none.
@@ -16,8 +17,13 @@ from pipeline.confidence.calibration import Calibration, load_for, utterance_fea
 
 class ConfidenceScorer:
     def __init__(self, calibration: Calibration | None, kind: str):
+        from pipeline.decoders import decoder_kind
+
         self.calibration = calibration
         self.kind = kind
+        # stage -> the calibration key a stage without its own map reads (the kind says which:
+        # a segment it decoded as another kind would carries that kind's evidence)
+        self.fallbacks = dict(decoder_kind(kind).calibration_fallbacks)
 
     @classmethod
     def from_config(cls, cfg) -> "ConfidenceScorer | None":
@@ -29,10 +35,8 @@ class ConfidenceScorer:
         cal = None
         if self.calibration:
             cal = self.calibration.word.get(f"{self.kind}:{stage}")
-            if cal is None and stage == "ar":
-                # A segment another kind decoded as plain AR (SSD without a draft) has the
-                # ar kind's evidence: its map.
-                cal = self.calibration.word.get("ar:ar")
+            if cal is None and stage in self.fallbacks:
+                cal = self.calibration.word.get(self.fallbacks[stage])
         if cal is not None:
             return [float(x) for x in cal(features)]
         return [_finite(f.get("prob_mean")) for f in features]

@@ -80,14 +80,13 @@ def ctc_words(log_probs: torch.Tensor, path: list[int], blank: int, vocabulary, 
     return words, feats
 
 
-def transducer_words(adapter: TransducerModel, frames: torch.Tensor, tokens: list[int], token_frames: list[int]):
+def transducer_words(adapter: TransducerModel, frames: torch.Tensor, tokens: list[int], token_frames: list[int],
+                     timed: list[dict]):
     """Words and features of one utterance's transducer ``tokens`` emitted at
-    ``token_frames`` over its encoder ``frames`` [T, H]."""
-    from pipeline.decoding.transducer.words import best_path_words
-
+    ``token_frames`` over its encoder ``frames`` [T, H]; ``timed``: the words of that best
+    path with their times, which the decoder reads from its own search."""
     sc = transducer_token_scores(adapter, frames, tokens, token_frames)
     text = adapter.decode_text(tokens).strip()
-    timed = best_path_words(adapter, tokens, token_frames) if tokens else None
-    words = segment_words(text, timed)
+    words = segment_words(text, timed if tokens else None)
     feats = aggregate(sc, token_word_index(adapter.decode_text, tokens), len(words))
     return words, feats

@@ -17,7 +17,26 @@ the Ray plan and the in-process runner never name a kind:
 - ``check_config(cfg)``: checks across sections (the kind's options against the decoder's);
 - ``preflight(cfg)``: checks against the model's files, run by the driver;
 - ``traits``: what else the kind's decoding loop offers (``AR_LOOP``: Whisper's full greedy
-  loop, which per-row prompts, language detection and timestamp rules need).
+  loop, which per-row prompts, language detection and timestamp rules need);
+- ``check_shared(cfg, kind)``: checks the kind's options that other kinds' jobs read too
+  (the token map, which SSD's fallback drafts with) against the job's kind, whichever it
+  is: run for every registered kind, not only the selected one.
+
+A kind also owns its part of the job around the workers, so the job runner (actors.job)
+stays the same for every kind:
+- ``prepare_job(cfg, dst)``: adjusts ``cfg`` for the output folder ``dst`` before the job
+  starts (SSD keeps its adapted draft head in DST's sidecar, so a rerun or a resumed job
+  drafts with it at once);
+- ``summary_entries(cfg, dst, started_at, rows_run)``: what the kind adds to summary.json
+  after the run (the online token map's figures, the adapted head); ``rows_run`` is the
+  number of recordings this run transcribed, ``started_at`` its start (``time.time()``);
+- ``verb``: the console's word for what the job does (``audit`` validates, the others
+  transcribe);
+- ``untranscribed_stages``: the segment stages whose rows carry no transcript, so the
+  summary scores no WER on them (``audit``'s);
+- ``calibration_fallbacks``: segment stage -> the confidence calibration key
+  (``"<kind>:<stage>"``, pipeline.confidence.calibration) a stage without its own map
+  uses; SSD's segments decoded as plain AR have the ``ar`` kind's evidence.
 
 Factories are "module:attribute" strings (imported when used, so validating a config does
 not import torch) or callables. A DecoderKind travels to Ray actors with the plan, so a
@@ -27,8 +46,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Callable
-
+from typing import Callable, Mapping
 
 
 def _resolve(ref):
@@ -57,6 +75,13 @@ class DecoderKind:
     # Whether a Ray model actor of this kind holds a GPU where the cluster has them; None:
     # where it needs a model capability (``needs``), so ``audit`` takes none.
     holds_device: bool | None = None
+    # The job-level hooks ("module:function" or callables; the module docstring has what each is for).
+    check_shared: str | Callable | None = None     # (cfg, kind) -> None, raising ConfigError
+    prepare_job: str | Callable | None = None      # (cfg, dst) -> None
+    summary_entries: str | Callable | None = None  # (cfg, dst, started_at, rows_run) -> dict
+    verb: str = "transcribing"
+    untranscribed_stages: frozenset = field(default_factory=frozenset)
+    calibration_fallbacks: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def two_stage(self) -> bool:
@@ -74,6 +99,23 @@ class DecoderKind:
         """The kind's preflight of ``cfg`` (a no-op for a kind with none)."""
         if self.preflight is not None:
             _resolve(self.preflight)(cfg)
+
+    def check_against(self, cfg, kind: "DecoderKind") -> None:
+        """This kind's shared options in ``cfg`` against the job's ``kind`` (a no-op for a
+        kind with none)."""
+        if self.check_shared is not None:
+            _resolve(self.check_shared)(cfg, kind)
+
+    def prepare(self, cfg, dst: str) -> None:
+        """The kind's set-up of ``cfg`` for the output folder ``dst``, before the job."""
+        if self.prepare_job is not None:
+            _resolve(self.prepare_job)(cfg, dst)
+
+    def summary(self, cfg, dst: str, started_at: float, rows_run: int) -> dict:
+        """The kind's entries of the job's summary.json (none for a kind with no hook)."""
+        if self.summary_entries is None:
+            return {}
+        return _resolve(self.summary_entries)(cfg, dst, started_at, rows_run)
 
     def build_first_stage(self, adapter, cfg):
         return _resolve(self.first_stage)(adapter, cfg)
@@ -101,6 +143,12 @@ def register_decoder_kind(kind: DecoderKind) -> DecoderKind:
 def option_sections() -> dict[str, type]:
     """The JobConfig sections the registered kinds bring: section name -> dataclass."""
     return {k.config_section: k.options for k in DECODER_KINDS.values() if k.options is not None}
+
+
+def untranscribed_stages() -> frozenset:
+    """The segment stages of every registered kind whose rows carry no transcript: the rows
+    of a folder may come from another kind's run (--resume)."""
+    return frozenset().union(*(k.untranscribed_stages for k in DECODER_KINDS.values()))
 
 
 def decoder_kind(name: str) -> DecoderKind:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from typing import Collection
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -70,14 +71,16 @@ _SUMMARY_SCHEMA = pa.schema([("id", pa.string()), ("duration_s", pa.float64()), 
 LANGUAGE_MISMATCH = "language_mismatch"
 
 
-def _summary_rows(dst: str, options: dict | None) -> IdBuckets:
+def _summary_rows(dst: str, options: dict | None, untranscribed: Collection[str] = ()) -> IdBuckets:
     spill = IdBuckets(_SUMMARY_SCHEMA)
+    skipped = pa.array(sorted(untranscribed), pa.string())
     for table in _part_tables(dst, ["id", "duration_s", "text", "reference", "stage", "error", "filter_reasons"],
                               options, 8192):
         errors = table.column("error").to_pylist()
-        # An audit row (shardscribe validate) has no transcript to score.
+        # A row of an untranscribed stage (shardscribe validate's) has no transcript to score.
         scored = pc.and_(pc.and_(pc.is_valid(table.column("reference")), pc.is_null(table.column("error"))),
-                         pc.fill_null(pc.not_equal(table.column("stage"), "audit"), True))
+                         pc.fill_null(pc.invert(pc.is_in(table.column("stage").cast(pa.string()), value_set=skipped)),
+                                      True))
         scored = pc.and_(scored, pc.fill_null(pc.not_equal(table.column("reference"), ""), False))
         spill.add(pa.table({
             "id": table.column("id"), "duration_s": table.column("duration_s"), "stage": table.column("stage"),
@@ -90,16 +93,18 @@ def _summary_rows(dst: str, options: dict | None) -> IdBuckets:
 
 
 def summarize(dst: str, input_ids, run: dict, run_ids: set[str] | None = None,
-              options: dict | None = None) -> dict:
+              options: dict | None = None, untranscribed: Collection[str] = ()) -> dict:
     """Reconcile DST against the input; returns the summary (``commit_job`` writes it).
 
     ``input_ids``: the input's ids (a list, with ``run_ids`` the ones this run read), or
     an IdBuckets of WANTED_SCHEMA (a job's: pipeline.resume). ``run`` holds this run's
     facts (``wall_seconds`` among them); the RTFx of the run is the audio of the rows it
-    read over that wall time. The output is read a batch at a time and both sides are
-    spilled by bucket (pipeline.id_buckets): the driver holds one bucket of ids at a time."""
+    read over that wall time. ``untranscribed``: segment stages whose rows carry no
+    transcript (the decoder kinds say which: pipeline.decoders.registry), left out of the
+    WER. The output is read a batch at a time and both sides are spilled by bucket
+    (pipeline.id_buckets): the driver holds one bucket of ids at a time."""
     wanted = input_ids if isinstance(input_ids, IdBuckets) else wanted_ids(input_ids, run_ids)
-    found = _summary_rows(dst, options)
+    found = _summary_rows(dst, options, untranscribed)
     rows_in = wanted.rows
     rows_out = duplicates = errors = run_rows = run_errors = extra = wer_errors = wer_words = wer_rows = mismatched = 0
     audio = run_audio = 0.0

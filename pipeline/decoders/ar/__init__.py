@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.config_values import at_least
+from pipeline.config_values import ConfigError, at_least
 from pipeline.decoders.registry import AR_LOOP, DecoderKind, register_decoder_kind
 from pipeline.decoding.token_map_online import DEFAULT_MAX_KEYS
 from pipeline.models.base import ATTENTION_DECODER
@@ -40,7 +40,17 @@ def map_drafting_key(cfg) -> str | None:
     return "token_map.online" if cfg.token_map.online else None
 
 
+def _check_shared(cfg, kind: DecoderKind) -> None:
+    """Token-map drafting, whichever kind the job runs: it drafts for an attention
+    decoder's greedy decoding (this kind's, SSD's fallback), so a kind without one refuses it."""
+    drafting = map_drafting_key(cfg)
+    if drafting is not None and ATTENTION_DECODER not in kind.needs_for(cfg):
+        raise ConfigError(f"{drafting}: drafts for an attention decoder's greedy decoding; "
+                          f"decoder.kind={kind.name} has none")
+
+
 KIND = register_decoder_kind(DecoderKind(
     "ar", "pipeline.decoders.ar.stage:build", needs=frozenset({ATTENTION_DECODER}),
     # token-map drafting is greedy AR's: SSD's fallback reads this section too
-    config_section="token_map", options=TokenMapOptions, traits=frozenset({AR_LOOP})))
+    config_section="token_map", options=TokenMapOptions, traits=frozenset({AR_LOOP}),
+    check_shared=_check_shared, summary_entries="pipeline.decoders.ar.job:summary_entries"))

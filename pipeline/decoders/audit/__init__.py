@@ -4,4 +4,8 @@ from __future__ import annotations
 
 from pipeline.decoders.registry import DecoderKind, register_decoder_kind
 
-KIND = register_decoder_kind(DecoderKind("audit", "pipeline.decoders.audit.stage:build"))
+# The stage of every segment it reports: rows with no transcript, which the summary does not score.
+STAGE = "audit"
+
+KIND = register_decoder_kind(DecoderKind("audit", "pipeline.decoders.audit.stage:build", verb="validating",
+                                         untranscribed_stages=frozenset({STAGE})))

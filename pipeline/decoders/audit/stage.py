@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.decoders.audit import STAGE
 from pipeline.decoders.base import SegmentResult
-
-STAGE = "audit"
 
 
 class AuditSegments:

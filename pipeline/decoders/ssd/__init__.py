@@ -58,6 +58,10 @@ class SSDOptions:
                        "verify_rule")
     EXECUTION_KEYS = ("adapt_dir",)   # where the head is kept, not what it is
     # Named threshold sets (docs/ssd.md has how each was chosen and what it measured).
+    # Mappings whose entries a config replaces whole instead of merging them into the
+    # defaults' entry of the same name: a preset that leaves out a key must not inherit it
+    # from the shipped preset (that would switch on, e.g., its packed gate).
+    REPLACED_WHOLE = ("presets",)
     presets: dict = field(default_factory=lambda: {
         "high_accuracy": {"tau_ctc": 0.6, "tau_slm": 0.1},
         "high_rtfx": {"tau_ctc": 2.0, "tau_slm": 0.1, "gate_verify_tau": 3.0e-5},
@@ -155,4 +159,8 @@ def _check_config(cfg) -> None:
 KIND = register_decoder_kind(DecoderKind(
     "ssd", "pipeline.decoders.ssd.stages:build_first_pass", "pipeline.decoders.ssd.stages:build_fallback",
     needs=frozenset({CTC, ATTENTION_DECODER}), config_section="ssd", options=SSDOptions,
-    config_needs=_config_needs, check_config=_check_config))
+    config_needs=_config_needs, check_config=_check_config,
+    prepare_job="pipeline.decoders.ssd.job:prepare_job", summary_entries="pipeline.decoders.ssd.job:summary_entries",
+    # a segment the fallback decoded as plain AR, with no draft (stage "ar"), has the ar
+    # kind's evidence: its calibration
+    calibration_fallbacks={"ar": "ar:ar"}))

@@ -90,7 +90,8 @@ class TransducerBeamFinisher:
 
                 n = int(lengths[b])
                 r.words, r.word_features = transducer_words(
-                    self.adapter, frames[b, :n].to(self.adapter.device, self.adapter.dtype), toks, out.frames[b])
+                    self.adapter, frames[b, :n].to(self.adapter.device, self.adapter.dtype), toks, out.frames[b],
+                    best_path_words(self.adapter, toks, out.frames[b]))
             else:
                 r.words = best_path_words(self.adapter, toks, out.frames[b])
             r.pending = None

@@ -37,7 +37,8 @@ class TransducerGreedyDecoder:
             return out, None
         from pipeline.confidence.features import transducer_words
 
-        return out, [transducer_words(self.adapter, enc.states[i, :int(n)], toks, frs)
+        return out, [transducer_words(self.adapter, enc.states[i, :int(n)], toks, frs,
+                                      best_path_words(self.adapter, toks, frs))
                      for i, (toks, frs, n) in enumerate(zip(out.tokens, out.frames, enc.valid_frames.tolist()))]
 
     def decode(self, audios: list[np.ndarray]) -> list[SegmentResult]:
