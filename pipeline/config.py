@@ -19,9 +19,9 @@ import yaml
 
 from pipeline.config_sections import (RAY_TASK_CPUS, AudioConfig, BatchingConfig, ConfidenceConfig, DecoderConfig,
                                       FiltersConfig, ModelConfig, OutputConfig, PseudoLabelConfig, RayConfig,
-                                      SecondStageConfig, StorageConfig)
+                                      SecondStageConfig, StorageConfig, default_family, default_kind)
 from pipeline.config_values import ConfigError, build, choice, coerce, merge, safe_yaml, takes_text
-from pipeline.models.base import ATTENTION_DECODER, PACKABLE
+from pipeline.models.base import PACKABLE
 
 __all__ = ["ConfigError", "JobConfig", "ModelConfig", "FiltersConfig", "config_from_dict", "config_hash",
            "load_config", "parse_override", "resolve_config_path"]
@@ -44,7 +44,7 @@ def _families():
 
 @dataclass
 class JobConfig:
-    name: str = "ar"
+    name: str = field(default_factory=default_kind)   # a config of the defaults is named after its kind
     model: ModelConfig = field(default_factory=ModelConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
@@ -70,7 +70,6 @@ class JobConfig:
         """Check every section, then the decoder kind and the model family against their
         registries: the capabilities the kind needs, window packing, the segment length."""
         from pipeline.decoders import DECODER_KINDS
-        from pipeline.decoders.ar import map_drafting_key
 
         for name, value in self._sections():
             if hasattr(value, "validate"):
@@ -85,10 +84,10 @@ class JobConfig:
                                   f"model.family={family.name} {'(' + hint + ')' if hint else 'has none'}")
         if hasattr(self.model.options, "check_job"):
             self.model.options.check_job(self, kind)
-        drafting = map_drafting_key(self)
-        if drafting is not None and ATTENTION_DECODER not in kind.needs_for(self):
-            raise ConfigError(f"{drafting}: drafts for an attention decoder's greedy decoding; "
-                              f"decoder.kind={kind.name} has none")
+        # Options one kind brings and another's job reads (the token map) are checked
+        # whichever kind the job runs.
+        for owner in DECODER_KINDS.values():
+            owner.check_against(self, kind)
         if kind.check_config is not None:
             kind.check_config(self)
         if self.decoder.pack_windows:
@@ -278,7 +277,7 @@ def _declared_type(path: list[str], data: dict):
     section, name = path
     if section == "model":
         model = data.get("model") if isinstance(data.get("model"), dict) else {}
-        family = _families().get(model.get("family", "whisper"))
+        family = _families().get(model.get("family", default_family()))
         classes = [ModelConfig] + ([family.options_class(model.get("source", "embedded"))] if family else [])
     else:
         hints = typing.get_type_hints(JobConfig)
@@ -301,10 +300,10 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
         _use_model_storage(model, _storage_options(data, overrides or []))
         allow = _allow_download(data, overrides or [])
         use_model(data, model, allow_download=allow)
-        if name_or_path is None and _needs_ar_default(data):
-            # The default (ssd) drafts with the embedded CTC head, which fits tiny.en only:
-            # any other Whisper model runs with the plain AR decoder unless --config says.
-            data = _over_defaults(_read_yaml(resolve_config_path("ar")))
+        fitting = _config_for_model(data) if name_or_path is None else None
+        if fitting is not None:
+            # The default config does not fit this model (its family says which does).
+            data = _over_defaults(_read_yaml(resolve_config_path(fitting)))
             use_model(data, model, allow_download=allow)
     overridden = set()
     for item in overrides or []:
@@ -316,7 +315,7 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
             if not isinstance(node, dict):
                 raise ConfigError(f"{'.'.join(path)}: {part} is not a section")
         node[path[-1]] = value
-    _drop_inherited_ctc_head(data, overridden)
+    _drop_inherited_model_keys(data, overridden)
     ray = data.get("ray")
     if isinstance(ray, dict) and ray.get("address") is None and os.environ.get("RAY_ADDRESS"):
         # Ray's convention: `ray job submit` and cluster shells name the cluster this way.
@@ -332,17 +331,26 @@ def _has_key(model: dict, name: str) -> bool:
     return family is not None and name in _fields(family.options_class(model.get("source")))
 
 
-def _drop_inherited_ctc_head(data: dict, overridden: set) -> None:
-    """A named config's Whisper CTC head (``ctc_head: embedded`` in ssd, ctc_greedy,
-    ctc_beam) belongs to the model it names: where ``--set`` moves the job to a model
-    without that key (``model.family=granite_speech``, a ``ctc`` checkpoint), the head is
-    dropped, as ``--model`` drops it (:func:`use_model`). A head set with ``--set`` stays,
-    for the model section to refuse."""
+def _model_keys() -> list[str]:
+    """The model keys whose value belongs to one model (``ModelFamily.model_keys``)."""
+    return sorted({key for family in _families().values() for key in family.model_keys})
+
+
+def _drop_inherited_model_keys(data: dict, overridden: set) -> None:
+    """A named config's value of a key that belongs to one model (Whisper's CTC head,
+    ``ctc_head: embedded`` in ssd, ctc_greedy, ctc_beam: ``ModelFamily.model_keys``)
+    belongs to the model it names: where ``--set`` moves the job to a model without that
+    key (``model.family=granite_speech``, a ``ctc`` checkpoint), the value is dropped, as
+    ``--model`` drops it (:func:`use_model`). A value set with ``--set`` stays, for the
+    model section to refuse."""
     model = data.get("model")
-    if not isinstance(model, dict) or "model.ctc_head" in overridden:
+    if not isinstance(model, dict):
         return
-    if {"model.family", "model.source"} & overridden and not _has_key(model, "ctc_head"):
-        model["ctc_head"] = None
+    for key in _model_keys():
+        if f"model.{key}" in overridden:
+            continue
+        if {"model.family", "model.source"} & overridden and not _has_key(model, key):
+            model[key] = None
 
 
 def _allow_download(data: dict, overrides: list[str]) -> bool:
@@ -394,16 +402,21 @@ def _use_model_storage(source: str, options: dict) -> None:
     use_options(options, [source])
 
 
-def _needs_ar_default(data: dict) -> bool:
+def _config_for_model(data: dict) -> str | None:
+    """The shipped config the model ``data`` names runs with when no --config is given,
+    where the default does not fit it (``ModelFamily.default_config``); None: the default."""
     model = data.get("model") or {}
-    return model.get("family") == "whisper" and model.get("source") != "embedded"
+    family = _families().get(model.get("family"))
+    return family.config_for(model.get("source")) if family is not None else None
 
 
 def use_model(data: dict, source: str, allow_download: bool = False) -> None:
     """Point the config at checkpoint ``source`` (``--model``): its family from the
-    checkpoint's architecture (pipeline.models.preflight.family_of_checkpoint), no Whisper
-    CTC head on a model without one, and no window packing where the family cannot pack,
-    so a named config (``--config ctc_beam``) runs its decoder kind on any model that can."""
+    checkpoint's architecture (pipeline.models.preflight.family_of_checkpoint), no value of
+    a key that belongs to another model (``ModelFamily.model_keys``: Whisper's CTC head) on
+    a model without the key or on another shipped model, and no window packing where the
+    family cannot pack, so a named config (``--config ctc_beam``) runs its decoder kind on
+    any model that can."""
     from pipeline.models.preflight import family_of_checkpoint, shipped_model
 
     named = shipped_model(source)
@@ -415,21 +428,26 @@ def use_model(data: dict, source: str, allow_download: bool = False) -> None:
         data["model"] = {}
     model = data["model"]
     model.update(source=source, family=family)
-    # The embedded CTC head reads tiny.en's encoder: no other shipped model takes it.
-    if not _has_key(model, "ctc_head") or (named and source != "embedded"):
-        model["ctc_head"] = None
+    for key in _model_keys():
+        # The value fits the model the config named (the embedded head reads tiny.en's
+        # encoder): no other shipped model takes it.
+        if not _has_key(model, key) or (named and source != "embedded"):
+            model[key] = None
     if PACKABLE not in _families()[family].capabilities(_build_model(model)):
         data["decoder"]["pack_windows"] = False
 
 
 def _over_defaults(data: dict) -> dict:
-    """``data`` merged over the dataclass defaults, except that an SSD preset the YAML names
-    is taken whole: a preset that leaves out a key must not inherit it from the shipped
-    preset of the same name (that would switch on, e.g., its packed gate)."""
+    """``data`` merged over the dataclass defaults, except that each entry of a mapping an
+    options dataclass declares in REPLACED_WHOLE (an SSD preset) is taken whole from the
+    YAML: an entry that leaves out a key must not inherit it from the default entry of the
+    same name."""
     merged = merge(JobConfig().to_dict(), data)
-    presets = (data.get("ssd") or {}).get("presets") if isinstance(data.get("ssd"), dict) else None
-    if isinstance(presets, dict) and isinstance(merged.get("ssd", {}).get("presets"), dict):
-        merged["ssd"]["presets"].update(presets)
+    for dotted in sorted(_declared("REPLACED_WHOLE")[0]):
+        section, key = dotted.split(".")
+        given = data[section].get(key) if isinstance(data.get(section), dict) else None
+        if isinstance(given, dict) and isinstance(merged.get(section, {}).get(key), dict):
+            merged[section][key].update(given)
     return merged
 
 

@@ -61,13 +61,13 @@ def _keys(prefix: str, cls, owner: str = "", skip: tuple = ()) -> list[Key]:
 
 def config_keys() -> list[Key]:
     from pipeline.config import JobConfig
-    from pipeline.config_sections import ModelConfig
+    from pipeline.config_sections import ModelConfig, default_kind
     from pipeline.decoders import DECODER_KINDS
     from pipeline.models import FAMILIES
     from pipeline.models.registry import option_classes
 
     hints = typing.get_type_hints(JobConfig)
-    out = [Key("name", "str", "ar", "the config's name, shown in the console and the summary")]
+    out = [Key("name", "str", default_kind(), "the config's name, shown in the console and the summary")]
     out += _keys("model", ModelConfig, skip=("options",))
     for cls in option_classes():
         owners = [f.name for f in FAMILIES.values() if cls in f.option_classes()]

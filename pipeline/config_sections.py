@@ -14,12 +14,26 @@ from pipeline.batching import UnsetMaxTokens
 from pipeline.config_values import ConfigError, at_least, check_token_map, choice, flat_keys
 
 
+def default_family() -> str:
+    """model.family where a config names none: the model registry says which."""
+    from pipeline.models import DEFAULT_FAMILY
+
+    return DEFAULT_FAMILY
+
+
+def default_kind() -> str:
+    """decoder.kind where a config names none: the decoder registry says which."""
+    from pipeline.decoders import DEFAULT_KIND
+
+    return DEFAULT_KIND
+
+
 @dataclass
 class ModelConfig:
     """The keys every model family has; a family's own keys (``model.ctc_head``,
     ``model.quantize``, ...) are its options dataclass (``ModelFamily.options``), read
     through this object as ``cfg.model.<key>``."""
-    family: str = "whisper"           # a registered model family (pipeline.models)
+    family: str = field(default_factory=default_family)   # a registered model family (pipeline.models)
     # "embedded" (the family's shipped model), a local dir, an HF id, or a checkpoint
     # folder's fsspec URL (s3://, gs://, file://, ...: fetched once per node into cache_dir)
     source: str = "embedded"
@@ -94,7 +108,7 @@ class DecoderConfig:
     # config_hash: left out while at their defaults (rows written before the keys existed still match)
     HASHED_WHEN_SET = ("temperature_fallback", "fallback_temperatures", "fallback_compression_ratio",
                        "fallback_logprob", "fallback_seed")
-    kind: str = "ar"                  # a registered decoder kind (pipeline.decoders)
+    kind: str = field(default_factory=default_kind)   # a registered decoder kind (pipeline.decoders)
     max_new_tokens: int = 224
     # Several short clips per encoder pass, isolated from each other (pipeline.packing:
     # block-diagonal attention, so a clip's text does not depend on its neighbours); only

@@ -9,4 +9,8 @@ from __future__ import annotations
 from pipeline.decoders.registry import DECODER_KINDS, DecoderKind, decoder_kind, register_decoder_kind
 from pipeline.decoders import ar, audit, ctc_beam, ctc_greedy, ssd, transducer_beam, transducer_greedy  # noqa: F401,E402
 
-__all__ = ["DECODER_KINDS", "DecoderKind", "decoder_kind", "register_decoder_kind"]
+# The kind a config that names none decodes with (decoder.kind), and that config's name:
+# full greedy AR, the baseline.
+DEFAULT_KIND = ar.KIND.name
+
+__all__ = ["DECODER_KINDS", "DEFAULT_KIND", "DecoderKind", "decoder_kind", "register_decoder_kind"]

@@ -12,4 +12,7 @@ from __future__ import annotations
 from pipeline.models.registry import FAMILIES, ModelFamily, load_model, model_family, register_family
 from pipeline.models import whisper, granite_speech, ctc, transducer  # noqa: F401,E402
 
-__all__ = ["FAMILIES", "ModelFamily", "load_model", "model_family", "register_family"]
+# The family a config that names none loads (model.family): Whisper, tiny.en embedded.
+DEFAULT_FAMILY = whisper.FAMILY.name
+
+__all__ = ["DEFAULT_FAMILY", "FAMILIES", "ModelFamily", "load_model", "model_family", "register_family"]

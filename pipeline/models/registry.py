@@ -9,7 +9,10 @@ one factory the actors, runners and benchmarks call.
 
 A family's own config keys are its ``options`` dataclass (``model.<key>``; validated by
 its ``validate(key, model)``, and checked against the job by ``check_job(cfg, kind)`` where
-it defines one).
+it defines one). What config loading must know of a family is its entry too: which of its
+keys belong to one model (``model_keys``: dropped when ``--model`` or ``--set`` changes the
+model) and the shipped config a ``--model`` of it runs where the default does not fit
+(``default_config``), so ``pipeline.config`` names no family.
 """
 from __future__ import annotations
 
@@ -59,6 +62,18 @@ class ModelFamily:
     shipped: tuple[str, ...] = ()
     # short names of the shipped models for ``--model`` (``tiny.en``) -> their model.source
     names: tuple[tuple[str, str], ...] = ()
+    # Keys of the family's options whose value belongs to one model (a CTC head is fitted on
+    # one encoder): a config's value is dropped where ``--model`` names another shipped
+    # model, or where ``--model`` or ``--set`` moves the job to a model without the key.
+    model_keys: tuple[str, ...] = ()
+    # model.source -> the shipped config ``--model`` runs with when no ``--config`` is given,
+    # where the default one (conf/default.yaml) does not fit that model; None: the default
+    default_config: Callable[[str], str | None] | None = None
+
+    def config_for(self, source: str) -> str | None:
+        """The shipped config a ``--model`` of this family at ``source`` runs with when no
+        ``--config`` names one (None: conf/default.yaml)."""
+        return self.default_config(source) if self.default_config is not None else None
 
     def options_class(self, source: str):
         """The dataclass of this family's own keys for ``source`` (None: it has none)."""

@@ -49,6 +49,12 @@ def check_components(model_config) -> None:
     load_processor(model_config.source)
 
 
+def default_config(source: str) -> str | None:
+    """The default config (ssd) drafts with the embedded CTC head, which fits tiny.en only:
+    any other Whisper model runs the plain AR decoder unless --config says."""
+    return None if source == "embedded" else "ar"
+
+
 FAMILY = register_family(ModelFamily(
     "whisper", "pipeline.models.whisper",
     capabilities=lambda m: frozenset({ATTENTION_DECODER, PACKABLE} | ({CTC, BEAM_VOCABULARY} if m.ctc_head else set())),
@@ -60,4 +66,6 @@ FAMILY = register_family(ModelFamily(
     has_embedded=True, shipped=("embedded-base",),   # embedded-base: Whisper base (multilingual), loader.py
     names=(("tiny.en", "embedded"), ("base", "embedded-base")),
     components="pipeline.models.whisper:check_components", options=WhisperModelOptions,
-    preflight="pipeline.models.whisper.preflight:check"))
+    preflight="pipeline.models.whisper.preflight:check",
+    # the embedded head reads tiny.en's encoder; a head directory, the checkpoint it was fitted on
+    model_keys=("ctc_head",), default_config=default_config))
