@@ -1,19 +1,25 @@
-"""Golden transcripts: every shipped decoder config, on the bundled samples and 40 held-out
-clips (20 held-out voices, 20 held-out texts of the synthetic corpus, rendered by
+"""Golden transcripts: every shipped config (conf/*.yaml), on the bundled samples and 40
+held-out clips (20 held-out voices, 20 held-out texts of the synthetic corpus, rendered by
 `shardscribe make-bench-sets --heldout 20`), must give the text committed in
-tests/golden/transcripts.json. The file was written by this module's ``--write`` before the
-architecture change (model families and decoder kinds as registries), so any behaviour
-change in the restructured code shows here.
+tests/golden/transcripts.json. `ssd` runs at both presets and `ctc_beam` also with an LM
+and key phrases; `ctc_model_greedy` and `ctc_model_beam` run the ctc family's embedded
+model (the Whisper encoder with the shipped CTC head: the repo ships no transformers CTC
+checkpoint, so none has golden text), the transducer configs the embedded TDT transducer.
+A config added to conf/ without a case here fails test_every_shipped_config_has_a_case.
 
-The six configs put the same clips through the same float32 encoder in the same
-micro-batches, and the encoder's fixed 30-s window dominated this module's time
-(docs/testing.md). So each distinct micro-batch is encoded once (`shared_encoder_windows`,
-keyed by its exact bytes and the encoder's weights), and a config that hands the same
-encoder the same bytes again gets the states computed for them. A config that batched
-differently, or another model, misses and runs the encoder itself; the test of the memo
-below checks that it returns what the encoder returns.
+The configs put the same clips through the same float32 encoder in the same micro-batches,
+and the encoder's fixed 30-s window dominates this module's time. So each distinct
+micro-batch is encoded once (`shared_encoder_windows`, keyed by its exact bytes and the
+encoder's weights), and a config that hands the same encoder the same bytes again gets the
+states computed for them. A config that batched differently, or another model, misses and
+runs the encoder itself; the test of the memo below checks that it returns what the
+encoder returns.
 
-    .venv/bin/python tests/test_golden_transcripts.py --write   # regenerate (on purpose only)
+    .venv/bin/python tests/test_golden_transcripts.py --write NAME ...   # regenerate these cases
+    .venv/bin/python tests/test_golden_transcripts.py --write            # regenerate every case
+
+Regenerate on purpose only, and only the cases whose new text is intended: the file is what
+makes a behaviour change show.
 """
 from __future__ import annotations
 
@@ -34,14 +40,23 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
 KEY_PHRASES = ["tripped breaker", "forklift", "warehouse", "pressure", "kilograms"]
 
+# The float32 encoder: model.encoder_dtype=auto would make the texts depend on the CPU.
+# The key is Whisper's; the embedded transducer runs its Whisper encoder in float32 anyway.
+F32 = "model.encoder_dtype=float32"
+
 # (name, config, overrides); "{lm}" is replaced by an LM built from tests/golden/lm_text.txt.
 CONFIGS = [
-    ("ar", "ar", []),
-    ("ctc_greedy", "ctc_greedy", []),
-    ("ssd_high_accuracy", "ssd", []),
-    ("ssd_high_rtfx", "ssd", ["ssd.preset=high_rtfx"]),
-    ("ctc_beam", "ctc_beam", []),
-    ("ctc_beam_lm_boost", "ctc_beam", ["beam.lm_path={lm}", f"beam.key_phrases={json.dumps(KEY_PHRASES)}"]),
+    ("ar", "ar", [F32]),
+    ("ctc_greedy", "ctc_greedy", [F32]),
+    ("ssd_high_accuracy", "ssd", [F32]),
+    ("ssd_high_rtfx", "ssd", [F32, "ssd.preset=high_rtfx"]),
+    ("ctc_beam", "ctc_beam", [F32]),
+    ("ctc_beam_lm_boost", "ctc_beam", [F32, "beam.lm_path={lm}", f"beam.key_phrases={json.dumps(KEY_PHRASES)}"]),
+    ("default", "default", [F32]),
+    ("ctc_model_greedy", "ctc_model_greedy", [F32]),
+    ("ctc_model_beam", "ctc_model_beam", [F32]),
+    ("transducer_greedy", "transducer_greedy", []),
+    ("transducer_beam", "transducer_beam", []),
 ]
 
 
@@ -64,8 +79,7 @@ def transcribe(config: str, overrides: list[str], rows: list[dict], dst: Path, c
     from pipeline.config import load_config
     from actors.local_runner import run_local
 
-    # The float32 encoder: model.encoder_dtype=auto would make the texts depend on the CPU.
-    cfg = load_config(config, overrides + [f"model.cache_dir={cache}", "model.encoder_dtype=float32"])
+    cfg = load_config(config, overrides + [f"model.cache_dir={cache}"])
     run_local(rows, cfg, str(dst), progress=False)
     table = pq.read_table(sorted(str(p) for p in dst.glob("*.parquet")), columns=["id", "text", "error"])
     out = {}
@@ -123,12 +137,14 @@ def _raw_bytes(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()
 
 
-def golden_run(tmp: Path) -> dict[str, dict[str, str]]:
+def golden_run(tmp: Path, names: list[str] | None = None) -> dict[str, dict[str, str]]:
+    """The transcripts of the named cases (all of them by default)."""
+    cases = [c for c in CONFIGS if names is None or c[0] in names]
     rows = manifest_rows()
-    lm = build_lm(tmp / "lm")
+    lm = build_lm(tmp / "lm") if any("{lm}" in o for c in cases for o in c[2]) else None
     results = {}
     with shared_encoder_windows():
-        for name, config, overrides in CONFIGS:
+        for name, config, overrides in cases:
             sets = [o.replace("{lm}", str(lm)) for o in overrides]
             results[name] = transcribe(config, sets, rows, tmp / name, tmp / "cache")
     return results
@@ -160,6 +176,12 @@ def test_shared_windows_return_what_the_encoder_returns(ssd_adapter, samples_dir
     assert counts == {"misses": 5, "hits": 2}
 
 
+def test_every_shipped_config_has_a_case():
+    from pipeline.config import shipped_configs
+
+    assert set(shipped_configs()) == {config for _, config, _ in CONFIGS}
+
+
 @pytest.mark.parametrize("name", [c[0] for c in CONFIGS])
 def test_transcripts_match_golden(golden_results, name):
     expected = json.loads((GOLDEN / "transcripts.json").read_text())[name]
@@ -169,8 +191,12 @@ def test_transcripts_match_golden(golden_results, name):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--write"]:
-        sys.exit(__doc__)
+    known = [c[0] for c in CONFIGS]
+    if sys.argv[1:2] != ["--write"] or not set(sys.argv[2:]) <= set(known):
+        sys.exit(f"{__doc__}\ncases: {' '.join(known)}")
+    names = sys.argv[2:] or None
     with tempfile.TemporaryDirectory() as tmp:
-        results = golden_run(Path(tmp))
-    (GOLDEN / "transcripts.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        results = golden_run(Path(tmp), names)
+    path = GOLDEN / "transcripts.json"
+    kept = json.loads(path.read_text()) if names else {}
+    path.write_text(json.dumps(kept | results, indent=1, sort_keys=True) + "\n")
