@@ -205,6 +205,7 @@ def manifest(tmp_path_factory, samples_dir, sample_manifest):
     return manifest_with_random_bytes(tmp_path_factory.mktemp("ctc-in"), samples_dir, sample_manifest, at=2)
 
 
+@pytest.mark.slow      # a CLI job in a subprocess per checkpoint
 def test_cli_transcribes_with_a_ctc_checkpoint(checkpoint, manifest, tmp_path):
     name, root, model, processor, _ = checkpoint
     path, lines = manifest

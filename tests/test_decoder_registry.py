@@ -186,6 +186,7 @@ def test_toy_kind_in_process(toy_registered, manifest, tmp_path):
            decimals=3, scale=1000.0)
 
 
+@pytest.mark.slow      # starts a Ray instance: the fast tier runs the same kind in process
 def test_toy_kind_through_the_ray_plan(toy_registered, manifest, tmp_path):
     cfg = load_config("ar", ["decoder.kind=toy_duration", "model.family=toy_family", "toy_duration.decimals=1",
                              "model.time_unit_ms=true", "batching.recordings_per_batch=2", "ray.num_cpus=4"])

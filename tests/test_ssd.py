@@ -22,6 +22,23 @@ def encoded(whisper_adapter, sample_audio):
     return enc, full
 
 
+@pytest.fixture(scope="module")
+def uncached(whisper_adapter, encoded):
+    """``uncached_greedy`` on row ``i`` of ``encoded``, each question answered once: the
+    reference costs a pass over the whole sequence per token, and several tests and
+    parameters ask it the same one (the same prefix of the same row)."""
+    enc, _ = encoded
+    memo = {}
+
+    def reference(i: int, prefix: list[int], max_new_tokens: int) -> list[int]:
+        key = (i, tuple(prefix), max_new_tokens)
+        if key not in memo:
+            memo[key] = uncached_greedy(whisper_adapter, enc.states[i:i + 1], prefix, max_new_tokens)
+        return list(memo[key])
+
+    return reference
+
+
 def _reference_token_probs(adapter, states, tokens):
     """Token probabilities by plain incremental decoding, one row at a time (no padding)."""
     probs = []
@@ -145,8 +162,8 @@ def _disagreeing_drafts(adapter, enc, full, tau_slm):
 
 
 @pytest.mark.parametrize("reuse_kv,lookahead", [(False, 0), (True, 0), (True, 3)])
-def test_fallback_from_a_prefix_that_disagrees_with_ar_equals_uncached_greedy(whisper_adapter, encoded, reuse_kv,
-                                                                              lookahead):
+def test_fallback_from_a_prefix_that_disagrees_with_ar_equals_uncached_greedy(whisper_adapter, encoded, uncached,
+                                                                              reuse_kv, lookahead):
     """The verified prefix takes a token greedy AR would not (eq. 5 accepts any token
     above tau_slm): the fallback must continue from THAT prefix, exactly as an uncached
     decoder run over prompt + prefix + tokens so far does, and count what it generated.
@@ -170,7 +187,7 @@ def test_fallback_from_a_prefix_that_disagrees_with_ar_equals_uncached_greedy(wh
         assert row.stage == AR_FALLBACK and j >= 2 and row.draft_tokens[:j] == row.prefix
         assert row.prefix != f[:j]                   # the prefix disagrees with greedy AR
         # the budget counts the prefix, as plain greedy AR's does
-        ref = uncached_greedy(whisper_adapter, enc.states[i:i + 1], row.prefix, ssd.max_new_tokens - j)
+        ref = uncached(i, row.prefix, ssd.max_new_tokens - j)
         assert row.tokens == row.prefix + ref
         assert row.generated == len(ref) > 0
         assert row.text == whisper_adapter.text(row.prefix + ref)
@@ -178,7 +195,7 @@ def test_fallback_from_a_prefix_that_disagrees_with_ar_equals_uncached_greedy(wh
     assert changed == len(rows)
 
 
-def test_greedy_verify_rule_keeps_greedy_ars_text_where_eq5_takes_a_near_miss(whisper_adapter, encoded):
+def test_greedy_verify_rule_keeps_greedy_ars_text_where_eq5_takes_a_near_miss(whisper_adapter, encoded, uncached):
     """A draft equal to AR's transcript but for one token that the decoder finds likely
     (above tau_slm) and not its argmax: eq. 5 accepts the whole draft (a text greedy AR
     would not write), and an open gate would not even verify it. ``verify_rule`` greedy
@@ -202,12 +219,12 @@ def test_greedy_verify_rule_keeps_greedy_ars_text_where_eq5_takes_a_near_miss(wh
     rows = exact.decode(enc.states, drafts, torch.zeros(len(full)))
     for i, row in enumerate(rows):
         assert row.stage == AR_FALLBACK and len(row.prefix) == 1, (i, row.stage, len(row.prefix))
-        assert row.tokens == uncached_greedy(whisper_adapter, enc.states[i:i + 1], [], 48)
+        assert row.tokens == uncached(i, [], 48)
     right = exact.decode(enc.states, _texts(whisper_adapter, full), torch.zeros(len(full)))
     assert [r.stage for r in right] == [LLM_VERIFY] * len(full) and [r.tokens for r in right] == full
 
 
-def test_greedy_verify_rule_accepts_ars_own_text_whatever_its_probabilities(whisper_adapter, encoded):
+def test_greedy_verify_rule_accepts_ars_own_text_whatever_its_probabilities(whisper_adapter, encoded, uncached):
     """Under ``verify_rule`` greedy a token passes where it is the decoder's argmax, at any
     probability: AR's own transcript verifies whole even at a tau_slm that eq. 5 fails on
     (the reference is the uncached greedy decode), so a draft equal to AR's text never
@@ -223,7 +240,7 @@ def test_greedy_verify_rule_accepts_ars_own_text_whatever_its_probabilities(whis
     rows = exact.decode(enc.states, drafts, torch.zeros(len(full)))
     assert [r.stage for r in rows] == [LLM_VERIFY] * len(full)
     for i, row in enumerate(rows):
-        assert row.tokens == uncached_greedy(whisper_adapter, enc.states[i:i + 1], [], 48)
+        assert row.tokens == uncached(i, [], 48)
 
 
 def test_greedy_verify_rule_refuses_gates_that_accept_other_text():

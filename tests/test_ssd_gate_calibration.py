@@ -82,6 +82,7 @@ def audios(sample_audio, sample_manifest):
     return sorted((sample_audio[m["id"]] for m in sample_manifest), key=len)[:4]
 
 
+@pytest.mark.slow      # eight SSD passes over real clips with the AR fallback: 20 s on one thread
 def test_on_real_clips_the_gate_learns_from_verification(ssd_adapter, audios):
     """The embedded head's drafts of the bundled real clips fail verification at tau_slm
     0.1 (docs/ssd.md): the calibrated gate must stay shut and decode exactly as a gate
