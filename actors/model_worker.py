@@ -110,7 +110,9 @@ class ModelWorker:
         parts: list = []
         last = time.monotonic()
         for _ in self.loop.steps(self.prep.map(batches), lambda out: self._emit(out, parts), first):
-            if parts or time.monotonic() - last >= PROGRESS_S:
+            # The slow start's rows are reported batch by batch: a job's first rows show
+            # within seconds; after it, at most one report every PROGRESS_S.
+            if parts or first is not None or time.monotonic() - last >= PROGRESS_S:
                 yield self._event(parts)
                 parts.clear()
                 last = time.monotonic()

@@ -268,7 +268,9 @@ def s3_endpoint(monkeypatch):
     endpoint URL. Its backend is per process: pick bucket names no other test uses."""
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    # verbose=False: werkzeug would log every request to the stderr of the test that started
+    # it, which pytest closes before later tests use the same server
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
         host, port = server.get_host_and_port()

@@ -218,7 +218,7 @@ def test_model_device_cuda_is_checked_on_a_gpu_node(cluster, tmp_path, capsys):
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(CUDA_SHIM)
     path = os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")])
-    cuda_node = c.add_node(num_cpus=1, num_gpus=1, env_vars={"PYTHONPATH": path})
+    cuda_node = c.add_node(num_cpus=2, num_gpus=1, env_vars={"PYTHONPATH": path})
     nodes.append(cuda_node)
     assert transcribe(src, tmp_path / "b", "model.device=cuda", flags=flags) == 0, capsys.readouterr().err
     out = capsys.readouterr()
