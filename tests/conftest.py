@@ -268,8 +268,11 @@ def s3_endpoint(monkeypatch):
     endpoint URL. Its backend is per process: pick bucket names no other test uses."""
     from moto.server import ThreadedMotoServer
 
-    # verbose=False: werkzeug would log every request to the stderr of the test that started
-    # it, which pytest closes before later tests use the same server
+    # werkzeug logs every request through a handler on the stderr of the first test that
+    # used a server, which pytest closes: a later test's stderr then gets "Logging error"
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
