@@ -180,7 +180,6 @@ class _Slot:
     unit: int | None = None
     since: float = 0.0               # the last event of the running unit (or its dispatch)
     held: set = field(default_factory=set)   # units it ran and has not wholly committed
-    rows: int = 0
     group: object = None             # its placement group (with its audio actors)
     retry_at: float = 0.0            # when to ask a lost actor again whether it is back
 
@@ -270,12 +269,16 @@ class RayRunner:
     def _lost(self, slot: _Slot) -> None:
         """``slot``'s actor died: every unit it held and had not wholly committed runs
         again, less its committed rows, once an actor is free."""
-        for number in sorted(slot.held):
-            if number in self.units:
-                self.queue.appendleft(number)
-        slot.held.clear()
+        self._requeue(slot, slot.held)
         slot.gen, slot.unit, slot.where = None, None, None
         slot.ready = slot.actor.where.remote()
+
+    def _requeue(self, slot: _Slot, numbers) -> None:
+        """Units ``slot``'s actor held and lost (its process gone): they run again first,
+        in order, less their committed rows."""
+        numbers = set(numbers)
+        self.queue.extendleft(sorted((n for n in numbers if n in self.units), reverse=True))
+        slot.held -= numbers
 
     def _complete(self, number: int) -> bool:
         unit = self.units.get(number)
@@ -292,9 +295,7 @@ class RayRunner:
 
         if slot.where is not None and event["incarnation"] != slot.where["incarnation"]:
             # A restart the driver had not seen: what the old process held is gone.
-            held = set(slot.held) - ({slot.unit} if slot.unit is not None else set())
-            self.queue.extendleft(sorted((n for n in held if n in self.units), reverse=True))
-            slot.held -= held
+            self._requeue(slot, slot.held - {slot.unit})
             slot.where = None
         self.driver["events"] += 1
         self.driver["bytes_received"] += event["bytes"]
@@ -308,7 +309,6 @@ class RayRunner:
         if self.stats is not None and (event["calls"] or event["waits"]):
             self.stats.merge(event["calls"], event["waits"])
         rows = event["counts"][0]
-        slot.rows += rows
         if slot.where is not None:
             self.placements[slot.where["incarnation"]]["rows"] += rows
         if rows and self.on_counts is not None:
@@ -408,11 +408,8 @@ class RayRunner:
             self._lost(slot)
             return
         self._event(slot, event)
-        # Rows its restarted process never had: run again.
-        lost = [n for n in slot.held if n in self.units]
-        if lost:
-            self.queue.extend(sorted(lost))
-            slot.held.clear()
+        # Units not complete after a drain were held by a process that restarted since.
+        self._requeue(slot, slot.held)
 
     def stop(self) -> None:
         """However the run ends: every live actor writes what it holds (an interrupt's

@@ -1,7 +1,7 @@
 """The second stage's pool (pipeline.pending_pool): pending rows of a two-stage decoder
 kind collected across batches into full token-budget batches, in both runners
-(actors.local_runner, actors.second_pool on Ray), with the transcripts of the unpooled
-stage (``second_stage.pooled=false``: each batch's own pending rows)."""
+(actors.local_runner, and on Ray the model actor's own loop: actors.stage_loop), with the
+transcripts of the unpooled stage (``second_stage.pooled=false``: each batch's own pending rows)."""
 from __future__ import annotations
 
 import json
