@@ -1,9 +1,11 @@
 """Audio decoding to 16 kHz mono float32: soundfile (libsndfile) + soxr resampling.
 
-`decode_stream` reads a file object block by block (a span of it, where one is given),
-downmixes and resamples each block (soxr's streaming resampler) into one preallocated
-16-kHz array, so a long recording never exists whole at its original rate, channel count
-or as encoded bytes in memory: its peak is the 16-kHz result plus one block.
+`iter_blocks` reads a file object block by block (a span of it, where one is given) and
+yields each block downmixed and resampled (soxr's streaming resampler) to 16 kHz, so a
+recording never exists whole at its original rate, channel count or as encoded bytes in
+memory; a consumer that keeps only a window of the blocks (pipeline.stream_segment) holds
+no more than that window. `decode_stream` collects them into one preallocated 16-kHz
+array: its peak is the result plus one block.
 
 What a file costs is bounded before it is decoded: its header's sample rate and channel
 count must be in range (MIN_RATE..MAX_RATE, MAX_CHANNELS), the audio asked for at most
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import soundfile as sf
@@ -294,19 +298,34 @@ BLOCK_VALUES = 1 << 22  # and at most this many samples (all channels) per read:
 PREALLOCATE_S = 3600.0  # the 16-kHz result is allocated for at most this long, then grows
 
 
-def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
-                  duration_s: float | None = None, max_seconds: float = MAX_SECONDS,
-                  deadline: float | None = None) -> tuple[np.ndarray, int, int]:
+@dataclass
+class StreamInfo:
+    """What a block decoder learns as it goes: the header's sample rate and channel count
+    (set before the first block), the largest absolute sample value seen so far (at the
+    original rate), and the 16-kHz samples it would yield in all where the header says
+    (``expected``; None where it does not)."""
+    rate: int = 0
+    channels: int = 0
+    peak: float = 0.0
+    expected: int | None = None
+
+
+def iter_blocks(fh, quality: str = "HQ", offset_s: float | None = None, duration_s: float | None = None,
+                max_seconds: float = MAX_SECONDS, deadline: float | None = None,
+                info: StreamInfo | None = None) -> Iterator[np.ndarray]:
     """Decode the file object ``fh`` (or its span from ``offset_s`` for ``duration_s``
-    seconds) to mono float32 at 16 kHz, one block at a time.
+    seconds) as 16-kHz mono float32 blocks of at most BLOCK_SECONDS, in order.
 
     The header is checked before any sample is decoded (check_header; a declared length,
     of which at most ``max_seconds`` may be asked for), no more than it declares is read,
     and ``deadline`` (a time.monotonic() value) is checked between blocks: past it the decode
     stops with a ``timeout`` AudioError, so a caller that gave up on it gets its thread and
-    memory back.
+    memory back. A file cut short is found after its last block (the AudioError then comes
+    from the generator's end). ``info`` is filled as the stream is read; the blocks are not
+    scaled (a float file's peak over MAX_FLOAT_PEAK is the caller's to scale).
 
-    Returns ``(samples, original_rate, original_channels)``; raises AudioError."""
+    Raises AudioError."""
+    info = info if info is not None else StreamInfo()
     pos = fh.tell()
     head = fh.read(WAV_HEAD_BYTES)
     if not head:
@@ -328,6 +347,7 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
             rate, channels, total = f.samplerate, f.channels, f.frames
             check_header(rate, channels)
             _check_known_length(total)
+            info.rate, info.channels = rate, channels
             start = int(round((offset_s or 0.0) * rate))
             if start >= total > 0:
                 raise AudioError(f"offset {offset_s} s is at or past the end of the audio "
@@ -337,14 +357,13 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
             if want > max_seconds * rate:      # at most what the header declares is read
                 raise _too_long(want / rate, max_seconds, "the header declares" if asked is None or
                                 asked > total - start else "the span asks for")
+            info.expected = int(np.ceil(max(want, 0) * SAMPLE_RATE / rate))
             if start:
                 f.seek(start)
             stream = (soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality=quality)
                       if rate != SAMPLE_RATE else None)
-            expect = min(want, int(PREALLOCATE_S * rate))
-            out = _Growing(int(np.ceil(max(expect, 0) * SAMPLE_RATE / rate)) + 64)
             block = max(1, min(int(BLOCK_SECONDS * rate), BLOCK_VALUES // channels))
-            left, got, peak = want, 0, 0.0
+            left, got = want, 0
             while left > 0:
                 _check_deadline(deadline)
                 data = f.read(min(block, left), dtype="float32", always_2d=True)
@@ -357,10 +376,14 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
                 if not np.isfinite(mono).all():
                     raise AudioError("audio contains NaN or infinite samples")
                 if len(mono):
-                    peak = max(peak, float(np.abs(mono).max()))
-                out.add(stream.resample_chunk(mono, last=left <= 0) if stream else mono)
+                    info.peak = max(info.peak, float(np.abs(mono).max()))
+                out = stream.resample_chunk(mono, last=left <= 0) if stream else mono
+                if len(out):
+                    yield np.ascontiguousarray(out, dtype=np.float32)
             if stream is not None and left > 0:  # stopped early: flush the resampler
-                out.add(stream.resample_chunk(np.zeros(0, np.float32), last=True))
+                out = stream.resample_chunk(np.zeros(0, np.float32), last=True)
+                if len(out):
+                    yield np.ascontiguousarray(out, dtype=np.float32)
             mp3 = f.format == "MP3"
         # An MP3 without a length header has only an estimate of its length, short or long:
         # its frames are the measure; any other file is measured against its header.
@@ -378,12 +401,38 @@ def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
         raise _undecodable(_libsndfile_reason(exc)) from None
     except (RuntimeError, TypeError, ValueError) as exc:
         raise _undecodable(str(exc)) from None
+
+
+def peak_scale(peak: float) -> float | None:
+    """The factor a float recording whose samples peak at ``peak`` is scaled by (None:
+    it is not): see MAX_FLOAT_PEAK."""
+    return 1.0 / peak if peak > MAX_FLOAT_PEAK else None
+
+
+def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
+                  duration_s: float | None = None, max_seconds: float = MAX_SECONDS,
+                  deadline: float | None = None) -> tuple[np.ndarray, int, int]:
+    """The whole of ``iter_blocks``' decode (same arguments) in one preallocated 16-kHz
+    array, scaled back to a peak of 1 where a float file's samples exceed MAX_FLOAT_PEAK.
+
+    Returns ``(samples, original_rate, original_channels)``; raises AudioError."""
+    info = StreamInfo()
+    blocks = iter_blocks(fh, quality, offset_s, duration_s, max_seconds, deadline, info)
+    first = next(blocks, None)    # the header is read (and checked) by the first block
+    expect = min(info.expected or 0, int(PREALLOCATE_S * SAMPLE_RATE))
+    out = _Growing(expect + 64)
+    if first is not None:
+        out.add(first)
+        del first
+        for block in blocks:
+            out.add(block)
     if out.n == 0:
         raise AudioError("audio has zero samples", "empty")
     samples = out.result()
-    if peak > MAX_FLOAT_PEAK:
-        samples *= np.float32(1.0 / peak)
-    return samples, rate, channels
+    scale = peak_scale(info.peak)
+    if scale is not None:
+        samples *= np.float32(scale)
+    return samples, info.rate, info.channels
 
 
 class _Growing:
