@@ -23,6 +23,7 @@ class AudioPrep:
         self.quality = cfg.audio.resample_quality
         self.timeout_s = cfg.audio.read_timeout_s
         self.max_seconds = cfg.audio.max_seconds
+        self.stream = cfg.audio.stream
         self.new_segmenter = lambda: VadSegmenter(cfg.audio.max_segment_s, cfg.audio.vad_threshold,
                                                   cfg.audio.vad_pad_s)
         with torch_threads(1):
@@ -41,7 +42,8 @@ class AudioPrep:
         # workers of a cluster started before the job have not inherited them).
         use_options(self.storage_options, [r["audio"] for r in items if r.get("audio")])
         for r in items:
-            rows.append(prepare_row_within(r, self.segmenter, self.quality, self.timeout_s, self.max_seconds))
+            rows.append(prepare_row_within(r, self.segmenter, self.quality, self.timeout_s, self.max_seconds,
+                                           self.stream))
             if rows[-1].get("reader_alive"):
                 # A timed-out call still blocked in a read may reach the VAD later: the next
                 # rows get their own. (One that stopped at its deadline never does.)

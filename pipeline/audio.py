@@ -8,7 +8,7 @@ no more than that window. `decode_stream` collects them into one preallocated 16
 array: its peak is the result plus one block.
 
 What a file costs is bounded before it is decoded: its header's sample rate and channel
-count must be in range (MIN_RATE..MAX_RATE, MAX_CHANNELS), the audio asked for at most
+count must be in range (pipeline.audio_limits), the audio asked for at most
 ``max_seconds`` (config ``audio.max_seconds``), a block at most BLOCK_VALUES samples, and
 a ``deadline`` is checked between blocks, so a read that runs out of time stops instead of
 running on in a thread no one waits for.
@@ -20,73 +20,22 @@ the pipeline turns it into one output row with that `error`, so a bad file never
 from __future__ import annotations
 
 import io
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import soundfile as sf
 import soxr
 
+from pipeline.audio_limits import (MAX_FLOAT_PEAK, MAX_SECONDS, SAMPLE_RATE, UNRECOGNISED, AudioError, StreamInfo,
+                                   check_header)
+from pipeline.audio_limits import check_deadline as _check_deadline
+from pipeline.audio_limits import span_cut_short as _span_cut_short
+from pipeline.audio_limits import too_long as _too_long
+from pipeline.audio_limits import too_short as _too_short
 from pipeline.mp3_frames import DeadlinePassed, untagged_seconds
 
-SAMPLE_RATE = 16000
-# Float formats are stored unscaled: a file written as int16 values in float (peaks near
-# 32768) decodes to garbage text without an error. Above this peak the samples are scaled
-# back to a peak of 1; integer formats never get there (libsndfile gives them [-1, 1)).
-MAX_FLOAT_PEAK = 1.5
-# A decode that stops early by more than this (the larger of the two) is a truncated or
-# corrupt file, not an estimate of the header's length (MP3 frame counts can be off).
-SHORT_READ_S, SHORT_READ_SHARE = 1.0, 0.05
-# Whatever the tolerance above, a decode that gives less than this share of what the header
-# declares is corrupt (a 1.5-s header over 0.6 s of audio is not a shorter recording).
-SHORT_READ_MAX_SHARE = 0.5
-# The header values a recording may have: outside them a file is refused before decoding
-# (a rate of 1 Hz resampled to 16 kHz grows 16000-fold; 1000 channels of a mono file's
-# bytes decode as a few milliseconds of noise).
-MIN_RATE, MAX_RATE = 1000, 384000
-MAX_CHANNELS = 32
-MAX_SECONDS = 14400.0   # audio.max_seconds's default: the longest audio decoded for one row
 # libsndfile's frame count for a length it does not know (a FLAC stream without a total).
 _UNKNOWN_FRAMES = 1 << 62
-
-
-def _too_short(missing_s: float, wanted_s: float) -> bool:
-    return missing_s > min(max(SHORT_READ_S, SHORT_READ_SHARE * wanted_s), SHORT_READ_MAX_SHARE * wanted_s)
-
-
-def _span_cut_short(length_s: float, got_to_s: float, offset_s: float | None, duration_s: float | None) -> bool:
-    """Whether audio that reaches only ``got_to_s`` of ``length_s`` falls short of the part
-    asked for (the whole file, or ``duration_s`` from ``offset_s``) past the tolerance."""
-    start = offset_s or 0.0
-    end = length_s if duration_s is None else min(length_s, start + duration_s)
-    return _too_short(end - got_to_s, end - start)
-
-
-class AudioError(ValueError):
-    """The bytes are not decodable audio (or hold no samples). ``kind``: one word of
-    pipeline.output.ERROR_KINDS; pipeline.output.error_kind gives the same word for the
-    message, which is all an output row keeps."""
-
-    def __init__(self, message: str, kind: str = "corrupt"):
-        super().__init__(message)
-        self.kind = kind
-
-
-def check_header(rate: int, channels: int) -> None:
-    """AudioError (``unsupported``) where a header's sample rate or channel count is out of
-    range: checked before any sample is decoded."""
-    if not MIN_RATE <= rate <= MAX_RATE:
-        raise AudioError(f"unsupported sample rate: the header declares {rate} Hz "
-                         f"(accepted: {MIN_RATE}..{MAX_RATE} Hz)", "unsupported")
-    if not 1 <= channels <= MAX_CHANNELS:
-        raise AudioError(f"unsupported channel count: the header declares {channels} channels "
-                         f"(accepted: 1..{MAX_CHANNELS})", "unsupported")
-
-
-def _too_long(seconds: float, max_seconds: float, what: str) -> AudioError:
-    return AudioError(f"too long: {what} {seconds:.0f} s of audio, over audio.max_seconds "
-                      f"({max_seconds:g} s)", "too_long")
 
 
 def _check_known_length(frames: int) -> None:
@@ -96,11 +45,6 @@ def _check_known_length(frames: int) -> None:
     if frames >= _UNKNOWN_FRAMES:
         raise AudioError("cannot decode audio: unsupported stream without a declared length "
                          "(a FLAC written to a pipe?); re-encode it to a file", "unsupported")
-
-
-def _check_deadline(deadline: float | None) -> None:
-    if deadline is not None and time.monotonic() > deadline:
-        raise AudioError("read timeout: decoding stopped at its deadline (audio.read_timeout_s)", "timeout")
 
 
 WAV_HEAD_BYTES = 4096   # where a WAV's fmt and data chunk headers are looked for
@@ -226,7 +170,7 @@ def _libsndfile_reason(exc: "sf.LibsndfileError") -> str:
     reason = getattr(exc, "error_string", "") or str(exc)
     # libsndfile says "not a regular file" when it recognises no container in memory.
     if "regular file" in reason or "not recognised" in reason.lower():
-        return "unrecognised or corrupt audio format"
+        return UNRECOGNISED
     if "internal error" in reason.lower():   # what a decoder says on damaged frames mid-file
         return f"corrupt data inside the file ({reason.rstrip('.')})"
     if any(w in reason.lower() for w in ("unimplemented", "unsupported", "not supported")):
@@ -237,6 +181,31 @@ def _libsndfile_reason(exc: "sf.LibsndfileError") -> str:
 def _undecodable(reason: str) -> AudioError:
     return AudioError(f"cannot decode audio: {reason}",
                       "unsupported" if reason.startswith("unsupported") else "corrupt")
+
+
+def _sndfile_reads(fh, pos: int) -> bool:
+    """Whether libsndfile reads ``fh`` (from ``pos``; put back there): where it does not
+    recognise the container, or holds its codec unsupported (a WAV of GSM or MP3 data),
+    FFmpeg (pipeline.audio_av) is asked."""
+    try:
+        sf.SoundFile(fh).close()
+    except sf.LibsndfileError as exc:
+        return not _libsndfile_reason(exc).startswith((UNRECOGNISED, "unsupported"))
+    except (RuntimeError, TypeError, ValueError):
+        return True     # recognised, and refused: its own error names why
+    finally:
+        fh.seek(pos)
+    return True
+
+
+def ffmpeg_first(head: bytes) -> bool:
+    """Whether a file that starts with ``head`` is one libsndfile reads but FFmpeg decodes
+    faster (`shardscribe bench audio-decode`, docs/sources.md): MP3 (FFmpeg also reads every
+    frame of one without a length header) and Ogg Opus. Ogg Vorbis, faster too, stays with
+    libsndfile: FFmpeg's decoder drops the first 256 samples of its first packet."""
+    if head[:3] == b"ID3" or (len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0):
+        return True
+    return head[:4] == b"OggS" and b"OpusHead" in head[:64]
 
 
 def decode_audio(data: bytes | None, quality: str = "HQ",
@@ -250,6 +219,8 @@ def decode_audio(data: bytes | None, quality: str = "HQ",
         raise AudioError("no audio bytes (the file could not be read)", "unreadable")
     if len(data) == 0:
         raise AudioError("empty file (0 bytes)", "empty")
+    if ffmpeg_first(data[:WAV_HEAD_BYTES]) or not _sndfile_reads(io.BytesIO(data), 0):
+        return decode_stream(io.BytesIO(data), quality, max_seconds=max_seconds)
     _check_wav_length(data[:WAV_HEAD_BYTES], len(data))
     fill = wav_unwritten_length(data[:WAV_HEAD_BYTES], len(data), data[-WAV_HEAD_BYTES:])
     if fill:
@@ -298,21 +269,9 @@ BLOCK_VALUES = 1 << 22  # and at most this many samples (all channels) per read:
 PREALLOCATE_S = 3600.0  # the 16-kHz result is allocated for at most this long, then grows
 
 
-@dataclass
-class StreamInfo:
-    """What a block decoder learns as it goes: the header's sample rate and channel count
-    (set before the first block), the largest absolute sample value seen so far (at the
-    original rate), and the 16-kHz samples it would yield in all where the header says
-    (``expected``; None where it does not)."""
-    rate: int = 0
-    channels: int = 0
-    peak: float = 0.0
-    expected: int | None = None
-
-
 def iter_blocks(fh, quality: str = "HQ", offset_s: float | None = None, duration_s: float | None = None,
                 max_seconds: float = MAX_SECONDS, deadline: float | None = None,
-                info: StreamInfo | None = None) -> Iterator[np.ndarray]:
+                info: StreamInfo | None = None, stream: int = 0) -> Iterator[np.ndarray]:
     """Decode the file object ``fh`` (or its span from ``offset_s`` for ``duration_s``
     seconds) as 16-kHz mono float32 blocks of at most BLOCK_SECONDS, in order.
 
@@ -342,6 +301,11 @@ def iter_blocks(fh, quality: str = "HQ", offset_s: float | None = None, duration
                 patches, length = wav_unwritten_length(head, size, fh.read(WAV_HEAD_BYTES))
                 fh, pos = _FilledHeader(fh, pos, patches, length), 0
     fh.seek(pos)
+    if stream or ffmpeg_first(head) or not _sndfile_reads(fh, pos):
+        from pipeline.audio_av import iter_av_blocks    # PyAV: every container FFmpeg reads
+
+        yield from iter_av_blocks(fh, quality, offset_s, duration_s, max_seconds, deadline, info, stream)
+        return
     try:
         with sf.SoundFile(fh) as f:
             rate, channels, total = f.samplerate, f.channels, f.frames
@@ -411,13 +375,13 @@ def peak_scale(peak: float) -> float | None:
 
 def decode_stream(fh, quality: str = "HQ", offset_s: float | None = None,
                   duration_s: float | None = None, max_seconds: float = MAX_SECONDS,
-                  deadline: float | None = None) -> tuple[np.ndarray, int, int]:
+                  deadline: float | None = None, stream: int = 0) -> tuple[np.ndarray, int, int]:
     """The whole of ``iter_blocks``' decode (same arguments) in one preallocated 16-kHz
     array, scaled back to a peak of 1 where a float file's samples exceed MAX_FLOAT_PEAK.
 
     Returns ``(samples, original_rate, original_channels)``; raises AudioError."""
     info = StreamInfo()
-    blocks = iter_blocks(fh, quality, offset_s, duration_s, max_seconds, deadline, info)
+    blocks = iter_blocks(fh, quality, offset_s, duration_s, max_seconds, deadline, info, stream)
     first = next(blocks, None)    # the header is read (and checked) by the first block
     expect = min(info.expected or 0, int(PREALLOCATE_S * SAMPLE_RATE))
     out = _Growing(expect + 64)

@@ -169,7 +169,7 @@ class ConfidenceConfig:
 
 @dataclass
 class AudioConfig:
-    HASHED_WHEN_SET = ("max_seconds",)   # config_hash: left out while at its default
+    HASHED_WHEN_SET = ("max_seconds", "stream")   # config_hash: left out while at its default
     max_segment_s: float = 30.0       # longer recordings are segmented (at most the family's window)
     vad_threshold: float = 0.5        # silero-vad speech probability
     vad_pad_s: float = 0.2            # context kept around speech when cutting
@@ -181,12 +181,18 @@ class AudioConfig:
     # error row (too_long), whatever its header claims, so one file's memory is bounded
     # (16-kHz float32: 64 KB a second, 0.9 GB at the default 4 hours).
     max_seconds: float = 14400.0
+    # Which audio stream of a file with several (a video with two languages, a recording with
+    # a track per microphone) is transcribed: 0 is the first. A file without that stream is an
+    # error row (unsupported).
+    stream: int = 0
 
     def validate(self, key: str) -> None:
         if self.read_timeout_s <= 0:
             raise ConfigError(f"{key}.read_timeout_s: must be > 0, got {self.read_timeout_s}")
         if not (math.isfinite(self.max_seconds) and self.max_seconds >= 1.0):
             raise ConfigError(f"{key}.max_seconds: must be a finite number >= 1, got {self.max_seconds}")
+        if isinstance(self.stream, bool) or not isinstance(self.stream, int) or self.stream < 0:
+            raise ConfigError(f"{key}.stream: must be an audio stream's index, an integer >= 0, got {self.stream!r}")
         if self.max_segment_s < 1.0:
             raise ConfigError(f"{key}.max_segment_s: must be >= 1, got {self.max_segment_s}")
         if not 0.0 < self.vad_threshold < 1.0:

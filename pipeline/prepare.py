@@ -26,9 +26,10 @@ from pipeline.storage import redact_text, redact_uri
 
 
 def prepare_row(row: dict, segmenter: VadSegmenter, quality: str = "HQ", max_seconds: float = MAX_SECONDS,
-                deadline: float | None = None) -> dict:
+                deadline: float | None = None, stream: int = 0) -> dict:
     """One prepared row (segments, or an ``error``) of the manifest row ``row``; at most
-    ``max_seconds`` of audio, decoding stopped past ``deadline`` (time.monotonic())."""
+    ``max_seconds`` of audio of its audio stream ``stream`` (audio.stream), decoding stopped
+    past ``deadline`` (time.monotonic())."""
     start = time.perf_counter()
     out = {"id": row["id"], "audio": row["audio"], "reference": row.get("reference"),
            "key_phrases": row.get("key_phrases"), "offset_s": row.get("offset_s"), "duration_s": None,
@@ -44,7 +45,7 @@ def prepare_row(row: dict, segmenter: VadSegmenter, quality: str = "HQ", max_sec
             raise AudioError(f"cannot read {row['audio']}: {exc}", "unreadable") from None
         try:
             samples, _, _ = decode_stream(fh, quality, row.get("offset_s"), row.get("duration_s"),
-                                          max_seconds, deadline)
+                                          max_seconds, deadline, stream)
         except OSError as exc:
             raise AudioError(f"cannot read {row['audio']}: {exc}", "unreadable") from None
         finally:
@@ -73,7 +74,7 @@ CANCEL_GRACE_S = 1.0
 
 
 def prepare_row_within(row: dict, segmenter: VadSegmenter, quality: str, timeout_s: float,
-                       max_seconds: float = MAX_SECONDS) -> dict:
+                       max_seconds: float = MAX_SECONDS, stream: int = 0) -> dict:
     """``prepare_row`` with the row's isolation around it: an error the source found (a
     file name that is not UTF-8) or a path that is not a regular file (a FIFO would block
     its reader forever) becomes the row's error at once, and a read or decode still
@@ -93,7 +94,7 @@ def prepare_row_within(row: dict, segmenter: VadSegmenter, quality: str, timeout
 
         def read() -> None:
             try:
-                done.put(prepare_row(row, segmenter, quality, max_seconds, deadline))
+                done.put(prepare_row(row, segmenter, quality, max_seconds, deadline, stream))
             except BaseException as exc:    # prepare_row catches its own; this is a last resort
                 done.put({**row, "duration_s": None, "seg_start": [], "seg_end": [], "seg_audio": [],
                           "error": f"{type(exc).__name__} while preparing audio: {exc}",

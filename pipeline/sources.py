@@ -31,12 +31,12 @@ import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.audio_formats import AUDIO_EXTENSIONS
 from pipeline.batching import slow_start
 from pipeline.id_buckets import IdBuckets
 from pipeline.records import INPUT_SCHEMA, table
 from pipeline.storage import redact_uri, utf8_name
 
-AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".opus", ".aiff", ".aif", ".au")
 MANIFEST_EXTENSIONS = (".jsonl", ".json", ".ndjson")
 # Column (or manifest key) names recognised without --audio-column / --text-column, in
 # order of preference: ours and NeMo's, then those of common Hugging Face speech datasets.
@@ -63,6 +63,12 @@ class Source:
     exclude: pa.Array | None = dataclasses.field(default=None, compare=False)
     # "files": each file's "<size>:<mtime>" as the listing showed it (None: not listed)
     stamps: tuple[str | None, ...] | None = dataclasses.field(default=None, compare=False)
+    # "files": the listed files left out for their type, by extension (".txt", "" for none)
+    skipped: tuple[tuple[str, int], ...] = dataclasses.field(default=(), compare=False)
+
+    @property
+    def skipped_files(self) -> int:
+        return sum(n for _, n in self.skipped)
 
     def excluding(self, ids: Iterable[str] | pa.Array) -> "Source":
         arr = ids if isinstance(ids, (pa.Array, pa.ChunkedArray)) else pa.array(sorted(ids), pa.string())
@@ -169,11 +175,36 @@ def open_source(uri: str, audio_column: str | None = None, text_column: str | No
     audio = sorted(f for f in info if f.lower().endswith(AUDIO_EXTENSIONS))
     if audio:
         return Source(uri, "files", tuple(_uri(fs, f) for f in audio), root=root,
-                      stamps=tuple(_stamp(info[f]) for f in audio), **cols)
+                      stamps=tuple(_stamp(info[f]) for f in audio), skipped=_by_extension(set(info) - set(audio)),
+                      **cols)
     tables = sorted(f for f in found if f.lower().endswith(".parquet"))
     if tables:
         return Source(uri, "table", tuple(_uri(fs, f) for f in tables), root=root, **cols)
-    raise SourceError(f"input {redact_uri(uri)!r}: no audio files, manifest rows or Parquet rows found")
+    other = _by_extension(f for f in info if info[f].get("type") != "directory")
+    raise SourceError(f"input {redact_uri(uri)!r}: no audio files, manifest rows or Parquet rows found"
+                      + (f" ({_described(other)} of other types)" if other else ""))
+
+
+def _by_extension(paths: Iterable[str]) -> tuple[tuple[str, int], ...]:
+    """How many of ``paths`` have each extension, most first."""
+    counts: dict[str, int] = {}
+    for p in paths:
+        ext = posixpath.splitext(posixpath.basename(p))[1].lower()
+        counts[ext] = counts.get(ext, 0) + 1
+    return tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def skipped_line(source: Source) -> str | None:
+    """The console's one line on the files a folder input left out for their type; None
+    where it left none out."""
+    if not source.skipped_files:
+        return None
+    return (f"shardscribe: skipped {source.skipped_files} file{'s' if source.skipped_files > 1 else ''} "
+            f"of a type no decoder reads ({_described(source.skipped)}); the audio types: docs/sources.md")
+
+
+def _described(counts: tuple[tuple[str, int], ...]) -> str:
+    return ", ".join(f"{n} {ext or '(no extension)'}" for ext, n in counts[:5]) + (", ..." if len(counts) > 5 else "")
 
 
 # --- rows ----------------------------------------------------------------------------

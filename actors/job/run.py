@@ -292,6 +292,7 @@ def _run_locked(spec: JobSpec, cfg, source, scanned, job_id: str, formats: list[
     from pipeline.formats import export_dirs
     from pipeline.output import begin_job, clear_output, drop_rows, quarantine_unreadable, scan_output
     from pipeline.resume import plan_resume
+    from pipeline.sources import skipped_line
     from pipeline.storage import redact_uri
 
     job_hash = config_hash(cfg)
@@ -332,6 +333,8 @@ def _run_locked(spec: JobSpec, cfg, source, scanned, job_id: str, formats: list[
     if plan.conflicts:
         console.say(f"shardscribe: adding {plan.conflicts} recordings whose ids {redact_uri(spec.output)} holds "
                     "from another source under distinct ids (<id>~<hash of the source>)")
+    if skipped_line(source):
+        console.say(skipped_line(source))
     items = plan.work_items(scanned.items)
     return _transcribe(spec, cfg, scanned, plan, source, items, job_hash, formats, job_id, on_progress, console)
 
@@ -419,7 +422,8 @@ def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, format
         wall = time.perf_counter() - start
         summary = JobSummary(summarize(spec.output, plan.wanted(scanned), {
             "config": cfg.name, "config_hash": job_hash, "runner": spec.runner, "run_rows": todo,
-            "skipped_existing": scanned.rows - todo, "started_at": started_at, "wall_seconds": wall,
+            "skipped_existing": scanned.rows - todo, "skipped_by_type": rows.skipped_files,
+            "started_at": started_at, "wall_seconds": wall,
             "log": console.url, **({"second_stage": second_stage} if second_stage else {}),
             **({"cluster": cluster} if cluster else {}), **kind.summary(cfg, spec.output, started_at, todo),
         }, options=cfg.storage.options, untranscribed=untranscribed_stages()))
