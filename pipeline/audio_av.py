@@ -154,22 +154,27 @@ def _decode(container, stream, rate: int, quality: str, start: float, end: float
             container.seek(int(start / stream.time_base), stream=stream)
         except av.FFmpegError:
             container.seek(0, stream=stream)
-    first = int(round(start * rate))
-    stop = None if end is None else int(round(end * rate))
-    cap = int(max_seconds * rate)
-    resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality=quality) \
-        if rate != SAMPLE_RATE else None
     pending: list[np.ndarray] = []
     held = 0                   # source samples in ``pending``
     pos = None                 # source sample index of the next decoded sample
     got = 0                    # source samples kept (within the span)
-    block = max(1, int(BLOCK_SECONDS * rate))
     done = False
     try:
         for packet in container.demux(stream):
             check_deadline(deadline)
             for frame in packet.decode():
-                if pos is None:   # after a seek, where the first frame starts; else at 0
+                if pos is None or frame.sample_rate != rate:
+                    if pos is not None and frame.sample_rate != rate:
+                        raise _unsupported(f"stream: its sample rate changes from {rate} to {frame.sample_rate} Hz")
+                    # The frames' rate is the measure: an HE-AAC header gives half of it.
+                    rate = frame.sample_rate
+                    check_header(rate, info.channels)
+                    info.rate = rate
+                    first, stop = int(round(start * rate)), None if end is None else int(round(end * rate))
+                    cap, block = int(max_seconds * rate), max(1, int(BLOCK_SECONDS * rate))
+                    resampler = soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality=quality) \
+                        if rate != SAMPLE_RATE else None
+                    # after a seek, where the first frame starts; else at 0
                     timed = start > 0 and frame.pts is not None and frame.time_base is not None
                     pos = max(int(round(float(frame.pts * frame.time_base) * rate)), 0) if timed else 0
                 mono = _mono(frame)
@@ -196,16 +201,15 @@ def _decode(container, stream, rate: int, quality: str, start: float, end: float
                 break
     except av.FFmpegError as exc:
         raise _corrupt(f"{stream.codec_context.name}: {_ffmpeg_reason(exc)}") from None
-    if pending or resampler is not None:
-        tail = _flush(pending, resampler, last=True)
-        if len(tail):
-            yield tail
     if got == 0:
         raise AudioError("audio has zero samples", "empty")
+    tail = _flush(pending, resampler, last=True)
+    if len(tail):
+        yield tail
     return got / rate
 
 
 def _flush(pending: list[np.ndarray], resampler, last: bool) -> np.ndarray:
-    mono = np.concatenate(pending) if len(pending) != 1 else pending[0]
+    mono = pending[0] if len(pending) == 1 else np.concatenate(pending) if pending else np.zeros(0, np.float32)
     pending.clear()
     return resampler.resample_chunk(mono, last=last) if resampler is not None else mono
