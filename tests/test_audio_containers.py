@@ -236,3 +236,19 @@ def test_the_folder_scan_takes_every_decoder_type_and_counts_the_rest(tmp_path, 
     (none / "a.txt").write_text("x")
     with pytest.raises(SourceError, match=r"no audio files.* \(1 \.txt of other types\)"):
         open_source(str(none))
+
+
+def test_an_mp4_whose_headers_claim_1000_times_its_length(files, clip):
+    """mvhd, tkhd and mdhd patched to declare 1000 times the audio (2965 s): nothing is
+    refused or sized by the claim (FFmpeg measures the stream by its sample table), and the
+    decode is the audio the file holds, under a cap far below the claim."""
+    import struct
+
+    from pipeline.audio import decode_stream
+
+    data = bytearray(files[".m4a"].read_bytes())
+    for box, skip in ((b"mvhd", 12), (b"tkhd", 16), (b"mdhd", 12)):
+        at = data.index(box) + 4 + 4 + skip       # version 0: 32-bit fields
+        data[at:at + 4] = struct.pack(">I", struct.unpack(">I", data[at:at + 4])[0] * 1000)
+    got, _, _ = decode_stream(io.BytesIO(bytes(data)), max_seconds=60.0)
+    assert abs(len(got) - len(clip[0])) <= 0.11 * 16000
