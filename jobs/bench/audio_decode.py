@@ -2,7 +2,8 @@
 path) against PyAV (pipeline.audio_av) on the formats both read (WAV, FLAC, MP3, OGG
 Vorbis, Ogg Opus), and of soxr against FFmpeg's resampler (swresample) on 44.1 kHz to 16
 kHz, on a few minutes of a shipped sample's speech repeated. pipeline.audio decodes each
-format with the faster backend; these figures are why.
+format with the faster backend (pipeline.audio.ffmpeg_first: MP3 and Ogg Opus through
+FFmpeg), Ogg Vorbis excepted, and resamples with soxr; these figures are why.
 
 Each figure is the best of ``--repeats`` runs of the whole file, in seconds, and the ratio
 is PyAV's time over libsndfile's (above 1: libsndfile is faster), measured in the same run.
