@@ -50,13 +50,14 @@ def build_stages(cfg, kind=None) -> tuple:
 
 def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: bool = True,
               kind=None, items: list[dict] | None = None, job_id: str | None = None, on_batch=None,
-              stages: tuple | None = None, on_second_stage=None) -> int:
+              stages: tuple | None = None, on_second_stage=None, on_progress=None) -> int:
     """Transcribe ``rows`` (a list of manifest row dicts, or a pipeline.sources.Source read
     piece by piece; ``items``: its scan's work items) into Parquet parts under ``dst``;
     returns rows written. ``on_batch(table)`` sees every batch of finished output rows
     (the job's progress bar); ``stages``: :func:`build_stages`' result for ``cfg``;
     ``on_second_stage(stats)`` gets a two-stage kind's second-stage counts
-    (pipeline.pending_pool.SecondStageStats.as_dict) once the run ends, however it ends."""
+    (pipeline.pending_pool.SecondStageStats.as_dict) once the run ends, however it ends;
+    ``on_progress(counts)`` the progress of long recordings' pieces (actors.stage_loop)."""
     prep, model, second = stages or build_stages(cfg, kind)
     fs, path = url_to_fs(dst, cfg.storage.options)
     fs.makedirs(path, exist_ok=True)
@@ -70,7 +71,7 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
     if sized != cfg.batching.max_tokens:
         # sized from the GPU's memory where the model loaded (batching.max_tokens unset)
         cfg = dataclasses.replace(cfg, batching=dataclasses.replace(cfg.batching, max_tokens=sized))
-    loop = StageLoop(model, second, cfg)
+    loop = StageLoop(model, second, cfg, on_progress=on_progress)
 
     def emit(out):
         nonlocal written
@@ -87,7 +88,8 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
 
     batches = input_batches(rows, cfg.batching.recordings_per_batch, items, first_batch=cfg.batching.first_batch)
     try:
-        for _ in loop.steps(((b.num_rows, prep(b)) for b in batches), emit, cfg.batching.first_batch):
+        prepared = ((n, t) for b in batches for n, t in prep.tables(b))
+        for _ in loop.steps(prepared, emit, cfg.batching.first_batch):
             pass
         loop.finish(emit)
     finally:

@@ -36,6 +36,7 @@ from actors.transcriber import Transcriber
 from pipeline.config import config_from_dict
 from pipeline.decoders import decoder_kind
 from pipeline.output.handoff import PartBuffer
+from pipeline.prepare_stream import PIECES_AHEAD
 from pipeline.sources import read_item, slow_start_tables
 
 # Seconds between progress events while a unit runs (a part or the unit's end always
@@ -60,13 +61,13 @@ class ModelWorker:
         if self.second is not None:
             self.second.cfg.batching.max_tokens = self.cfg.batching.max_tokens
         # One loop for the actor's life: the second stage pools rows across work units.
-        self.loop = StageLoop(self.model, self.second, self.cfg)
+        self.loop = StageLoop(self.model, self.second, self.cfg, on_progress=self._progress)
         self.buffer = PartBuffer(dst, job_id, self.cfg.output.rows_per_part, self.cfg.output.commit_interval_s,
                                  self.cfg.storage.options)
         self.prep = _AudioStage(config, self.kind, family, audio_actors)
         self.lock = threading.Lock()     # the buffer and counts: run and flush may overlap
         self.unit_of: dict[str, int] = {}   # ids read and not yet emitted -> their unit
-        self.counts = [0, 0.0, 0]
+        self.counts = [0, 0.0, 0, 0.0]
         self.sent_calls = self.sent_waits = 0
         self.sent_pending = 0
         self.started = False
@@ -142,9 +143,13 @@ class ModelWorker:
             if self.buffer.due():
                 parts.append(self.buffer.write())
 
+    def _progress(self, counts) -> None:
+        with self.lock:
+            self.counts = [a + b for a, b in zip(self.counts, counts)]
+
     def _event(self, parts: list, read: int | None = None) -> dict:
         with self.lock:
-            counts, self.counts = self.counts, [0, 0.0, 0]
+            counts, self.counts = self.counts, [0, 0.0, 0, 0.0]
         event = {"incarnation": self.incarnation, "counts": counts, "parts": list(parts), "read": read,
                  "pending_rows": self.loop.pending_rows - self.sent_pending, "calls": [], "waits": []}
         self.sent_pending = self.loop.pending_rows
@@ -200,10 +205,11 @@ class _AudioStage:
                        .remote(config, kind, family) for _ in range(max(1, n))]
 
     def map(self, tables):
-        """(rows read, prepared table) per input table, in order."""
+        """(rows finished, prepared table) per table, in order: one per input table, and
+        one per piece of a long recording (AudioPrep.tables)."""
         if self.local is not None:
             for t in tables:
-                yield t.num_rows, self.local(t)
+                yield from self.local.tables(t)
             return
         import ray
 
@@ -211,19 +217,21 @@ class _AudioStage:
         depth = len(self.actors) + 1
         turn = 0
         for t in tables:
-            ahead.append((t.num_rows, self.actors[turn % len(self.actors)].prepare.remote(t)))
+            # A stream of tables per input table; an audio actor stops PIECES_AHEAD tables
+            # ahead of the model, so a long recording's pieces never pile up in the object
+            # store.
+            ahead.append(self.actors[turn % len(self.actors)].tables.options(
+                num_returns="streaming", _generator_backpressure_num_objects=PIECES_AHEAD).remote(t))
             turn += 1
             if len(ahead) > depth:
-                n, ref = ahead.popleft()
-                yield n, ray.get(ref)
+                yield from (ray.get(ref) for ref in ahead.popleft())
         while ahead:
-            n, ref = ahead.popleft()
-            yield n, ray.get(ref)
+            yield from (ray.get(ref) for ref in ahead.popleft())
 
 
 class _PrepActor:
     def __init__(self, config: dict, kind, family):
         self.prep = AudioPrep(config, kind, family)
 
-    def prepare(self, batch: pa.Table) -> pa.Table:
-        return self.prep(batch)
+    def tables(self, batch: pa.Table):
+        yield from self.prep.tables(batch)

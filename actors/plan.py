@@ -311,7 +311,7 @@ class RayRunner:
         rows = event["counts"][0]
         if slot.where is not None:
             self.placements[slot.where["incarnation"]]["rows"] += rows
-        if rows and self.on_counts is not None:
+        if any(event["counts"]) and self.on_counts is not None:
             self.on_counts(*event["counts"])
         if event["read"] is not None and slot.unit is not None and slot.unit in self.units:
             unit = self.units[slot.unit]
@@ -466,7 +466,8 @@ def run_ray(rows, cfg, dst: str, kind=None, items: list[dict] | None = None, job
             on_counts=None, on_second_stage=None, on_cluster=None) -> dict | None:
     """The job on Ray: ``rows`` (a list of INPUT dicts, or a pipeline.sources.Source;
     ``items``: its scan's work items, if already made) into parts under ``dst``.
-    ``on_counts(rows, audio_s, errors)`` gets each report of finished rows;
+    ``on_counts(rows, audio_s, errors, partial)`` gets each report of finished rows (and
+    of the pieces of long recordings, pipeline.pieces);
     ``on_second_stage(stats)`` a two-stage kind's second-stage counts and ``on_cluster``
     the pool's placements and the driver's own traffic, however the run ends. Returns the
     second-stage counts (None for a one-stage kind)."""

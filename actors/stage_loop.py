@@ -11,6 +11,11 @@ token-budget batch of them is full, the input ends, one has waited
 (then it is decoded before the next batch), or, in the slow start's batches but its last,
 after each of them (trigger ``start``); rows with nothing pending are emitted at once, a
 pending row only once finished.
+
+A long recording arrives in pieces (pipeline.prepare_stream); each is decoded as a row of
+its own and held, as text, until its recording's last piece is done (pipeline.pieces):
+only whole rows are emitted, and ``on_progress`` gets the pieces' audio seconds and
+shares as they finish.
 """
 from __future__ import annotations
 
@@ -20,8 +25,11 @@ from typing import Callable, Iterable, Iterator
 import pyarrow as pa
 
 from pipeline.batching import in_slow_start
+from pipeline.confidence.apply import ConfidenceScorer
+from pipeline.filters import mark_rows
 from pipeline.pending_pool import PendingPool, SecondStageStats
-from pipeline.records import OUTPUT_SCHEMA, table
+from pipeline.pieces import PieceJoiner
+from pipeline.records import OUTPUT_SCHEMA, stamp, table
 
 
 class StageLoop:
@@ -29,10 +37,13 @@ class StageLoop:
     sharing its model (None for a one-stage kind); ``stats``: where the second stage's
     calls are counted. The pool lives as long as the loop: the batches of several
     :meth:`steps` calls (a Ray model actor's work units) share it, and :meth:`finish`
-    decodes what it still holds."""
+    decodes what it still holds. ``on_progress(counts)``: the progress of the pieces of
+    long recordings, (rows, audio seconds, errors, partial recordings) to add."""
 
-    def __init__(self, model, second, cfg, stats: SecondStageStats | None = None):
+    def __init__(self, model, second, cfg, stats: SecondStageStats | None = None, on_progress=None):
         self.model, self.second, self.cfg = model, second, cfg
+        self.on_progress = on_progress
+        self.joiner = PieceJoiner(self._refinish)
         self.stats = stats if stats is not None or second is None else SecondStageStats(cfg.batching.max_tokens)
         self.pending_rows = 0    # rows that went to the second stage
         opts = cfg.second_stage
@@ -58,8 +69,10 @@ class StageLoop:
         first = first_batch or step
         pool = self.pool
         read = 0
+        emit = self._joining(emit)
         for rows_read, batch in prepared:
             read += rows_read
+            batch = self.joiner.tag(batch)
             if second is None:
                 emit(self.model(batch))
                 yield
@@ -91,7 +104,27 @@ class StageLoop:
     def finish(self, emit: Callable[[pa.Table], None]) -> None:
         """The input is done: decode every row the pool still holds."""
         if self.pool is not None:
-            self._dispatch(self.pool.take(final=True), emit)
+            self._dispatch(self.pool.take(final=True), self._joining(emit))
+
+    def _joining(self, emit: Callable[[pa.Table], None]) -> Callable[[pa.Table], None]:
+        """``emit`` of whole rows: a long recording's pieces are held until its last."""
+        def whole(out: pa.Table) -> None:
+            rows, counts = self.joiner.join(out)
+            if any(counts) and self.on_progress is not None:
+                self.on_progress(counts)
+            if rows is not None and rows.num_rows:
+                emit(rows)
+        return whole
+
+    def _refinish(self, row: dict) -> dict:
+        """A joined recording's row, finished as its pieces' rows were: confidence over all
+        its words, the filters, the stamp."""
+        stage = self.second if self.second is not None else self.model
+        confidence: ConfidenceScorer | None = getattr(stage, "confidence", None)
+        if confidence is not None:
+            confidence.fill_row(row)
+        mark_rows([row], stage.cfg.filters)
+        return stamp([row], stage.config_hash)[0]
 
     def _dispatch(self, batches, emit) -> None:
         for b in batches:

@@ -106,7 +106,8 @@ HEARTBEAT_S = 60.0
 
 class Progress:
     """Progress of ``total`` recordings, updated with running totals (rows, audio seconds,
-    errors). A terminal gets a live tqdm bar; any other stream a line as soon as the first
+    errors, and ``partial``: the shares done of recordings still in progress, so a long
+    recording moves the bar as its pieces finish). A terminal gets a live tqdm bar; any other stream a line as soon as the first
     rows finish, then one at most every ``interval_s`` seconds while rows finish, and one
     at the end."""
 
@@ -118,6 +119,7 @@ class Progress:
         self.start = time.monotonic()
         self._last_line = self.start
         self.state = (0, 0.0, 0)
+        self.partial = 0.0
         self._printed = None  # the state of the last line written
         self.bar = None
         if self.tty:
@@ -133,17 +135,19 @@ class Progress:
         parts = [f"{_hours(audio_s)} audio", f"RTFx {audio_s / elapsed:.1f}", f"{errors} errors"]
         return ", ".join(parts)
 
-    def update(self, rows: int, audio_s: float, errors: int) -> None:
+    def update(self, rows: int, audio_s: float, errors: int, partial: float = 0.0) -> None:
         rows = min(rows, self.total)
-        if (rows, audio_s, errors) == self.state:
+        # Shown to the hundredth of a recording: a 10-hour one moves every 6 minutes of it.
+        partial = round(min(max(partial, 0.0), self.total - rows), 2)
+        if (rows, audio_s, errors) == self.state and partial == self.partial:
             if self.bar is not None:
                 self.bar.refresh()  # keeps the elapsed time moving
             elif time.monotonic() - self._last_line >= max(HEARTBEAT_S, HEARTBEAT_INTERVALS * self.interval_s):
                 self._line()  # still alive, nothing finished
             return
-        self.state = (rows, audio_s, errors)
+        self.state, self.partial = (rows, audio_s, errors), partial
         if self.bar is not None:
-            self.bar.n = rows
+            self.bar.n = round(rows + partial, 2) if partial else rows
             self.bar.set_postfix_str(self._stats(), refresh=False)
             self.bar.refresh()
         elif (rows and not (self._printed and self._printed[0])) or time.monotonic() - self._last_line >= self.interval_s:
@@ -156,7 +160,7 @@ class Progress:
         elapsed = time.monotonic() - self.start
         rate = rows / elapsed if elapsed > 0 else 0.0
         eta = f", ETA {_clock((self.total - rows) / rate)}" if 0 < rows < self.total and rate > 0 else ""
-        pct = 100 * rows / self.total if self.total else 100.0
+        pct = 100 * (rows + self.partial) / self.total if self.total else 100.0
         print(f"transcribe: {rows}/{self.total} rec ({pct:.0f}%), {rate:.2f} rec/s, {self._stats()}, "
               f"elapsed {_clock(elapsed)}{eta}", file=self.stream, flush=True)
         self._last_line = time.monotonic()
@@ -164,7 +168,7 @@ class Progress:
 
     def close(self, rows: int, audio_s: float, errors: int) -> None:
         """The final counts (from the written output, not the running tally)."""
-        self.state = (min(rows, self.total), audio_s, errors)
+        self.state, self.partial = (min(rows, self.total), audio_s, errors), 0.0
         if self.bar is not None:
             self.bar.n = self.state[0]
             self.bar.set_postfix_str(self._stats(), refresh=False)

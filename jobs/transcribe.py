@@ -263,4 +263,4 @@ class Console(JobConsole):
         if p.final:
             self._bar.close(p.rows, p.audio_seconds, p.errors)
         else:
-            self._bar.update(p.rows, p.audio_seconds, p.errors)
+            self._bar.update(p.rows, p.audio_seconds, p.errors, p.partial)

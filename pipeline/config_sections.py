@@ -169,7 +169,7 @@ class ConfidenceConfig:
 
 @dataclass
 class AudioConfig:
-    HASHED_WHEN_SET = ("max_seconds", "stream")   # config_hash: left out while at its default
+    HASHED_WHEN_SET = ("max_seconds", "stream", "window_s", "window_overlap_s")   # config_hash: left out while at its default
     max_segment_s: float = 30.0       # longer recordings are segmented (at most the family's window)
     vad_threshold: float = 0.5        # silero-vad speech probability
     vad_pad_s: float = 0.2            # context kept around speech when cutting
@@ -185,6 +185,17 @@ class AudioConfig:
     # a track per microphone) is transcribed: 0 is the first. A file without that stream is an
     # error row (unsupported).
     stream: int = 0
+    # A recording longer than window_s + window_overlap_s is decoded and segmented as a
+    # stream (pipeline.prepare_stream): the VAD runs over windows of window_s seconds, each
+    # seen with window_overlap_s more after it, so a cut is made only at a pause the VAD saw
+    # whole; what one recording holds is then a window, not the recording. Shorter ones are
+    # segmented whole, as one window.
+    window_s: float = 60.0
+    window_overlap_s: float = 5.0
+    # A streamed recording's segments go on to the model in pieces of this many seconds of
+    # the recording: its progress moves with them, and no more than one piece of its audio
+    # waits for the model.
+    piece_s: float = 300.0
 
     def validate(self, key: str) -> None:
         if self.read_timeout_s <= 0:
@@ -198,6 +209,14 @@ class AudioConfig:
         if not 0.0 < self.vad_threshold < 1.0:
             raise ConfigError(f"{key}.vad_threshold: must be in (0, 1), got {self.vad_threshold}")
         at_least(f"{key}.vad_pad_s", self.vad_pad_s, 0.0)
+        if not (math.isfinite(self.window_s) and self.window_s > self.max_segment_s):
+            raise ConfigError(f"{key}.window_s: must be longer than audio.max_segment_s ({self.max_segment_s:g} s), "
+                              f"got {self.window_s}")
+        if not (math.isfinite(self.window_overlap_s) and self.window_overlap_s >= 2 * self.vad_pad_s):
+            raise ConfigError(f"{key}.window_overlap_s: must be at least twice audio.vad_pad_s "
+                              f"({2 * self.vad_pad_s:g} s), got {self.window_overlap_s}")
+        if not (math.isfinite(self.piece_s) and self.piece_s > 0):
+            raise ConfigError(f"{key}.piece_s: must be a number > 0, got {self.piece_s}")
         choice(f"{key}.resample_quality", self.resample_quality, ("VHQ", "HQ", "MQ", "LQ", "QQ"))
 
 

@@ -35,14 +35,7 @@ def prepare_row(row: dict, segmenter: VadSegmenter, quality: str = "HQ", max_sec
            "key_phrases": row.get("key_phrases"), "offset_s": row.get("offset_s"), "duration_s": None,
            "seg_start": [], "seg_end": [], "seg_audio": [], "error": None, "audio_stamp": row.get("audio_stamp")}
     try:
-        try:
-            fh = open_audio(row)
-        except FileNotFoundError:
-            raise AudioError(f"file not found: {row['audio']}", "missing") from None
-        except IsADirectoryError:
-            raise AudioError(f"cannot read {row['audio']}: it is a directory", "unreadable") from None
-        except OSError as exc:
-            raise AudioError(f"cannot read {row['audio']}: {exc}", "unreadable") from None
+        fh = open_row_audio(row)
         try:
             samples, _, _ = decode_stream(fh, quality, row.get("offset_s"), row.get("duration_s"),
                                           max_seconds, deadline, stream)
@@ -65,6 +58,18 @@ def prepare_row(row: dict, segmenter: VadSegmenter, quality: str = "HQ", max_sec
         out["seg_start"], out["seg_end"], out["seg_audio"] = [], [], []
     out["t_prepare_s"] = time.perf_counter() - start
     return out
+
+
+def open_row_audio(row: dict):
+    """The row's audio as a file object; AudioError (missing, unreadable) where it cannot be opened."""
+    try:
+        return open_audio(row)
+    except FileNotFoundError:
+        raise AudioError(f"file not found: {row['audio']}", "missing") from None
+    except IsADirectoryError:
+        raise AudioError(f"cannot read {row['audio']}: it is a directory", "unreadable") from None
+    except OSError as exc:
+        raise AudioError(f"cannot read {row['audio']}: {exc}", "unreadable") from None
 
 
 TIMEOUT_ERROR = "read timeout"

@@ -55,6 +55,10 @@ PREPARED_SCHEMA = pa.schema([
     ("seg_start", pa.list_(pa.float64())), ("seg_end", pa.list_(pa.float64())),
     ("seg_audio", pa.list_(pa.list_(pa.float32()))), ("error", pa.string()),
     ("t_prepare_s", pa.float64()), ("audio_stamp", pa.string()),
+    # A long recording leaves the audio stage in pieces (pipeline.prepare_stream): the
+    # piece's number, the count of pieces (on the last one only) and the share of the
+    # recording it covers; a recording in one piece: 0, 1, 1.0 (null: the same).
+    ("piece", pa.int32()), ("pieces", pa.int32()), ("share", pa.float64()),
 ])
 
 OUTPUT_SCHEMA = pa.schema([

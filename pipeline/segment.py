@@ -56,7 +56,7 @@ def pack_spans(spans: list[Segment], max_len: int) -> list[Segment]:
     """Greedily merge sorted speech spans into segments of at most ``max_len`` samples."""
     out: list[Segment] = []
     for span in spans:
-        for piece in _hard_split(span, max_len):
+        for piece in hard_split(span, max_len):
             if out and piece.end - out[-1].start <= max_len:
                 out[-1] = Segment(out[-1].start, piece.end)
             else:
@@ -64,7 +64,7 @@ def pack_spans(spans: list[Segment], max_len: int) -> list[Segment]:
     return out
 
 
-def _hard_split(span: Segment, max_len: int) -> list[Segment]:
+def hard_split(span: Segment, max_len: int) -> list[Segment]:
     length = span.end - span.start
     if length <= max_len:
         return [span]

@@ -385,9 +385,9 @@ def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, format
     todo = plan.todo
     kind = decoder_kind(cfg.decoder.kind)
 
-    def report(rows_done: int, audio_s: float, errors: int, final: bool = False) -> None:
+    def report(rows_done: int, audio_s: float, errors: int, partial: float = 0.0, final: bool = False) -> None:
         if on_progress is not None:
-            on_progress(JobProgress(todo, rows_done, audio_s, errors, final))
+            on_progress(JobProgress(todo, rows_done, audio_s, errors, final, max(partial, 0.0)))
 
     with console.session(spec.output):
         console.say(f"shardscribe: {kind.verb} {todo} recordings with config {cfg.name} ({spec.runner} runner)"
@@ -456,11 +456,11 @@ def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, format
 def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_second_stage=None,
               on_cluster=None) -> None:
     """The workers: the in-process runner or the Ray runner; ``report(rows, audio_s,
-    errors)`` gets the running totals as rows finish, and every half second between (the
+    errors, partial)`` gets the running totals as rows (and pieces of long ones) finish, and every half second between (the
     console's elapsed time, the log's heartbeat, while a batch runs or no event arrives)."""
     from actors.progress import block_counts
 
-    totals = [(0, 0.0, 0)]   # rows, audio seconds, errors: one tuple, replaced whole
+    totals = [(0, 0.0, 0, 0.0)]   # rows, audio seconds, errors, partial recordings: one tuple, replaced whole
     # The runner's thread and the heartbeat both report: one at a time, so the console's
     # bar is never drawn by two.
     lock = threading.Lock()
@@ -487,7 +487,7 @@ def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_s
             from actors.local_runner import run_local
 
             run_local(rows, cfg, dst, progress=False, on_batch=lambda out: add(*block_counts(out)), job_id=job_id,
-                      items=items, on_second_stage=on_second_stage)
+                      items=items, on_second_stage=on_second_stage, on_progress=lambda counts: add(*counts))
         else:
             from actors.plan import run_ray
 

@@ -107,6 +107,9 @@ class JobProgress:
     audio_seconds: float
     errors: int
     final: bool = False
+    # Recordings' shares done of those still in progress (the pieces of a long recording
+    # finished before it): the bar's position is rows + partial.
+    partial: float = 0.0
 
 
 class JobConsole:
