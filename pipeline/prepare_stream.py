@@ -149,25 +149,30 @@ def prepare_pieces_within(row: dict, segmenter: VadSegmenter, quality: str, time
     reader.start()
     clean = redact_uri(row["audio"])
     index = 0
-    while True:
-        waited = time.perf_counter()
-        try:
-            p = ready.get(timeout=timeout_s)
-        except queue.Empty:
-            p = None
-        if p is None or (p["error"] or "").startswith(TIMEOUT_ERROR):
-            stop.set()
-            reader.join(CANCEL_GRACE_S)
-            out = _error_piece(_base_row({**row, "audio": clean}), index,
-                               f"{TIMEOUT_ERROR}: {clean} not read and decoded within {timeout_s:g} s "
-                               "(audio.read_timeout_s)", waited)
-            out["reader_alive"] = reader.is_alive()
-            yield out
-            return
-        p["audio"] = clean
-        if p["error"]:
-            p["error"] = redact_text(p["error"].replace(row["audio"], clean))
-        index = p["piece"] + 1
-        yield p
-        if p["pieces"] is not None:
-            return
+    try:
+        while True:
+            waited = time.perf_counter()
+            try:
+                p = ready.get(timeout=timeout_s)
+            except queue.Empty:
+                p = None
+            if p is None or (p["error"] or "").startswith(TIMEOUT_ERROR):
+                stop.set()
+                reader.join(CANCEL_GRACE_S)
+                out = _error_piece(_base_row({**row, "audio": clean}), index,
+                                   f"{TIMEOUT_ERROR}: {clean} not read and decoded within {timeout_s:g} s "
+                                   "(audio.read_timeout_s)", waited)
+                out["reader_alive"] = reader.is_alive()
+                yield out
+                return
+            p["audio"] = clean
+            if p["error"]:
+                p["error"] = redact_text(p["error"].replace(row["audio"], clean))
+            index = p["piece"] + 1
+            if p["pieces"] is not None:     # the last: its reader ends as soon as it handed it over
+                reader.join(CANCEL_GRACE_S)
+                yield p
+                return
+            yield p
+    finally:
+        stop.set()    # a consumer that stops early (an interrupted job) lets its reader go
