@@ -178,8 +178,8 @@ class AudioConfig:
     # FIFO, a hung network mount or a stalled object-store read must not stall the job.
     read_timeout_s: float = 300.0
     # The most audio decoded for one recording (or one manifest span): a longer one is an
-    # error row (too_long), whatever its header claims, so one file's memory is bounded
-    # (16-kHz float32: 64 KB a second, 0.9 GB at the default 4 hours).
+    # error row (too_long), whatever its header claims, so one file's time is bounded (its
+    # memory is not a matter of its length: a long recording is streamed, window_s).
     max_seconds: float = 14400.0
     # Which audio stream of a file with several (a video with two languages, a recording with
     # a track per microphone) is transcribed: 0 is the first. A file without that stream is an
@@ -191,6 +191,7 @@ class AudioConfig:
     # whole; what one recording holds is then a window, not the recording. Shorter ones are
     # segmented whole, as one window.
     window_s: float = 60.0
+    # Seconds the VAD sees past a window's end: a span must end this far before it to be cut.
     window_overlap_s: float = 5.0
     # A streamed recording's segments go on to the model in pieces of this many seconds of
     # the recording: its progress moves with them, and no more than one piece of its audio
