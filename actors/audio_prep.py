@@ -28,10 +28,12 @@ class AudioPrep:
         with torch_threads(1):
             self.segmenter = self.new_segmenter()
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
+    def __call__(self, batch: pa.Table, threads: int | None = 1) -> pa.Table:
         # One thread, for this stage only: it runs beside the model workers (in the same
-        # process with the in-process runner) and the VAD is tiny.
-        with torch_threads(1):
+        # process with the in-process runner) and the VAD is tiny. threads=None leaves
+        # torch's count alone: the in-process runner prepares in a thread beside the model
+        # stage, and the count is process-wide (setting it there would set the model's).
+        with torch_threads(threads):
             return self._prepare(batch)
 
     def _prepare(self, batch: pa.Table) -> pa.Table:

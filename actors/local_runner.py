@@ -7,6 +7,9 @@ parts go through the same commit protocol and policy as the Ray path
 (pipeline.output.PartCommitter: ``output.rows_per_part`` rows, or
 ``output.commit_interval_s`` since the last commit; temporary name then rename).
 
+The audio of the next batches is read, decoded and segmented in a thread while the model
+runs on the current one (pipeline.prefetch), in input order.
+
 A two-stage decoder kind's pending rows are pooled across batches by the loop both
 runners share (actors.stage_loop); rows with nothing pending are committed at once, a
 pending row only once finished.
@@ -24,11 +27,16 @@ from actors.stage_loop import StageLoop
 from actors.transcriber import Transcriber
 from pipeline.decoders import decoder_kind
 from pipeline.output import PartCommitter, new_job_id
+from pipeline.prefetch import prefetched
 from pipeline.records import OUTPUT_SCHEMA
 from pipeline.sources import input_batches
 from pipeline.storage import url_to_fs
 
 log = logging.getLogger(__name__)
+
+# Prepared batches that may wait ahead of the model stage (pipeline.prefetch): enough to
+# hide a batch's reading and decoding behind the model's, few enough to bound memory.
+PREFETCH_BATCHES = 2
 
 
 def build_stages(cfg, kind=None) -> tuple:
@@ -86,14 +94,17 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
             print(f"\rlocal: {written}{total} recordings ({rate:.2f}/s)", end="", file=sys.stderr)
 
     batches = input_batches(rows, cfg.batching.recordings_per_batch, items, first_batch=cfg.batching.first_batch)
+    # The next batches are read and decoded in a thread while the model runs on this one.
+    prepared = prefetched(((b.num_rows, prep(b, threads=None)) for b in batches), PREFETCH_BATCHES, "audio-prep")
     try:
-        for _ in loop.steps(((b.num_rows, prep(b)) for b in batches), emit, cfg.batching.first_batch):
+        for _ in loop.steps(prepared, emit, cfg.batching.first_batch):
             pass
         loop.finish(emit)
     finally:
         # Finished rows are committed however the loop ends (an interrupt, a preemption's
         # SIGTERM, a failing batch): a rerun resumes after them instead of redoing up to
         # output.rows_per_part recordings. Rows still pooled are not: the rerun redoes them.
+        prepared.close()   # the reading thread stops before its next batch
         parts.flush()
         if loop.stats is not None and on_second_stage is not None:
             on_second_stage(loop.stats.as_dict())

@@ -107,6 +107,7 @@ class WhisperAdapter:
 
             self.cross_projection = CrossProjection(model.model.decoder.layers, cross_kv_dtype, self.dtype)
         self._static_step = None
+        self._log_mel = _UNBUILT   # the device features, built on first use (features)
 
     frame_stride_s = SAMPLES_PER_STATE / SAMPLE_RATE   # encoder states (and CTC head frames)
 
@@ -204,6 +205,16 @@ class WhisperAdapter:
 
     # --- audio side -------------------------------------------------------------------
     def features(self, audios: list[np.ndarray]) -> torch.Tensor:
+        """Log-mel features [B, mel bins, 3000] on the model's device, computed there
+        (pipeline.models.whisper.log_mel), or by the checkpoint's feature extractor on
+        the host where its settings are ones the device path does not reproduce."""
+        if self._log_mel is _UNBUILT:
+            from pipeline.models.whisper.log_mel import DeviceLogMel
+
+            fe = self.processor.feature_extractor
+            self._log_mel = DeviceLogMel(fe, self.device, self.encoder_dtype) if DeviceLogMel.supports(fe) else None
+        if self._log_mel is not None:
+            return self._log_mel(audios)
         fe = self.processor.feature_extractor
         feats = fe(audios, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         return feats.to(self.device, self.encoder_dtype)
