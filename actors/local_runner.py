@@ -8,7 +8,9 @@ parts go through the same commit protocol and policy as the Ray path
 ``output.commit_interval_s`` since the last commit; temporary name then rename).
 
 The audio of the next batches is read, decoded and segmented in a thread while the model
-runs on the current one (pipeline.prefetch), in input order.
+runs on the current one (pipeline.prefetch), in input order, and after the slow start
+the model stage gets ``JOINED_BLOCKS`` blocks a call (pipeline.regroup): their segments are
+bucketed by length under the token budget together, not block by block.
 
 A two-stage decoder kind's pending rows are pooled across batches by the loop both
 runners share (actors.stage_loop); rows with nothing pending are committed at once, a
@@ -28,6 +30,7 @@ from actors.transcriber import Transcriber
 from pipeline.decoders import decoder_kind
 from pipeline.output import PartCommitter, new_job_id
 from pipeline.prefetch import prefetched
+from pipeline.regroup import joined_blocks
 from pipeline.records import OUTPUT_SCHEMA
 from pipeline.sources import input_batches
 from pipeline.storage import url_to_fs
@@ -37,6 +40,9 @@ log = logging.getLogger(__name__)
 # Prepared batches that may wait ahead of the model stage (pipeline.prefetch): enough to
 # hide a batch's reading and decoding behind the model's, few enough to bound memory.
 PREFETCH_BATCHES = 2
+# Input blocks joined into one model-stage batch (pipeline.regroup): the segments of that
+# many blocks are sorted and packed under the token budget together.
+JOINED_BLOCKS = 2
 
 
 def build_stages(cfg, kind=None) -> tuple:
@@ -94,10 +100,13 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
             print(f"\rlocal: {written}{total} recordings ({rate:.2f}/s)", end="", file=sys.stderr)
 
     batches = input_batches(rows, cfg.batching.recordings_per_batch, items, first_batch=cfg.batching.first_batch)
-    # The next batches are read and decoded in a thread while the model runs on this one.
+    # The next batches are read and decoded in a thread while the model runs on this one;
+    # the model stage's batches join the blocks held that way (pipeline.regroup).
     prepared = prefetched(((b.num_rows, prep(b, threads=None)) for b in batches), PREFETCH_BATCHES, "audio-prep")
+    step = cfg.batching.recordings_per_batch
+    joined = joined_blocks(prepared, step * JOINED_BLOCKS, step if cfg.batching.first_batch < step else 0)
     try:
-        for _ in loop.steps(prepared, emit, cfg.batching.first_batch):
+        for _ in loop.steps(joined, emit, cfg.batching.first_batch):
             pass
         loop.finish(emit)
     finally:
