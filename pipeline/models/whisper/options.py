@@ -53,9 +53,10 @@ class WhisperModelOptions:
     timestamps: bool = False          # decode with Whisper's timestamp tokens: segments[].spans
     word_timestamps: bool = False     # segments[].words from cross-attention alignment (DTW)
 
-    # auto | none | int8. int8: the encoder's and decoder's Linear layers with int8 weights,
-    # one scale per output channel, activations quantised per call at run time (torch
-    # dynamic quantisation through fbgemm/oneDNN; CPU only). auto: int8 on a CPU without
+    # auto | none | int8. int8: the encoder's and decoder's Linear layers with int8 weights
+    # (but the encoder's fc2 and the output projection: adapter.quantize_int8), one scale
+    # per output channel, activations quantised per call at run time (torch dynamic
+    # quantisation through fbgemm/oneDNN; CPU only). auto: int8 on a CPU without
     # native bfloat16 (neither AMX nor AVX512-BF16, pipeline.device.cpu_bf16_native),
     # none elsewhere (such a CPU runs the encoder in bfloat16 instead, a GPU its dtype).
     # Changes a few words (figures: docs/engines.md); not in config_hash.
