@@ -16,7 +16,8 @@ run, and where the difference goes.
   the same inputs, already decoded and in memory: log-mel features, encoder and decoder at
   the job's own batch sizes, nothing else. Its RTFx is the ceiling the job can reach;
   ``job_over_model`` is the job's share of it.
-- **where the rest goes**: seconds of the fastest local run spent in audio preparation
+- **where the rest goes**: seconds of the fastest local run spent inside the model's calls
+  (its wall time less these is all the job adds to its model), in audio preparation
   (decoding and resampling, then VAD: measured apart on the same files), in the model
   stages outside the model's calls (batching, row assembly), and in the loop and the
   Parquet parts (the rest of the wall time); and, inside the model's calls, the log-mel
@@ -107,13 +108,12 @@ class ModelCalls:
         """Seconds of every recorded call, on the job's intra-op threads (its model
         stages': pipeline.device.worker_threads); a second stage's items are copied before
         the clock starts (it writes its results into them)."""
-        import torch
-
         from pipeline.device import torch_threads
         from pipeline.timing import synchronize
 
         spent = 0.0
-        with torch_threads(threads), torch.inference_mode():
+        # No inference_mode here: the job's model stages do not run under it either.
+        with torch_threads(threads):
             for name, args, kwargs in self.calls:
                 fn = self._decode if name == "decode" else self._finish
                 args = copy.deepcopy(args) if name == "finish" else args
@@ -278,6 +278,7 @@ def run(args) -> dict:
                             "rtfx": ray["rtfx"], "share_of_job": None,
                             "vs_model": ray["rtfx"] / model_rtfx if ray["rtfx"] else None})
     parts = [
+        ("job: inside the model's calls", in_model),
         ("  in model: log-mel features", features_s),
         ("  in model: host-to-device copies", copies_s),
         ("audio prep (decode, resample, VAD)", prepare_s),
@@ -291,6 +292,9 @@ def run(args) -> dict:
         "overrides": overrides, "model": args.model, "device": str(device), "rounds": rounds,
         "batches": len(batches), "segments_per_batch": (sum(len(b) for b in batches) / len(batches)) if batches else 0,
         "local_rtfx": local_rtfx, "model_rtfx": model_rtfx, "job_over_model": local_rtfx / model_rtfx,
+        # The job's own time in the model's calls: the rest of its wall time is what the
+        # job adds; a gap between these calls and the replay's is the calls' own variance.
+        "job_in_model_s": in_model, "job_outside_model_share": 1.0 - in_model / wall,
         "ray_rtfx": ray["rtfx"] if ray else None, "ray": ray, "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "texts": texts,
     }
