@@ -31,15 +31,18 @@ class AudioPrep:
         with torch_threads(1):
             self.segmenter = self.new_segmenter()
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
+    def __call__(self, batch: pa.Table, threads: int | None = 1) -> pa.Table:
         """The prepared rows of ``batch`` in one table (a long recording's pieces in it)."""
-        parts = [t for _, t in self.tables(batch)]
+        parts = [t for _, t in self.tables(batch, threads)]
         return pa.concat_tables(parts) if parts else table([], PREPARED_SCHEMA)
 
-    def tables(self, batch: pa.Table):
+    def tables(self, batch: pa.Table, threads: int | None = 1):
         """(input rows finished, prepared table) per table, in order: the rows of
         ``batch``, a table handed on at each piece of a long recording
-        (pipeline.prepare_stream), so its segments reach the model as they are cut."""
+        (pipeline.prepare_stream), so its segments reach the model as they are cut.
+        ``threads=None`` leaves torch's thread count alone: the in-process runner prepares
+        in a thread beside the model stage, and the count is process-wide (setting it
+        there would set the model's)."""
         items = batch.to_pylist()
         # The options hold for the protocols of the audio the job reads (a no-op once set;
         # workers of a cluster started before the job have not inherited them).
@@ -51,9 +54,8 @@ class AudioPrep:
             last = None
             while True:
                 # One thread while this stage works (the VAD is tiny and runs beside the
-                # model, in the same process with the in-process runner); not while the
-                # model has the process between pieces.
-                with torch_threads(1):
+                # model workers); not while the model has the process between pieces.
+                with torch_threads(threads):
                     piece = next(pieces, None)
                 if piece is None:
                     break

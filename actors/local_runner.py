@@ -7,6 +7,11 @@ parts go through the same commit protocol and policy as the Ray path
 (pipeline.output.PartCommitter: ``output.rows_per_part`` rows, or
 ``output.commit_interval_s`` since the last commit; temporary name then rename).
 
+The audio of the next batches is read, decoded and segmented in a thread while the model
+runs on the current one (pipeline.prefetch), in input order, and after the slow start
+the model stage gets ``JOINED_BLOCKS`` blocks a call (pipeline.regroup): their segments are
+bucketed by length under the token budget together, not block by block.
+
 A two-stage decoder kind's pending rows are pooled across batches by the loop both
 runners share (actors.stage_loop); rows with nothing pending are committed at once, a
 pending row only once finished.
@@ -24,11 +29,20 @@ from actors.stage_loop import StageLoop
 from actors.transcriber import Transcriber
 from pipeline.decoders import decoder_kind
 from pipeline.output import PartCommitter, new_job_id
+from pipeline.prefetch import prefetched
+from pipeline.regroup import joined_blocks
 from pipeline.records import OUTPUT_SCHEMA
 from pipeline.sources import input_batches
 from pipeline.storage import url_to_fs
 
 log = logging.getLogger(__name__)
+
+# Prepared batches that may wait ahead of the model stage (pipeline.prefetch): enough to
+# hide a batch's reading and decoding behind the model's, few enough to bound memory.
+PREFETCH_BATCHES = 2
+# Input blocks joined into one model-stage batch (pipeline.regroup): the segments of that
+# many blocks are sorted and packed under the token budget together.
+JOINED_BLOCKS = 2
 
 
 def build_stages(cfg, kind=None) -> tuple:
@@ -87,15 +101,20 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
             print(f"\rlocal: {written}{total} recordings ({rate:.2f}/s)", end="", file=sys.stderr)
 
     batches = input_batches(rows, cfg.batching.recordings_per_batch, items, first_batch=cfg.batching.first_batch)
+    # The next batches are read and decoded in a thread while the model runs on this one;
+    # the model stage's batches join the blocks held that way (pipeline.regroup).
+    prepared = prefetched(((n, t) for b in batches for n, t in prep.tables(b, threads=None)), PREFETCH_BATCHES, "audio-prep")
+    step = cfg.batching.recordings_per_batch
+    joined = joined_blocks(prepared, step * JOINED_BLOCKS, step if cfg.batching.first_batch < step else 0)
     try:
-        prepared = ((n, t) for b in batches for n, t in prep.tables(b))
-        for _ in loop.steps(prepared, emit, cfg.batching.first_batch):
+        for _ in loop.steps(joined, emit, cfg.batching.first_batch):
             pass
         loop.finish(emit)
     finally:
         # Finished rows are committed however the loop ends (an interrupt, a preemption's
         # SIGTERM, a failing batch): a rerun resumes after them instead of redoing up to
         # output.rows_per_part recordings. Rows still pooled are not: the rerun redoes them.
+        prepared.close()   # the reading thread stops before its next batch
         parts.flush()
         if loop.stats is not None and on_second_stage is not None:
             on_second_stage(loop.stats.as_dict())

@@ -149,19 +149,44 @@ def cuda_memory(device: str) -> tuple[int, int]:
     return int(free), int(torch.cuda.memory_allocated(torch.device(device)))
 
 
-def cpu_bf16_native() -> bool:
-    """True where the CPU has AMX or AVX512-BF16 (read from /proc/cpuinfo's flags, else
-    from torch's dispatch level: ``avx512_bf16`` / ``amx``)."""
-    import torch
+# oneDNN's ISA names (ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA) at or above its first with
+# bfloat16 products (AVX512_CORE_BF16); a cap below them makes torch's bfloat16 products
+# run emulated, as on a CPU without the flags.
+_ONEDNN_BF16_ISAS = ("ALL", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10")
 
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as fh:
-            flags = next((line.split(":", 1)[1].split() for line in fh if line.startswith("flags")), [])
+            return frozenset(next((line.split(":", 1)[1].split() for line in fh if line.startswith("flags")), []))
     except OSError:
-        flags = []
+        return frozenset()
+
+
+def cpu_bf16_native(flags: frozenset[str] | None = None, capability: str | None = None,
+                    environ: dict | None = None) -> bool:
+    """True where this process computes bfloat16 products natively: the CPU has AMX or
+    AVX512-BF16 (``flags``, default /proc/cpuinfo's; without them torch's dispatch level
+    ``capability``, default torch.backends.cpu.get_cpu_capability()), and neither torch
+    (ATEN_CPU_CAPABILITY below avx512, which ``capability`` reflects) nor oneDNN
+    (ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA below AVX512_CORE_BF16, in ``environ``) is capped
+    under them. Capping them is how a CPU with the flags runs the path of one without."""
+    import torch
+
+    env = os.environ if environ is None else environ
+    if capability is None:
+        capability = torch.backends.cpu.get_cpu_capability()
+    capability = capability.lower()
+    if capability in ("default", "avx2") or capability.startswith(("vsx", "zvector", "sve", "neon")):
+        return False
+    isa = (env.get("ONEDNN_MAX_CPU_ISA") or env.get("DNNL_MAX_CPU_ISA") or "").upper()
+    if isa and not isa.startswith(_ONEDNN_BF16_ISAS):
+        return False
+    flags = cpu_flags() if flags is None else flags
     if flags:
         return "avx512_bf16" in flags or "amx_bf16" in flags
-    return any(t in torch.backends.cpu.get_cpu_capability().lower() for t in ("amx", "bf16"))
+    return any(t in capability for t in ("amx", "bf16"))
 
 
 def encoder_dtype_name(encoder_dtype: str | None, device: str, dtype: str) -> str | None:
@@ -172,6 +197,18 @@ def encoder_dtype_name(encoder_dtype: str | None, device: str, dtype: str) -> st
         return encoder_dtype
     native = resolve_device(device) == "cpu" and dtype in ("float32", "auto") and cpu_bf16_native()
     return "bfloat16" if native else None
+
+
+def quantize_name(quantize: str, device: str) -> str:
+    """model.quantize resolved on this machine: ``auto`` is int8 on a CPU without native
+    bfloat16 where torch has an int8 engine (fbgemm/x86 or oneDNN), else none; ``none``
+    and ``int8`` are returned as set."""
+    if quantize != "auto":
+        return quantize
+    import torch
+
+    engines = set(torch.backends.quantized.supported_engines) & {"x86", "fbgemm", "onednn"}
+    return "int8" if resolve_device(device) == "cpu" and engines and not cpu_bf16_native() else "none"
 
 
 def cross_kv_dtype_name(cross_kv_dtype: str | None, encoder: str | None, dtype: str,

@@ -14,6 +14,10 @@
 #      $CLIPS copies of the bundled samples: ssd pooled and ssd second_stage.pooled=false
 #      (blocks of 4), each job's summary.json (its second_stage counts) copied to $OUT, all
 #      gathered in $OUT/results.json;
+#   4b. `shardscribe bench e2e` at both shapes (turbo's above; parakeet-tdt-0.6b's: random
+#      weights, a 1024-piece tokenizer): the job's RTFx (in-process, and through Ray where
+#      it imports) against its own model alone on the same clips, and where the rest goes;
+#      $OUT/e2e_turbo.json, $OUT/e2e_parakeet_tdt.json;
 #   5. the same `ar` job through Ray on the one GPU (`--runner ray`: a local instance, one
 #      model actor on the GPU, its audio actor beside it), and its RTFx as a share of the
 #      in-process runner's (results.json's ray_over_local); skipped where Ray is missing.
@@ -45,12 +49,13 @@ mkdir -p "$OUT" "$WORK"
 
 if [ "$QUICK" = 1 ]; then
     CLIPS=${CLIPS:-16}; DEVICE=cpu; BENCH_ARGS=(--quick --device cpu --batch 6)
-    LIMIT_TESTS=120; LIMIT_BENCH=240; LIMIT_JOB=300
+    LIMIT_TESTS=120; LIMIT_BENCH=240; LIMIT_JOB=300; LIMIT_E2E=400; LIMIT_CHECKPOINT=300
 else
-    # Worst case, every step at its limit: 30 + 90 + 150 + 90 + 4 x 50 + 30 = 590 s, plus
-    # the wheels' install: under the device's 10 minutes a call.
+    # Worst case, every step at its limit: 30 + 90 + 150 + 90 + 2 x 120 + 4 x 50 + 30 = 830 s:
+    # over the device's 10 minutes a call, so a call that runs the e2e steps skips the
+    # regimes bench (GPU_CHECK_SKIP_BENCH=1) or the tests.
     CLIPS=${CLIPS:-256}; DEVICE=cuda; BENCH_ARGS=(--pool 8,32 --rounds 2)
-    LIMIT_TESTS=90; LIMIT_BENCH=150; LIMIT_JOB=50
+    LIMIT_TESTS=90; LIMIT_BENCH=150; LIMIT_JOB=50; LIMIT_E2E=120; LIMIT_CHECKPOINT=90
 fi
 
 if [ -f .ray1/raypart.aa ] && [ -f .ray2/raypart.ab ] && ! "$PY" -c "import ray" 2>/dev/null; then
@@ -129,9 +134,34 @@ with open(work / "clips.jsonl", "w") as fh:
         x = lines[i % len(lines)]
         fh.write(json.dumps({"id": f"{x['id']}-{i:04d}", "audio": str((samples / x["audio"]).resolve()),
                              "text": x.get("text")}) + "\n")
+# parakeet-tdt-0.6b's shape (toy encoder with quick): random weights, a unigram tokenizer of
+# 1024 pieces trained on the bundled references (blank: the last id), as bench ctc-beam
+# builds its parakeet-ctc-0.6b.
+from jobs.bench.ctc_beam_model import unigram_tokenizer   # noqa: E402
+from jobs.bench.regimes import TOY_PARAKEET   # noqa: E402
+from transformers import ParakeetFeatureExtractor, ParakeetForTDT, ParakeetProcessor, ParakeetTDTConfig   # noqa: E402
+tokenizer = unigram_tokenizer([x.get("text") or "" for x in lines] * 50, pieces=1024)
+tdt = ParakeetTDTConfig(**({"encoder_config": TOY_PARAKEET} if quick else {}), vocab_size=1025, blank_token_id=1024)
+torch.manual_seed(0)
+ParakeetForTDT(tdt).eval().save_pretrained(work / "parakeet_tdt")
+ParakeetProcessor(ParakeetFeatureExtractor(feature_size=tdt.encoder_config.num_mel_bins), tokenizer) \
+    .save_pretrained(work / "parakeet_tdt")
 print(json.dumps({"parameters": sum(p.numel() for p in model.parameters()), "clips": clips}))
 EOF
-step checkpoint 90 "$PY" "$WORK/make_checkpoint.py" "$WORK" "$QUICK" "$PROCESSOR" "$CLIPS"
+step checkpoint "$LIMIT_CHECKPOINT" "$PY" "$WORK/make_checkpoint.py" "$WORK" "$QUICK" "$PROCESSOR" "$CLIPS"
+
+# 4b. bench e2e at both shapes: the job (in-process, and through Ray where it imports)
+#     against its own model on the same clips, and where the rest goes.
+E2E_RUNNERS=local
+"$PY" -c "import ray" 2>/dev/null && E2E_RUNNERS=local,ray
+E2E_DTYPE=float32
+[ "$DEVICE" = cuda ] && E2E_DTYPE=bfloat16
+E2E_ARGS=(--manifest "$WORK/clips.jsonl" --device "$DEVICE" --runners "$E2E_RUNNERS" --rounds 2)
+[ "$QUICK" = 1 ] && E2E_ARGS+=(--quick --limit 8)
+step bench_e2e_turbo "$LIMIT_E2E" "$PY" -m jobs.cli bench e2e "${E2E_ARGS[@]}" --config ar --model "$WORK/turbo" \
+    --set "model.dtype=$E2E_DTYPE" --set decoder.max_new_tokens=48 --out "$OUT/e2e_turbo.json"
+step bench_e2e_parakeet_tdt "$LIMIT_E2E" "$PY" -m jobs.cli bench e2e "${E2E_ARGS[@]}" --config transducer_greedy \
+    --model "$WORK/parakeet_tdt" --set "model.dtype=$E2E_DTYPE" --out "$OUT/e2e_parakeet_tdt.json"
 
 job() {   # job NAME RUNNER CONFIG EXTRA-SETS...: the job on the GPU, summary to $OUT/job_NAME.json
     local name=$1 runner=$2 config=$3
@@ -166,7 +196,8 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 result = {"steps": [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines() if x.strip()]}
-for name in ("env", "regimes", "job_ar", "job_ssd_pooled", "job_ssd_unpooled", "job_ar_ray"):
+for name in ("env", "regimes", "e2e_turbo", "e2e_parakeet_tdt", "job_ar", "job_ssd_pooled", "job_ssd_unpooled",
+             "job_ar_ray"):
     path = out / f"{name}.json"
     if path.is_file():
         try:
@@ -175,6 +206,8 @@ for name in ("env", "regimes", "job_ar", "job_ssd_pooled", "job_ssd_unpooled", "
             continue
         if name == "regimes":
             data = data.get("summary", data)
+        elif name.startswith("e2e_"):
+            data = {k: v for k, v in data.get("summary", {}).items() if k != "texts"} | {"rows": data.get("rows")}
         elif name.startswith("job_"):
             data = {k: data.get(k) for k in ("rows_in", "rows_out", "errors", "wall_seconds", "rtfx",
                                              "second_stage", "stages", "cluster") if k in data}

@@ -11,7 +11,7 @@ from jobs.cli import main
 
 def test_every_listed_benchmark_has_run():
     names = bench.available()
-    assert {"ar", "confidence", "ctc-beam", "engines", "lm", "regimes", "ssd", "token-map", "transducer"} <= set(names)
+    assert {"ar", "confidence", "ctc-beam", "e2e", "engines", "lm", "regimes", "ssd", "token-map", "transducer"} <= set(names)
     assert not set(names) & {n.replace("_", "-") for n in bench.SHARED}
     for name in names:
         module = importlib.import_module(f"jobs.bench.{name.replace('-', '_')}")

@@ -74,7 +74,8 @@ def test_ssd_two_pool_ray_plan_takes_all_three_stages(ssd_adapter, varied_manife
         [sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(manifest), "--output", str(dst),
          "--config", "ssd", "--set", f"ssd.tau_ctc={tau_ctc}", "--set", f"ssd.tau_slm={tau_slm}",
          "--set", f"model.cache_dir={model_cache}", "--set", "batching.recordings_per_batch=4",
-         "--set", "model.encoder_dtype=float32"],   # the encoder of ssd_adapter, whose entropies set tau_ctc
+         "--set", "model.encoder_dtype=float32", "--set", "model.quantize=none",  # ssd_adapter's model,
+         "--set", "ssd.adaptive_verify=false"],   # whose entropies set tau_ctc; every batch drafts
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["id"]: r for r in pq.read_table(sorted(str(p) for p in dst.glob("*.parquet"))).to_pylist()}
@@ -132,6 +133,7 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     out = {}
     for mode in ("in_process", "in_process_objects", "shipped", "shipped_lookahead", "shipped_pack_gate", "off"):
         cfg = load_config("ssd", [f"model.cache_dir={model_cache}", "ssd.tau_ctc=0.0", "ssd.tau_slm=0.5",
+                                  "ssd.adaptive_verify=false",
                                   f"ssd.reuse_kv={str(mode != 'off').lower()}", "batching.max_tokens=9000",
                                   f"ssd.lookahead={4 if mode == 'shipped_lookahead' else 0}",
                                   f"ssd.pack_gate={str(mode == 'shipped_pack_gate').lower()}"])

@@ -113,7 +113,8 @@ def test_second_stage_keys_do_not_enter_the_config_hash():
 # segments (4 x 1500 encoder frames): unpooled, a call gets a block's 0-2 rejected rows.
 # No slow start (first_batch = recordings_per_batch): its first batches are finished one by
 # one (trigger "start"), which these counts of pooled calls leave out.
-MIXED = ["ssd.preset=high_rtfx", "model.encoder_dtype=float32", "batching.recordings_per_batch=2",
+MIXED = ["ssd.preset=high_rtfx", "ssd.adaptive_verify=false", "model.encoder_dtype=float32", "model.quantize=none",
+         "batching.recordings_per_batch=2",
          "batching.first_batch=2", "batching.max_tokens=6000"]
 BUDGET_SEGMENTS = 4
 

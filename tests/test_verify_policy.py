@@ -2,6 +2,8 @@
 batch that skips them decodes (plain greedy AR, checked against an uncached reference)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -83,11 +85,11 @@ def test_a_fixed_break_even_ignores_the_timings():
     assert not policy.should_draft()              # (25 + 64) / 114 < 2, however cheap
 
 
-def test_adaptive_verify_follows_the_self_calibrating_gate_unless_set():
-    assert not load_config("ssd").ssd.verifies_adaptively()
+def test_adaptive_verify_is_on_unless_set_off():
+    assert load_config("ssd").ssd.verifies_adaptively() and load_config(None).ssd.verifies_adaptively()
     assert load_config("ssd", ["ssd.max_draft_error=0.05"]).ssd.verifies_adaptively()
     assert not load_config("ssd", ["ssd.max_draft_error=0.05", "ssd.adaptive_verify=false"]).ssd.verifies_adaptively()
-    assert load_config("ssd", ["ssd.adaptive_verify=true"]).ssd.verifies_adaptively()
+    assert not load_config("ssd", ["ssd.adaptive_verify=false"]).ssd.verifies_adaptively()
     with pytest.raises(ConfigError, match="ssd.verify_break_even"):
         load_config("ssd", ["ssd.verify_break_even=-1"])
 
@@ -169,8 +171,8 @@ def test_a_first_pool_samples_skipped_batches_to_learn_the_fallback_cost(ssd_ada
     assert policy.drafted_batches == 2 and policy.cost() != prior_cost
     second = kind.build_second_stage(cfg, first)
     assert first.local_fallback is second and second.seeds is first.seeds is not None
-    # Without the policy (the default, high_accuracy) nothing is decoded in the first pass.
-    assert kind.build_first_stage(ssd_adapter, load_config("ssd")).cost_sampler is None
+    # Without the policy (ssd.adaptive_verify=false) nothing is decoded in the first pass.
+    assert kind.build_first_stage(ssd_adapter, load_config("ssd", ["ssd.adaptive_verify=false"])).cost_sampler is None
 
 
 def test_a_drafted_batch_reports_the_tokens_it_decided(ssd_adapter, audios):
@@ -198,3 +200,29 @@ def test_skipped_segments_take_the_ar_kind_calibration():
     assert ssd.words("ar", feats) == ar.words("ar", feats)
     assert ssd.words("ar", feats) != ssd.words("ar_fallback", feats)
     assert torch.tensor(ssd.words("ar", feats)).ge(0).all()
+
+
+@pytest.mark.slow
+def test_a_job_whose_drafts_never_pay_stops_drafting_early(tmp_path, samples_dir, sample_manifest, model_cache):
+    """The default config, one recording a batch, on drafts that decide nothing (tau_ctc 0:
+    the gate passes none; tau_slm 1: verification accepts no token) at a fixed break-even of
+    4 tokens a segment: the optimistic prior (16 tokens for 4 segments) carries the first
+    batches, then drafting stops, so the summary counts the first rows as SSD's fallback
+    and the rest as plain AR, one probe in ``probe_every`` batches aside."""
+    from conftest import transcribe_in_process
+
+    rounds = 4
+    manifest = tmp_path / "clips.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"{m['id']}-{k}", "audio": str(samples_dir / m["audio"])}) + "\n"
+                                for k in range(rounds) for m in sample_manifest))
+    summary, rows = transcribe_in_process(
+        tmp_path / "out", "--input", str(manifest), "--runner", "local", "--set", f"model.cache_dir={model_cache}",
+        "--set", "ssd.tau_ctc=0.0", "--set", "ssd.tau_slm=1.0", "--set", "ssd.verify_break_even=4",
+        "--set", "batching.recordings_per_batch=1", "--set", "batching.first_batch=1")
+    total = rounds * len(sample_manifest)
+    assert summary["rows_out"] == total and summary["errors"] == 0
+    policy = VerifyPolicy()
+    # drafted segments before the prior's gain, alone, falls to the break-even
+    drafted = next(n for n in range(1, total) if policy.prior_gain * policy.prior_weight / (n + policy.prior_weight) <= 4)
+    probes = (total - drafted) // policy.probe_every
+    assert summary["stages"] == {"ar_fallback": drafted + probes, "ar": total - drafted - probes}, summary["stages"]

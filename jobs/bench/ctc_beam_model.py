@@ -44,9 +44,23 @@ def random_parakeet_ctc(out: Path, text: list[str], pieces: int = 1024) -> Path:
     """parakeet-ctc-0.6b's architecture with random weights, and a unigram tokenizer of
     ``pieces`` SentencePiece-style pieces trained on ``text`` (blank = the last id)."""
     import torch
+    from transformers import ParakeetCTCConfig, ParakeetFeatureExtractor, ParakeetForCTC, ParakeetProcessor
+
+    tokenizer = unigram_tokenizer(text, pieces)
+    config = ParakeetCTCConfig(vocab_size=pieces + 1, pad_token_id=pieces)
+    torch.manual_seed(0)
+    model = ParakeetForCTC(config).eval()
+    model.save_pretrained(out)
+    ParakeetProcessor(ParakeetFeatureExtractor(feature_size=config.encoder_config.num_mel_bins), tokenizer,
+                      decoder_type="ctc").save_pretrained(out)
+    return out
+
+
+def unigram_tokenizer(text: list[str], pieces: int = 1024):
+    """A ParakeetTokenizer of ``pieces`` SentencePiece-style unigram pieces trained on
+    ``text`` (filled up to ``pieces`` where the text has fewer), ``<pad>`` after them."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (ParakeetCTCConfig, ParakeetFeatureExtractor, ParakeetForCTC, ParakeetProcessor,
-                              ParakeetTokenizer)
+    from transformers import ParakeetTokenizer
 
     trainer_tok = Tokenizer(models.Unigram())
     trainer_tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
@@ -57,14 +71,7 @@ def random_parakeet_ctc(out: Path, text: list[str], pieces: int = 1024) -> Path:
     spm = Tokenizer(models.Unigram([tuple(v) for v in vocab] + [("<pad>", -30.0)], unk_id=0))
     spm.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     spm.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    tokenizer = ParakeetTokenizer(tokenizer_object=spm, unk_token="<unk>", pad_token="<pad>")
-    config = ParakeetCTCConfig(vocab_size=pieces + 1, pad_token_id=pieces)
-    torch.manual_seed(0)
-    model = ParakeetForCTC(config).eval()
-    model.save_pretrained(out)
-    ParakeetProcessor(ParakeetFeatureExtractor(feature_size=config.encoder_config.num_mel_bins), tokenizer,
-                      decoder_type="ctc").save_pretrained(out)
-    return out
+    return ParakeetTokenizer(tokenizer_object=spm, unk_token="<unk>", pad_token="<pad>")
 
 
 def resolve_model(spec: str, text: list[str], work: Path) -> str:

@@ -207,7 +207,10 @@ def run(args) -> dict:
         # The pipeline's SSD decoder end to end, its own encoder pass(es) included: the
         # packed gate changes what the encoder does, so it cannot share the pass above.
         tc, ts, _ = thresholds[preset]
-        adaptive_verify = cfg.ssd.verifies_adaptively(gate_calibrates=max_draft_error is not None)
+        # SSD's own rows draft every batch (what the paper measures) unless ssd.adaptive_verify
+        # is set; the self-calibrating gate's rows skip where drafts do not pay, as before.
+        adaptive_verify = (max_draft_error is not None if cfg.ssd.adaptive_verify is None
+                           else cfg.ssd.adaptive_verify)
         decoder = SSDFirstPassDecoder(adapter, tau_cap or tc, ts, cfg.decoder.max_new_tokens,
                                       reuse_kv=cfg.ssd.reuse_kv, pack_gate=pack_gate, gate_verify_tau=gate_verify_tau,
                                       adaptive_pack_gate=adaptive, max_draft_error=max_draft_error,

@@ -37,7 +37,10 @@ class SSDOptions:
     adaptive_pack_gate: bool = True
     # Draft and verify a batch only while the first pass pays for itself in tokens the
     # fallback need not decode (pipeline.decoding.ssd.verify_policy); a skipped batch is decoded as plain
-    # AR. null: on while the gate calibrates itself (max_draft_error), else off.
+    # AR, so where drafts do not pay the job runs at the ar kind's speed. null (the
+    # default): on; false: every batch drafts (SSD's texts on every row, whatever they cost).
+    # null rather than true keeps config_hash as it was when null meant "off unless
+    # max_draft_error".
     adaptive_verify: bool | None = None
     # Its break-even in tokens decided per segment (null: measured as the job runs, from
     # timings, so that which batches draft, hence their text, may differ between runs).
@@ -133,13 +136,9 @@ class SSDOptions:
     def thresholds(self) -> tuple[float, float]:
         return float(self._pick("tau_ctc", None)), float(self._pick("tau_slm", None))
 
-    def verifies_adaptively(self, gate_calibrates: bool | None = None) -> bool:
-        """ssd.adaptive_verify resolved: as set, else whether the gate calibrates itself
-        (``gate_calibrates`` where the caller builds the gate itself, else this config's
-        max_draft_error)."""
-        if self.adaptive_verify is not None:
-            return bool(self.adaptive_verify)
-        return self.draft_error_target() is not None if gate_calibrates is None else gate_calibrates
+    def verifies_adaptively(self) -> bool:
+        """ssd.adaptive_verify resolved: as set, else on."""
+        return True if self.adaptive_verify is None else bool(self.adaptive_verify)
 
 
 def _config_needs(cfg) -> frozenset:

@@ -26,15 +26,16 @@ def load(model_config, device: str, dtype):
     micro = model_config.encoder_micro_batch
     if micro is None:
         micro = CPU_ENCODER_MICRO_BATCH if torch.device(device).type == "cpu" else 0
-    from pipeline.device import cross_kv_dtype_name, encoder_dtype_name, torch_dtype
+    from pipeline.device import cross_kv_dtype_name, encoder_dtype_name, quantize_name, torch_dtype
 
     name = encoder_dtype_name(model_config.encoder_dtype, device, model_config.dtype)
     encoder_dtype = torch_dtype(name) if name else None
-    cross = cross_kv_dtype_name(model_config.cross_kv_dtype, name, model_config.dtype, model_config.quantize)
+    quantize = quantize_name(model_config.quantize, device)
+    cross = cross_kv_dtype_name(model_config.cross_kv_dtype, name, model_config.dtype, quantize)
     return load_whisper_adapter(model_config.source, device=device, dtype=dtype,
                                 cache_dir=model_config.cache_dir, ctc_head=model_config.ctc_head,
                                 encoder_micro_batch=micro, options=WhisperOptions.of(model_config),
-                                quantize=model_config.quantize, encoder_dtype=encoder_dtype,
+                                quantize=quantize, encoder_dtype=encoder_dtype,
                                 screened_argmax=model_config.screened_argmax,
                                 cross_kv_dtype=torch_dtype(cross) if cross else None)
 

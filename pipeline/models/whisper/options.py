@@ -18,12 +18,16 @@ _LANGUAGE_CODE = r"[a-z]{2,3}|[a-z]{2}-[a-z]{2,4}"
 # model.source of the shipped Whisper models (loader.py's EMBEDDED, EMBEDDED_BASE; that
 # module imports torch, which validating a config must not).
 SHIPPED_SOURCES = ("embedded", "embedded-base")
+QUANTIZE_CHOICES = ("auto", "none", "int8")   # model.quantize (pipeline.device.quantize_name resolves auto)
 
 
 @dataclass
 class WhisperModelOptions:
     OWNERS = "Whisper models"
-    EXECUTION_KEYS = ("screened_argmax", "encoder_micro_batch")   # not in config_hash
+    # Not in config_hash: how fast the same model runs. model.quantize is one though it moves
+    # a few words: folders written before its auto default resume on any CPU, and int8's
+    # WER stays within +2% relative of float32's (docs/engines.md).
+    EXECUTION_KEYS = ("screened_argmax", "encoder_micro_batch", "quantize")
     FILE_KEYS = ("ctc_head",)                                     # hashed by content
     LANGUAGE_DETECTION = ("recording", "segment")                 # model.language_detection's values
 
@@ -49,10 +53,14 @@ class WhisperModelOptions:
     timestamps: bool = False          # decode with Whisper's timestamp tokens: segments[].spans
     word_timestamps: bool = False     # segments[].words from cross-attention alignment (DTW)
 
-    # Each changes transcripts a little (figures: docs/results.md).
-    # int8: the Linear layers' weights in int8, one scale per output channel, activations
-    # quantised per batch at run time (torch dynamic quantisation; CPU only).
-    quantize: str = "none"            # none | int8
+    # auto | none | int8. int8: the encoder's and decoder's Linear layers with int8 weights
+    # (but the encoder's fc2 and the output projection: adapter.quantize_int8), one scale
+    # per output channel, activations quantised per call at run time (torch dynamic
+    # quantisation through fbgemm/oneDNN; CPU only). auto: int8 on a CPU without
+    # native bfloat16 (neither AMX nor AVX512-BF16, pipeline.device.cpu_bf16_native),
+    # none elsewhere (such a CPU runs the encoder in bfloat16 instead, a GPU its dtype).
+    # Changes a few words (figures: docs/engines.md); not in config_hash.
+    quantize: str = "auto"
     # The encoder's own dtype (null: model.dtype); bfloat16 on CPU needs AMX or AVX512-BF16.
     # auto: bfloat16 on a CPU that has them, with model.dtype float32 (the encoder is ~70%
     # of a CPU job; WER within faster-whisper's +2% on held-out and real speech, figures:
@@ -85,16 +93,16 @@ class WhisperModelOptions:
             if self.language != "auto":
                 raise ConfigError(f"{key}.language_candidates: restricts the detection of model.language=auto; "
                                   f"model.language={self.language}")
-        choice(f"{key}.quantize", self.quantize, ("none", "int8"))
+        choice(f"{key}.quantize", self.quantize, QUANTIZE_CHOICES)
         for name in ("encoder_dtype", "cross_kv_dtype"):
             if getattr(self, name) is not None:
                 choice(f"{key}.{name}", getattr(self, name), ("auto", "float32", "float16", "bfloat16"))
         # int8 runs on the CPU only, where model.dtype=auto is float32.
         dtype = "float32" if model.dtype == "auto" else model.dtype
-        if self.quantize != "none" and self.cross_kv_dtype not in (None, "auto", dtype):
+        if self.quantize == "int8" and self.cross_kv_dtype not in (None, "auto", dtype):
             raise ConfigError(f"{key}.cross_kv_dtype: the cross-attention projections are {self.quantize} "
                               f"under model.quantize={self.quantize}; leave it auto")
-        if self.quantize != "none" and model.device.startswith("cuda"):
+        if self.quantize == "int8" and model.device.startswith("cuda"):
             raise ConfigError(f"{key}.quantize: {self.quantize} runs on CPU only, model.device={model.device}")
         if self.encoder_micro_batch is not None:
             at_least(f"{key}.encoder_micro_batch", self.encoder_micro_batch, 0)
@@ -145,9 +153,11 @@ class WhisperModelOptions:
         model["dtype"] = hashed_dtype_name(model.get("dtype", "float32"))
         encoder = encoder_dtype_name(model.get("encoder_dtype"), model.get("device", "auto"),
                                      model.get("dtype", "float32"))
-        cross = cross_kv_dtype_name(model.pop("cross_kv_dtype", None), encoder, model.get("dtype", "float32"),
-                                    model.get("quantize", "none"))
+        cross = cross_kv_dtype_name(model.pop("cross_kv_dtype", None), encoder, model.get("dtype", "float32"))
         model["encoder_dtype"] = encoder
+        # model.quantize is an execution key (stripped before this runs); its entry stays
+        # at the value every hash had before auto existed, so their folders still resume.
+        model["quantize"] = "none"
         # Detection keys change nothing without model.language=auto: hashed only with it.
         if model.get("language") != "auto":
             model.pop("language_detection", None)
