@@ -32,7 +32,7 @@ class Finisher:
         self.threads = worker_threads(self.cfg.model.num_threads)
         with torch_threads(self.threads):
             self.stage = self.kind.build_second_stage(self.cfg, first_stage)
-        self.confidence = ConfidenceScorer.from_config(self.cfg)
+        self.confidence = ConfidenceScorer.from_config(self.cfg, self.kind)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return self.finish_rows(batch.to_pylist())

@@ -35,7 +35,7 @@ class Transcriber:
                 self.cfg.batching.max_tokens = resolve_max_tokens(self.cfg, self.adapter)
             self.decoder = self.kind.build_first_stage(self.adapter, self.cfg)
         self.schema = INTERMEDIATE_SCHEMA if self.kind.two_stage else OUTPUT_SCHEMA
-        self.confidence = ConfidenceScorer.from_config(self.cfg)
+        self.confidence = ConfidenceScorer.from_config(self.cfg, self.kind)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return table(self.rows(batch), self.schema)

@@ -166,6 +166,7 @@ def _isotonic_pays(cmap, z, y, folds: int) -> bool:
 def fit_calibration(cfg, recs: list[Recording], notes: dict | None = None):
     """The Calibration of ``cfg``'s decoder kind fitted on ``recs``."""
     from pipeline.confidence.apply import ConfidenceScorer
+    from pipeline.decoders import decoder_kind
     from pipeline.confidence.calibration import Calibration, model_identity, utterance_features
     from pipeline.confidence.evaluation import utterance_correct
 
@@ -175,7 +176,7 @@ def fit_calibration(cfg, recs: list[Recording], notes: dict | None = None):
     for stage in sorted({s for s, _, _ in words}):
         group = [(f, y) for s, f, y in words if s == stage]
         cal.word[f"{kind}:{stage}"] = fit_map([f for f, _ in group], [y for _, y in group])
-    scorer = ConfidenceScorer(cal, kind)
+    scorer = ConfidenceScorer(cal, decoder_kind(kind))
     rows, labels = [], []
     for rec in recs:
         if not rec.reference.strip():

@@ -83,7 +83,7 @@ class JobConfig:
                 raise ConfigError(f"model: decoder.kind={kind.name} needs a model with {need}; "
                                   f"model.family={family.name} {'(' + hint + ')' if hint else 'has none'}")
         if hasattr(self.model.options, "check_job"):
-            self.model.options.check_job(self, kind)
+            self.model.options.check_job(self, kind, DECODER_KINDS)
         # Options one kind brings and another's job reads (the token map) are checked
         # whichever kind the job runs.
         for owner in DECODER_KINDS.values():

@@ -169,6 +169,7 @@ def test_a_wrong_word_gets_a_low_confidence(whisper_adapter, sample_audio):
     from pipeline.confidence.apply import ConfidenceScorer
     from pipeline.confidence.calibration import EMBEDDED_PATH, Calibration
     from pipeline.confidence.features import decoder_words
+    from pipeline.decoders import decoder_kind
 
     ad = whisper_adapter
     audio = sample_audio["pump_flite_rms"]
@@ -182,7 +183,7 @@ def test_a_wrong_word_gets_a_low_confidence(whisper_adapter, sample_audio):
     # (the same prefix): only the emitted token's probability tells them apart there.
     assert f_wrong[3]["tsallis_mean"] == pytest.approx(f_right[3]["tsallis_mean"])
     assert np.mean([f["prob_mean"] for f in f_right]) > 0.8
-    scorer = ConfidenceScorer(Calibration.load(EMBEDDED_PATH), "ar")
+    scorer = ConfidenceScorer(Calibration.load(EMBEDDED_PATH), decoder_kind("ar"))
     c_right, c_wrong = scorer.words("ar", f_right), scorer.words("ar", f_wrong)
     assert c_wrong[3] < 0.3 < 0.7 < c_right[3]
     assert scorer.utterance(c_wrong) < scorer.utterance(c_right)

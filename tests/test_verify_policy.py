@@ -193,10 +193,11 @@ def test_a_drafted_batch_reports_the_tokens_it_decided(ssd_adapter, audios):
 def test_skipped_segments_take_the_ar_kind_calibration():
     from pipeline.confidence.apply import ConfidenceScorer
     from pipeline.confidence.calibration import Calibration, EMBEDDED_PATH
+    from pipeline.decoders import decoder_kind
 
     cal = Calibration.load(EMBEDDED_PATH)
     feats = [{"prob_mean": 0.9, "prob_min": 0.8, "n_tokens": 1}, {"prob_mean": 0.2, "prob_min": 0.1, "n_tokens": 2}]
-    ssd, ar = ConfidenceScorer(cal, "ssd"), ConfidenceScorer(cal, "ar")
+    ssd, ar = ConfidenceScorer(cal, decoder_kind("ssd")), ConfidenceScorer(cal, decoder_kind("ar"))
     assert ssd.words("ar", feats) == ar.words("ar", feats)
     assert ssd.words("ar", feats) != ssd.words("ar_fallback", feats)
     assert torch.tensor(ssd.words("ar", feats)).ge(0).all()

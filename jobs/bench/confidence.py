@@ -94,12 +94,13 @@ def evaluate(cfg, cal, test) -> tuple[dict, dict]:
 
     from jobs.calibrate import labelled_words
     from pipeline.confidence.apply import ConfidenceScorer
+    from pipeline.decoders import decoder_kind
     from pipeline.confidence.evaluation import scores, utterance_correct
     from pipeline.metrics import corpus_wer
     from pipeline.pseudo_label import excess_errors, expected_errors, row_errors
 
     kind = cfg.decoder.kind
-    scorer = ConfidenceScorer(cal, kind)
+    scorer = ConfidenceScorer(cal, decoder_kind(kind))
     words = labelled_words(test)
     y = np.array([c for _, _, c in words], dtype=bool)
     calibrated = np.array([scorer.words(s, [f])[0] for s, f, _ in words], dtype=np.float64)

@@ -16,20 +16,21 @@ from pipeline.confidence.calibration import Calibration, load_for, utterance_fea
 
 
 class ConfidenceScorer:
-    def __init__(self, calibration: Calibration | None, kind: str):
-        from pipeline.decoders import decoder_kind
+    """Scores one decoder kind's words; ``kind`` is its registry entry (its ``name`` keys the
+    calibration, its ``calibration_fallbacks`` name the maps of stages it has none of)."""
 
+    def __init__(self, calibration: Calibration | None, kind):
         self.calibration = calibration
-        self.kind = kind
+        self.kind = kind.name
         # stage -> the calibration key a stage without its own map reads (the kind says which:
         # a segment it decoded as another kind would carries that kind's evidence)
-        self.fallbacks = dict(decoder_kind(kind).calibration_fallbacks)
+        self.fallbacks = dict(kind.calibration_fallbacks)
 
     @classmethod
-    def from_config(cls, cfg) -> "ConfidenceScorer | None":
+    def from_config(cls, cfg, kind) -> "ConfidenceScorer | None":
         if not cfg.confidence.enabled:
             return None
-        return cls(load_for(cfg), cfg.decoder.kind)
+        return cls(load_for(cfg), kind)
 
     def words(self, stage: str, features: list[dict]) -> list[float | None]:
         cal = None

@@ -48,6 +48,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from pipeline.models.base import AR_LOOP  # noqa: F401 - the traits a kind may declare
+
 
 def _resolve(ref):
     if callable(ref):
@@ -124,8 +126,6 @@ class DecoderKind:
         return _resolve(self.second_stage)(cfg, first_stage)
 
 
-# The trait of a kind that runs Whisper's full greedy decoding loop.
-AR_LOOP = "ar_loop"
 
 DECODER_KINDS: dict[str, DecoderKind] = {}
 

@@ -46,6 +46,7 @@ import torch
 from pipeline.decoding.ar_static import runs_static
 from pipeline.decoding.drafters import NO_DRAFT
 from pipeline.decoding.screened_argmax import greedy_tokens
+from pipeline.models.kv_cache import cache_of
 
 if TYPE_CHECKING:
     from pipeline.models.base import ARDecoderModel
@@ -96,19 +97,6 @@ def seeds_from_cache(cache, rows: list[int], starts: list[int], ends: list[int],
     return seeds
 
 
-def cache_of(kv: list[tuple[torch.Tensor, torch.Tensor]]):
-    """A DynamicCache holding exactly these tensors (its constructor would copy them)."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
-    cache = DynamicCache()
-    for k, v in kv:
-        layer = DynamicLayer()
-        layer.lazy_initialization(k, v)
-        layer.keys, layer.values = k, v
-        cache.layers.append(layer)
-    return cache
-
-
 def _cross_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A decoder cache's cross-attention K/V per layer, or [] where it has none."""
     from transformers.cache_utils import EncoderDecoderCache
@@ -133,15 +121,6 @@ def _project_cross(adapter: ARDecoderModel, encoder_states: torch.Tensor) -> lis
                                                                                   device=device),
                                         torch.zeros((B, 1), dtype=torch.long, device=device))
     return _cross_layers(scratch)
-
-
-def cross_attention_cache(cross_kv: list[tuple[torch.Tensor, torch.Tensor]]):
-    """An encoder-decoder cache with no self-attention entries and ``cross_kv`` (per layer
-    [B, H, T, d], as ``greedy_decode(cross_out=...)`` leaves them) as its cross-attention:
-    a pass over the same rows then skips projecting the encoder states again."""
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-
-    return EncoderDecoderCache(DynamicCache(), cache_of(cross_kv))
 
 
 def _cross_kv(seeds: list[DecodeSeed]):
@@ -296,7 +275,7 @@ def greedy_decode(adapter: ARDecoderModel, encoder_states: torch.Tensor, prefixe
     step may not emit; a drafter that feeds guesses takes the adapter's own only.
     ``cross_out`` (a list): filled with the cross-attention K/V the decoding used, per layer
     ([B, H, T, d], every row in call order), for a later pass over the same rows
-    (:func:`cross_attention_cache`); left empty for a decoder without them. Seeds without
+    (pipeline.models.kv_cache.cross_attention_cache); left empty for a decoder without them. Seeds without
     them (from another process) get them projected before the first step, for every row.
     ``timer`` (benchmarks) accumulates seconds under "prefill" (the first step) and "decode"
     (the rest); each step already waits for its tokens on the host. Drafters add counts:

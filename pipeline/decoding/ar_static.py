@@ -22,8 +22,8 @@ suppressed tokens masked; on a CPU without a graph it goes through the adapter's
 screened argmax as the eager loop does (pipeline.decoding.screened_argmax), so the
 tokens are the eager loop's. What the static loop does not run (the eager loop does):
 drafters, per-row logit edits (Whisper's timestamp rules), decoders without a static
-step (the adapter's ``static_step``, pipeline.decoding.ar_static_steps: Whisper's and
-granite-speech's have one).
+step (the adapter's ``static_step``, pipeline.models.whisper.static_step and
+pipeline.models.granite_speech.static_step; other decoders have none).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ CHECK_EVERY = 8
 def runs_static(adapter: ARDecoderModel, drafter, rules) -> bool:
     """Whether a ``greedy_decode`` call can take the static loop: plain greedy steps (no
     drafter), the adapter's own masks with no per-row edit, a decoder with a static step
-    (pipeline.decoding.ar_static_steps)."""
+    (the adapter's ``static_step``)."""
     if drafter is not NO_DRAFT or rules.edit is not None or rules.suppress_mask is not adapter.suppress_mask:
         return False
     return adapter.static_step() is not None

@@ -37,6 +37,12 @@ BEAM_VOCABULARY = "beam_vocabulary"
 # TransducerModel: encoder frames, a predictor step and the joint of a transducer (RNN-T / TDT).
 TRANSDUCER = "transducer"
 
+# Trait names, as decoder kinds list them in ``traits`` and a family's options ask for them:
+# AR_LOOP is a kind that runs Whisper's full greedy decoding loop (per-row prompts,
+# language detection, timestamp rules).
+AR_LOOP = "ar_loop"
+TRAITS = frozenset({AR_LOOP})
+
 
 @dataclass
 class EncoderBatch:
@@ -130,7 +136,7 @@ class ARDecoderModel(EncoderModel, Protocol):
 
     def static_step(self):
         """One token per row through the decoder's own layers over caller-owned K/V buffers
-        (pipeline.decoding.ar_static_steps), or None: greedy decoding keeps its eager loop."""
+        (its family's static_step module), or None: greedy decoding keeps its eager loop."""
 
 
 @runtime_checkable

@@ -8,7 +8,7 @@ the beam pool, which has no model). ``load_model(model_config)`` is the
 one factory the actors, runners and benchmarks call.
 
 A family's own config keys are its ``options`` dataclass (``model.<key>``; validated by
-its ``validate(key, model)``, and checked against the job by ``check_job(cfg, kind)`` where
+its ``validate(key, model)``, and checked against the job by ``check_job(cfg, kind, kinds)`` where
 it defines one). What config loading must know of a family is its entry too: which of its
 keys belong to one model (``model_keys``: dropped when ``--model`` or ``--set`` changes the
 model) and the shipped config a ``--model`` of it runs where the default does not fit

@@ -47,6 +47,11 @@ def _check_shared(cfg, kind: DecoderKind) -> None:
     if drafting is not None and ATTENTION_DECODER not in kind.needs_for(cfg):
         raise ConfigError(f"{drafting}: drafts for an attention decoder's greedy decoding; "
                           f"decoder.kind={kind.name} has none")
+    # a family option (Whisper's) whose per-step logit rules the drafting pass does not apply
+    if drafting is not None and getattr(cfg.model.options, "timestamps", False):
+        off = "null" if drafting == "decoder.token_map" else "false"
+        raise ConfigError(f"{drafting}: token-map drafting does not apply Whisper's timestamp rules; "
+                          f"set {drafting}={off} with model.timestamps")
 
 
 KIND = register_decoder_kind(DecoderKind(

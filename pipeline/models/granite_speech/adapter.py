@@ -262,7 +262,7 @@ class GraniteSpeechAdapter:
         loop, pipeline.decoding.ar_static), built on first use; None for another LLM body,
         which greedy decoding runs in its eager loop."""
         if self._static_step is _UNBUILT:
-            from pipeline.decoding.ar_static_steps import GraniteStaticStep
+            from pipeline.models.granite_speech.static_step import GraniteStaticStep
 
             body = self.language_model
             self._static_step = GraniteStaticStep(body) if type(body).__name__ == "GraniteModel" else None

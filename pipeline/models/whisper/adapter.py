@@ -349,7 +349,7 @@ class WhisperAdapter:
         attention then reads them instead of projecting the states itself."""
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-        from pipeline.decoding.ar_greedy import cache_of
+        from pipeline.models.kv_cache import cache_of
 
         if cache is None:
             return EncoderDecoderCache(DynamicCache(), cache_of(self.cross_projection(encoder_states)))
@@ -366,7 +366,7 @@ class WhisperAdapter:
         """The decoder's step over caller-owned K/V buffers (the static-cache greedy loop,
         pipeline.decoding.ar_static), built on first use."""
         if self._static_step is None:
-            from pipeline.decoding.ar_static_steps import WhisperStaticStep
+            from pipeline.models.whisper.static_step import WhisperStaticStep
 
             self._static_step = WhisperStaticStep(self.model.model.decoder)
         return self._static_step

@@ -60,10 +60,10 @@ class EnglishOnlyCheck:
 def mean_logprobs(adapter, encoder_states: torch.Tensor, tokens: list[list[int]],
                   prompts: list[list[int]] | None = None, cross_kv: list | None = None) -> list[float]:
     """Per row, the mean log-probability of its tokens under the decoder, with greedy's
-    token masks (pipeline.confidence.scores.teacher_forced_logprobs: one teacher-forced
+    token masks (pipeline.models.teacher_forcing: one teacher-forced
     pass; ``cross_kv``: the rows' cross-attention K/V from their greedy decoding, reused).
     0 for a row without tokens."""
-    from pipeline.confidence.scores import teacher_forced_logprobs
+    from pipeline.models.teacher_forcing import teacher_forced_logprobs
 
     out = []
     for row in teacher_forced_logprobs(adapter, encoder_states, tokens, prompts, cross_kv):

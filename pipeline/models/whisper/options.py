@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.config_values import ConfigError, at_least, choice
-from pipeline.models.base import ATTENTION_DECODER
+from pipeline.models.base import AR_LOOP, ATTENTION_DECODER
 
 WHISPER_TASKS = ("transcribe", "translate")
 # Options that change Whisper's decoding: the decoder kinds with an attention decoder read
@@ -107,12 +107,11 @@ class WhisperModelOptions:
         if self.encoder_micro_batch is not None:
             at_least(f"{key}.encoder_micro_batch", self.encoder_micro_batch, 0)
 
-    def check_job(self, cfg, kind) -> None:
+    def check_job(self, cfg, kind, kinds) -> None:
         """The prompt options need an attention decoder; detection, timestamps and word
-        times need a kind with the full AR loop; timestamp rules and drafting do not mix."""
-        from pipeline.decoders.ar import map_drafting_key
-        from pipeline.decoders.registry import AR_LOOP, DECODER_KINDS
-
+        times need a kind with the full AR loop (``kinds``: every registered kind, to name
+        those). Token-map drafting checks itself against ``timestamps`` (its kind's
+        ``check_shared``)."""
         default = WhisperModelOptions()
         set_options = [o for o in PROMPT_OPTIONS + AR_ONLY_OPTIONS if getattr(self, o) != getattr(default, o)]
         if not set_options:
@@ -124,13 +123,8 @@ class WhisperModelOptions:
         ar_only = [o for o in AR_ONLY_OPTIONS if getattr(self, o)] + (["language"] if self.language == "auto" else [])
         if ar_only and AR_LOOP not in kind.traits:
             option = ar_only[0] + ("=auto" if ar_only[0] == "language" else "")
-            loops = ", ".join(n for n, k in DECODER_KINDS.items() if AR_LOOP in k.traits)
+            loops = ", ".join(n for n, k in kinds.items() if AR_LOOP in k.traits)
             raise ConfigError(f"model.{option}: only decoder.kind={loops} decodes with it, not {kind.name}")
-        drafting = map_drafting_key(cfg)
-        if self.timestamps and drafting is not None:
-            off = "null" if drafting == "decoder.token_map" else "false"
-            raise ConfigError(f"{drafting}: token-map drafting does not apply Whisper's timestamp rules; "
-                              f"set {drafting}={off} with model.timestamps")
 
     @staticmethod
     def runs_bf16(model) -> bool:
