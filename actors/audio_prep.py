@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from actors.registrations import adopt
-from pipeline.config import config_from_dict
-from pipeline.device import torch_threads
-from pipeline.prepare_stream import prepare_pieces_within
-from pipeline.records import PREPARED_SCHEMA, table
-from pipeline.segment import VadSegmenter
-from pipeline.storage import use_options
+from .registrations import adopt
+from ..pipeline.config import config_from_dict
+from ..pipeline.device import torch_threads
+from ..pipeline.prepare_stream import prepare_pieces_within
+from ..pipeline.records import PREPARED_SCHEMA, table
+from ..pipeline.segment import VadSegmenter
+from ..pipeline.storage import use_options
 
 
 class AudioPrep:

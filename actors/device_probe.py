@@ -7,7 +7,7 @@ the driver itself has no CUDA.
 """
 from __future__ import annotations
 
-from pipeline.models.errors import ModelError
+from ..pipeline.models.errors import ModelError
 
 # Longest wait for a GPU node to take the check (a busy cluster queues it).
 PROBE_TIMEOUT_S = 60.0
@@ -16,10 +16,10 @@ PROBE_TIMEOUT_S = 60.0
 def _probe(config: dict, kind, family) -> dict:
     import ray
 
-    from actors.registrations import adopt
-    from pipeline.config import config_from_dict
-    from pipeline.config_values import ConfigError
-    from pipeline.models.preflight import check_model
+    from .registrations import adopt
+    from ..pipeline.config import config_from_dict
+    from ..pipeline.config_values import ConfigError
+    from ..pipeline.models.preflight import check_model
 
     adopt(kind, family)
     node = ray.get_runtime_context().get_node_id()
@@ -38,8 +38,8 @@ def check_model_on_cluster(cfg, timeout_s: float = PROBE_TIMEOUT_S) -> str:
     GPU node takes the task in ``timeout_s``, or the check fails there."""
     import ray
 
-    from pipeline.decoders import decoder_kind
-    from pipeline.models import model_family
+    from ..pipeline.kinds import decoder_kind
+    from ..pipeline.models import model_family
 
     device = cfg.model.device
     gpus = ray.cluster_resources().get("GPU", 0)

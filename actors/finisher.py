@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from actors.registrations import adopt
-from pipeline.confidence.apply import ConfidenceScorer
-from pipeline.config import config_from_dict, config_hash
-from pipeline.decoders import decoder_kind
-from pipeline.device import torch_threads, worker_threads
-from pipeline.filters import mark_rows
-from pipeline.records import OUTPUT_SCHEMA, stamp, table
-from pipeline.segment_runner import complete_pending, pending_costs
+from .registrations import adopt
+from ..pipeline.confidence.apply import ConfidenceScorer
+from ..pipeline.config import config_from_dict, config_hash
+from ..pipeline.kinds import decoder_kind
+from ..pipeline.device import torch_threads, worker_threads
+from ..pipeline.filters import mark_rows
+from ..pipeline.records import OUTPUT_SCHEMA, stamp, table
+from ..pipeline.segment_runner import complete_pending, pending_costs
 
 
 class Finisher:

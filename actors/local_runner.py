@@ -23,17 +23,17 @@ import logging
 import sys
 import time
 
-from actors.audio_prep import AudioPrep
-from actors.finisher import Finisher
-from actors.stage_loop import StageLoop
-from actors.transcriber import Transcriber
-from pipeline.decoders import decoder_kind
-from pipeline.output import PartCommitter, new_job_id
-from pipeline.prefetch import prefetched
-from pipeline.regroup import joined_blocks
-from pipeline.records import OUTPUT_SCHEMA
-from pipeline.sources import input_batches
-from pipeline.storage import url_to_fs
+from .audio_prep import AudioPrep
+from .finisher import Finisher
+from .stage_loop import StageLoop
+from .transcriber import Transcriber
+from ..pipeline.kinds import decoder_kind
+from ..pipeline.output import PartCommitter, new_job_id
+from ..pipeline.prefetch import prefetched
+from ..pipeline.regroup import joined_blocks
+from ..pipeline.records import OUTPUT_SCHEMA
+from ..pipeline.sources import input_batches
+from ..pipeline.storage import url_to_fs
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ray
 
-from actors.model_worker import ModelWorker
+from .model_worker import ModelWorker
 
 
 @ray.remote(concurrency_groups={"control": 1})

@@ -27,17 +27,17 @@ import uuid
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from actors.audio_prep import AudioPrep
-from actors.finisher import Finisher
-from actors.progress import block_counts
-from actors.registrations import adopt
-from actors.stage_loop import StageLoop
-from actors.transcriber import Transcriber
-from pipeline.config import config_from_dict
-from pipeline.decoders import decoder_kind
-from pipeline.output.handoff import PartBuffer
-from pipeline.prepare_stream import PIECES_AHEAD
-from pipeline.sources import read_item, slow_start_tables
+from .audio_prep import AudioPrep
+from .finisher import Finisher
+from .progress import block_counts
+from .registrations import adopt
+from .stage_loop import StageLoop
+from .transcriber import Transcriber
+from ..pipeline.config import config_from_dict
+from ..pipeline.kinds import decoder_kind
+from ..pipeline.output.handoff import PartBuffer
+from ..pipeline.prepare_stream import PIECES_AHEAD
+from ..pipeline.sources import read_item, slow_start_tables
 
 # Seconds between progress events while a unit runs (a part or the unit's end always
 # reports at once): the driver's cost is per event, not per row.

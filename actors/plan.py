@@ -31,9 +31,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from pipeline.decoders import decoder_kind
-from pipeline.models import model_family
-from pipeline.pending_pool import SecondStageStats
+from ..pipeline.kinds import decoder_kind
+from ..pipeline.models import model_family
+from ..pipeline.pending_pool import SecondStageStats
 
 log = logging.getLogger(__name__)
 # How often the driver looks for GPUs and nodes that joined the cluster.
@@ -57,14 +57,14 @@ def init_ray(cfg) -> None:
     of this machine left in /tmp/ray. A job's SIGINT or SIGTERM stops ``ray.init`` where it
     stands (Ray's own SIGTERM handler is kept out); what it started is killed on the way
     out (actors.ray_local)."""
-    from actors.ray_local import starting
+    from .ray_local import starting
 
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         return
     if cfg.ray.address:
         import ray
 
-        from pipeline.storage import options_environment
+        from ..pipeline.storage import options_environment
 
         # Token and TLS settings come from Ray's own chain (RAY_AUTH_MODE,
         # RAY_AUTH_TOKEN[_PATH], ~/.ray/auth_token), as for any Ray client. The cluster's
@@ -117,7 +117,7 @@ def pool_plan(cfg, kind=None):
     raises ConfigError for an ask the cluster can never meet."""
     import ray
 
-    from actors.pool_size import plan_pool
+    from .pool_size import plan_pool
 
     kind = kind or decoder_kind(cfg.decoder.kind)
     resources = ray.cluster_resources()
@@ -135,8 +135,8 @@ def unit_rows(total: int, per_unit: int, actors: int) -> int:
 
 def _units(rows, per_unit: int, items: list[dict] | None, actors: int):
     """The job's work units, lazily: ``{"rows": INPUT table}`` or ``{"items": [work items]}``."""
-    from pipeline.records import INPUT_SCHEMA, table
-    from pipeline.sources import read_item, scan
+    from ..pipeline.records import INPUT_SCHEMA, table
+    from ..pipeline.sources import read_item, scan
 
     if isinstance(rows, list):
         per_unit = unit_rows(len(rows), per_unit, actors)
@@ -224,7 +224,7 @@ class RayRunner:
                                                  placement_group_capture_child_tasks=True)
         # Restarted by Ray where it dies (its units go to other actors meanwhile); a unit
         # is never retried by Ray itself: the driver redoes only its uncommitted rows.
-        from actors.model_actor import ModelActor
+        from .model_actor import ModelActor
 
         actor = ModelActor.options(num_cpus=plan.cpus, num_gpus=plan.gpus, max_restarts=-1,
                                             max_task_retries=0, scheduling_strategy=where).remote(
@@ -291,7 +291,7 @@ class RayRunner:
 
     # -- events ---------------------------------------------------------------------------
     def _event(self, slot: _Slot, event: dict) -> None:
-        from pipeline.output.handoff import commit_written
+        from ..pipeline.output.handoff import commit_written
 
         if slot.where is not None and event["incarnation"] != slot.where["incarnation"]:
             # A restart the driver had not seen: what the old process held is gone.
@@ -414,7 +414,7 @@ class RayRunner:
     def stop(self) -> None:
         """However the run ends: every live actor writes what it holds (an interrupt's
         rows are committed, as the local runner's are), then every actor is killed."""
-        from pipeline.output.handoff import remove_uncommitted
+        from ..pipeline.output.handoff import remove_uncommitted
 
         ray = self.ray
         calls = {s.actor.flush.remote(): s for s in self.slots if s.where is not None}
@@ -471,8 +471,8 @@ def run_ray(rows, cfg, dst: str, kind=None, items: list[dict] | None = None, job
     ``on_second_stage(stats)`` a two-stage kind's second-stage counts and ``on_cluster``
     the pool's placements and the driver's own traffic, however the run ends. Returns the
     second-stage counts (None for a one-stage kind)."""
-    from pipeline.output import new_job_id
-    from pipeline.storage import url_to_fs
+    from ..pipeline.output import new_job_id
+    from ..pipeline.storage import url_to_fs
 
     init_ray(cfg)
     fs, path = url_to_fs(dst, cfg.storage.options)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from pipeline.config_sections import AUTO
-from pipeline.config_values import ConfigError
+from ..pipeline.config_sections import AUTO
+from ..pipeline.config_values import ConfigError
 
 log = logging.getLogger(__name__)
 # Audio actors per model actor where "auto" may choose.

@@ -31,7 +31,7 @@ import signal
 import tempfile
 import time
 
-from actors.job import signals
+from .job import signals
 
 log = logging.getLogger(__name__)
 _mine: dict | None = None     # this process's note, while its instance is up

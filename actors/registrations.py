@@ -4,8 +4,8 @@ kind or family that user code registered only in the driver is known in every Ra
 (the driver's registry does not travel by itself)."""
 from __future__ import annotations
 
-from pipeline.decoders import DecoderKind, register_decoder_kind
-from pipeline.models import ModelFamily, register_family
+from ..pipeline.kinds import DecoderKind, register_decoder_kind
+from ..pipeline.models import ModelFamily, register_family
 
 
 def adopt(kind: DecoderKind | None, family: ModelFamily | None) -> None:

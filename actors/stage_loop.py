@@ -24,12 +24,12 @@ from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 
-from pipeline.batching import in_slow_start
-from pipeline.confidence.apply import ConfidenceScorer
-from pipeline.filters import mark_rows
-from pipeline.pending_pool import PendingPool, SecondStageStats
-from pipeline.pieces import PieceJoiner
-from pipeline.records import OUTPUT_SCHEMA, stamp, table
+from ..pipeline.batching import in_slow_start
+from ..pipeline.confidence.apply import ConfidenceScorer
+from ..pipeline.filters import mark_rows
+from ..pipeline.pending_pool import PendingPool, SecondStageStats
+from ..pipeline.pieces import PieceJoiner
+from ..pipeline.records import OUTPUT_SCHEMA, stamp, table
 
 
 class StageLoop:

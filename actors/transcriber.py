@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from actors.registrations import adopt
-from pipeline.confidence.apply import ConfidenceScorer
-from pipeline.batching import resolve_max_tokens
-from pipeline.config import config_from_dict, config_hash
-from pipeline.decoders import decoder_kind
-from pipeline.device import torch_threads, worker_threads
-from pipeline.filters import mark_rows
-from pipeline.models import load_model
-from pipeline.records import INTERMEDIATE_SCHEMA, OUTPUT_SCHEMA, prepared_rows, stamp, table
-from pipeline.segment_runner import transcribe_prepared
+from .registrations import adopt
+from ..pipeline.confidence.apply import ConfidenceScorer
+from ..pipeline.batching import resolve_max_tokens
+from ..pipeline.config import config_from_dict, config_hash
+from ..pipeline.kinds import decoder_kind
+from ..pipeline.device import torch_threads, worker_threads
+from ..pipeline.filters import mark_rows
+from ..pipeline.models import load_model
+from ..pipeline.records import INTERMEDIATE_SCHEMA, OUTPUT_SCHEMA, prepared_rows, stamp, table
+from ..pipeline.segment_runner import transcribe_prepared
 
 
 class Transcriber:

@@ -1,6 +1,6 @@
 """shardscribe from Python: one call per job, the same job as the command line's.
 
-    from jobs.api import transcribe
+    from shardscribe.jobs.api import transcribe
 
     summary = transcribe("data/calls.jsonl", "out/calls", config="ar", runner="local",
                          decoder__max_new_tokens=128, formats="srt,json")
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from actors.job.spec import JobError, JobFailed, JobIncomplete, JobInterrupted, JobSpec
+from ..actors.job.spec import JobError, JobFailed, JobIncomplete, JobInterrupted, JobSpec
 
 __all__ = ["JobError", "JobFailed", "JobIncomplete", "JobInterrupted", "JobSpec", "overrides_of", "pseudo_label",
            "transcribe"]
@@ -51,7 +51,7 @@ def _spec(input: str, output: str, config: str | None, runner: str, set: Mapping
 
 
 def _console(spec: JobSpec):
-    from jobs.transcribe import Console
+    from .transcribe import Console
 
     return Console(verbose=spec.verbose, progress_interval=spec.progress_interval, configure_logging=False)
 
@@ -70,7 +70,7 @@ def transcribe(input: str, output: str, config: str | None = None, runner: str =
     Returns the job's summary, the mapping written to summary.json (rows_in, rows_out,
     errors, wer, rtfx, ...; its ``written`` attribute lists the format files); with
     ``dry_run=True``, what the job would do (``message`` says it in one line)."""
-    from actors.job import run_job
+    from ..actors.job import run_job
 
     spec = _spec(input, output, config, runner, set, kwargs)
     console = _console(spec)
@@ -85,7 +85,7 @@ def pseudo_label(input: str, output: str, config: str | None = None, runner: str
     whose confidence is at least ``min_confidence``, or the best ``keep_fraction`` of them.
     Returns ``{"summary": the job's summary, "report": the exports' report (kept, rows,
     utterances, ...), "written": the URLs of the exports}``. Needs matplotlib."""
-    from actors.job import run_pseudo_label
+    from ..actors.job import run_pseudo_label
 
     spec = _spec(input, output, config, runner, set, kwargs)
     console = _console(spec)

@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.lm.build import build_lm, compile_arpa, load_tokenizer
+    from ..pipeline.lm.build import build_lm, compile_arpa, load_tokenizer
 
     if bool(args.text) == bool(args.arpa):
         print("build-lm: give either --text FILE... or --arpa FILE", file=sys.stderr)
@@ -75,7 +75,7 @@ def _lmplz() -> Path | None:
     toolchain is installed (cmake: `scripts/setup.sh --dev`); None where it is missing."""
     import subprocess
 
-    from pipeline.lm.build import find_lmplz
+    from ..pipeline.lm.build import find_lmplz
 
     try:
         return find_lmplz(build=shutil.which("cmake") is not None)

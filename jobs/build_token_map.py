@@ -6,9 +6,9 @@ Transformer-based ASR with Token Map Drafting", Algorithm 1, with its ranking an
                                 --output FILE
 
 Each non-empty line of the text files is one transcript, tokenised as the decoder writes it
-(pipeline.text.transcript_tokens). Keys are its n-grams of 1..N tokens (default 3, the
+(pipeline.models.transcript_tokens). Keys are its n-grams of 1..N tokens (default 3, the
 paper's best); each keeps the M (default 4) best-ranked continuations of up to L tokens,
-pruned below C occurrences and below a share S of the key's (pipeline.decoding.token_map). FILE is a safetensors file; point
+pruned below C occurrences and below a share S of the key's (pipeline.decoding.drafting.token_map). FILE is a safetensors file; point
 ``decoder.token_map`` at it.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ COMMAND = "build-token-map"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipeline.decoding.token_map import (DEFAULT_KEEP, DEFAULT_MAX_LEN, DEFAULT_MIN_COUNT, DEFAULT_MIN_SHARE,
+    from ..pipeline.decoding.drafting.token_map import (DEFAULT_KEEP, DEFAULT_MAX_LEN, DEFAULT_MIN_COUNT, DEFAULT_MIN_SHARE,
                                              DEFAULT_ORDER)
 
     parser.add_argument("--text", nargs="+", required=True, help="transcript files, one per line")
@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.decoding.token_map import build_token_map
-    from pipeline.text.transcript_tokens import load_transcript_tokenizer
+    from ..pipeline.decoding.drafting.token_map import build_token_map
+    from ..pipeline.models.transcript_tokens import load_transcript_tokenizer
 
     try:
         tok = load_transcript_tokenizer(args.tokenizer)

@@ -51,11 +51,11 @@ def decode_recordings(cfg, recordings: list[list]) -> list[list]:
     kind, both stages, with confidence features: per recording its final SegmentResults."""
     import numpy as np
 
-    from pipeline.batching import pack_by_budget
-    from pipeline.decoders import decoder_kind
-    from pipeline.decoders.base import PENDING
-    from pipeline.models import load_model
-    from pipeline.segment_runner import decode_segments
+    from ..pipeline.batching import pack_by_budget
+    from ..pipeline.kinds import decoder_kind
+    from ..pipeline.kinds.base import PENDING
+    from ..pipeline.models import load_model
+    from ..pipeline.segment_runner import decode_segments
 
     kind = decoder_kind(cfg.decoder.kind)
     adapter = load_model(cfg.model) if kind.needs else None
@@ -74,7 +74,7 @@ def decode_recordings(cfg, recordings: list[list]) -> list[list]:
 
 
 def collect(cfg, manifest: str, limit: int = 0) -> list[Recording]:
-    from pipeline.heldout import load_recordings
+    from ..pipeline.heldout import load_recordings
 
     recordings, refs = load_recordings(manifest, limit, cfg)
     return [Recording(ref, segs) for ref, segs in zip(refs, decode_recordings(cfg, recordings))]
@@ -82,7 +82,7 @@ def collect(cfg, manifest: str, limit: int = 0) -> list[Recording]:
 
 def labelled_words(recs: list[Recording]) -> list[tuple[str, dict, bool]]:
     """(stage, features, correct) of every labelled word."""
-    from pipeline.confidence.evaluation import word_labels
+    from ..pipeline.confidence.evaluation import word_labels
 
     out = []
     for rec in recs:
@@ -104,7 +104,7 @@ def fit_map(rows: list[dict], labels: list[bool], features: list[str] | None = N
     that held-out rows break, where the logistic output alone is smoother."""
     import numpy as np
 
-    from pipeline.confidence.calibration import CalibrationMap
+    from ..pipeline.confidence.calibration import CalibrationMap
 
     names = features or sorted({k for r in rows for k, v in r.items() if v is not None and math.isfinite(v)})
     x = np.array([[r.get(f, math.nan) for f in names] for r in rows], dtype=np.float64).reshape(-1, len(names))
@@ -165,10 +165,10 @@ def _isotonic_pays(cmap, z, y, folds: int) -> bool:
 
 def fit_calibration(cfg, recs: list[Recording], notes: dict | None = None):
     """The Calibration of ``cfg``'s decoder kind fitted on ``recs``."""
-    from pipeline.confidence.apply import ConfidenceScorer
-    from pipeline.decoders import decoder_kind
-    from pipeline.confidence.calibration import Calibration, model_identity, utterance_features
-    from pipeline.confidence.evaluation import utterance_correct
+    from ..pipeline.confidence.apply import ConfidenceScorer
+    from ..pipeline.kinds import decoder_kind
+    from ..pipeline.confidence.calibration import Calibration, model_identity, utterance_features
+    from ..pipeline.confidence.evaluation import utterance_correct
 
     kind = cfg.decoder.kind
     words = labelled_words(recs)
@@ -187,7 +187,7 @@ def fit_calibration(cfg, recs: list[Recording], notes: dict | None = None):
                 confs += scorer.words(seg.stage, seg.word_features)
         rows.append(utterance_features(confs))
         labels.append(utterance_correct(rec.text, rec.reference))
-    from pipeline.confidence.calibration import UTTERANCE_FEATURES
+    from ..pipeline.confidence.calibration import UTTERANCE_FEATURES
 
     cal.utterance[kind] = fit_map(rows, labels, list(UTTERANCE_FEATURES))
     cal.notes.setdefault("fitted_on", {})[kind] = {"recordings": len(rows), "words": len(words)}
@@ -197,11 +197,11 @@ def fit_calibration(cfg, recs: list[Recording], notes: dict | None = None):
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from pipeline.confidence.calibration import Calibration
-    from pipeline.config import ConfigError, load_config
-    from pipeline.models.preflight import ModelError, check_model
-    from pipeline.sources import SourceError, open_source
-    from pipeline.storage import StorageError
+    from ..pipeline.confidence.calibration import Calibration
+    from ..pipeline.config import ConfigError, load_config
+    from ..pipeline.models.preflight import ModelError, check_model
+    from ..pipeline.sources import SourceError, open_source
+    from ..pipeline.storage import StorageError
 
     # What transcribe refuses before it starts, refused here too: one line, exit 2.
     try:

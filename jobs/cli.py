@@ -15,14 +15,12 @@ import pkgutil
 import sys
 import traceback
 
-import jobs
-
-
+from .. import jobs
 def _job_modules():
     for info in sorted(pkgutil.iter_modules(jobs.__path__), key=lambda m: m.name):
         if info.name == "cli":   # jobs/bench/ is one sub-command (`bench NAME`) over its modules
             continue
-        module = importlib.import_module(f"jobs.{info.name}")
+        module = importlib.import_module(f"shardscribe.jobs.{info.name}")
         if hasattr(module, "COMMAND"):
             yield module
 
@@ -61,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from actors.job.signals import describe, interrupts
+    from ..actors.job.signals import describe, interrupts
 
     # SIGTERM as well as SIGINT unwinds the command from its first line (a job inside
     # commits, shuts Ray down and releases its lock on the way out): exit 130, one line.

@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.config import shipped_configs
+    from ..pipeline.config import shipped_configs
 
     configs = shipped_configs()
     width = max(map(len, configs))

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from pipeline.output import sidecar_path
+from ..pipeline.output import sidecar_path
 
 
 class JobLog:
@@ -31,7 +31,7 @@ class JobLog:
     def __init__(self, dst: str, name: str, verbose: bool = False):
         import fsspec
 
-        from pipeline.storage import redact_uri
+        from ..pipeline.storage import redact_uri
 
         self.verbose = verbose
         # Where the log is, as printed and stored in the summary (no credentials); the raw
@@ -214,7 +214,7 @@ def summary_table(summary: dict) -> list[str]:
                                      f"{second.get('mean_wait_s', 0.0):.1f} s)"))
     online = summary.get("token_map_online") or {}
     if online.get("map"):
-        # token_map.online, replayed on the job's text (pipeline.decoding.token_map_report)
+        # token_map.online, replayed on the job's text (pipeline.kinds.ar.token_map_report)
         rows.append(("token map", f"online, {online['map']['keys']} keys; replayed: {online['accepted_per_round']:.2f} "
                                   f"of {online['drafted_per_round']:.2f} drafted tokens accepted a round, bound "
                                   f"{online['pass_ratio']:.2f}x AR's decoder passes"))
@@ -247,8 +247,8 @@ def output_lines(dst: str, log_url: str | None, written: list[str] | None = None
     """Where each output is (never with the credentials a URI may carry): the Parquet parts,
     the format files, the summary and log; then how to read the parts, naming only readers
     that are installed."""
-    from pipeline.output import SUMMARY_NAME
-    from pipeline.storage import redact_uri
+    from ..pipeline.output import SUMMARY_NAME
+    from ..pipeline.storage import redact_uri
 
     dst = redact_uri(dst).rstrip("/")
     lines = [f"Output: {dst}/  (the Parquet parts: one row per recording)"]
@@ -264,7 +264,7 @@ def output_lines(dst: str, log_url: str | None, written: list[str] | None = None
 def committed_rows(dst: str) -> int:
     """The rows committed in DST: what a rerun finds there (pipeline.output's parts),
     counted from the parts' footers; no column is read, so it is quick on any output."""
-    from pipeline.output import iter_output
+    from ..pipeline.output import iter_output
 
     return sum(len(rows) for rows in iter_output(dst, []))
 
@@ -287,7 +287,7 @@ TRANSCRIPT_CHARS = 400
 def transcript_lines(dst: str) -> list[str]:
     """One line per row of DST, sorted by id: the id and its text (or its error), for a job
     small enough to read on the console."""
-    from pipeline.output import iter_output
+    from ..pipeline.output import iter_output
 
     rows = [r for batch in iter_output(dst, ["id", "text", "error", "language"]) for r in batch]
     lines = []

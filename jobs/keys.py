@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.config_keys import config_keys
+    from ..pipeline.config_keys import config_keys
 
     rows = [k for k in config_keys() if args.section in (None, k.key.split(".")[0])]
     if not rows:

@@ -51,7 +51,7 @@ def _write(path: Path, rows: list[dict]) -> None:
 def render_heldout(out_dir: Path, num: int, seed: int, heldout: int, workers: int) -> dict:
     from concurrent.futures import ProcessPoolExecutor
 
-    from pipeline.training.tts.corpus import plan_corpus, render
+    from ..pipeline.training.tts.corpus import plan_corpus, render
 
     (out_dir / "audio").mkdir(parents=True, exist_ok=True)
     jobs = [j for j in plan_corpus(num, seed, heldout, heldout) if j.split != "train"]

@@ -30,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
     from pathlib import Path
 
-    from pipeline.training.tts.announcements import announcements
-    from pipeline.training.tts.corpus import Job, render, sample_voice
+    from ..pipeline.training.tts.announcements import announcements
+    from ..pipeline.training.tts.corpus import Job, render, sample_voice
 
     out = Path(args.output)
     (out / "audio").mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.training.tts.corpus import make_corpus
+    from ..pipeline.training.tts.corpus import make_corpus
 
     if args.heldout_voice + args.heldout_text >= args.num:
         raise SystemExit("make-tts-corpus: --num must exceed the held-out sizes")

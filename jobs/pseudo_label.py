@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from actors.job.spec import JobError, JobSpec
-from jobs import transcribe
+from ..actors.job.spec import JobError, JobSpec
+from . import transcribe
 
 COMMAND = "pseudo-label"
 
@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from actors.job import pseudo_label_spec
-    from actors.job.pseudo_label import check_plotting
+    from ..actors.job import pseudo_label_spec
+    from ..actors.job.pseudo_label import check_plotting
 
     try:
         check_plotting()
@@ -61,7 +61,7 @@ def export(args: argparse.Namespace, spec: JobSpec | None = None) -> int:
     """The keep rule and the exports over DST's rows (the transcribe job committed them;
     actors.job.export_pseudo_labels), and what they kept, on the console. ``spec``: the
     job's (default: read from ``args``' input, output, config, overrides and model)."""
-    from actors.job import export_pseudo_labels
+    from ..actors.job import export_pseudo_labels
 
     if spec is None:
         spec = JobSpec(input=args.input, output=args.output, config=args.config, overrides=transcribe.overrides_of(args),

@@ -27,9 +27,9 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("shardscribe: error: the report needs matplotlib: pip install 'shardscribe[report]'", file=sys.stderr)
         return 2
-    from pipeline.config import ConfigError, load_config
-    from pipeline.report import write_report
-    from pipeline.storage import StorageError, redact_uri
+    from ..pipeline.config import ConfigError, load_config
+    from ..pipeline.report import write_report
+    from ..pipeline.storage import StorageError, redact_uri
 
     try:
         options = load_config(args.config, args.overrides).storage.options

@@ -56,10 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from pipeline.training.ctc_features import cache_features, load_cached, read_manifest
-    from pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig, save_ctc_head
-    from pipeline.training.ctc_head_card import model_card
-    from pipeline.training.ctc_head_train import (calibration_table, evaluate, greedy_drafts,
+    from ..pipeline.training.ctc_features import cache_features, load_cached, read_manifest
+    from ..pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig, save_ctc_head
+    from ..pipeline.training.ctc_head_card import model_card
+    from ..pipeline.training.ctc_head_train import (calibration_table, evaluate, greedy_drafts,
                                                 train_head)
 
     torch.set_num_threads(args.threads)

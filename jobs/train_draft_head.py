@@ -131,8 +131,8 @@ def run(args: argparse.Namespace) -> int:
 def train_draft_head(opts: DraftHeadOptions, log=None) -> int:
     """Run ``opts``; the exit status (0 done, 2 refused before any work, 1 nothing to learn,
     or the transcription job's own)."""
-    from actors.job.spec import JobError
-    from pipeline.training.draft_head_card import worse_than_before
+    from ..actors.job.spec import JobError
+    from ..pipeline.training.draft_head_card import worse_than_before
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
@@ -172,10 +172,10 @@ def preflight(opts: DraftHeadOptions):
     config, and for --from-output that its rows are this model's. Returns the
     transcription pass's config. Refused (one line) otherwise; the input's own checks
     are the transcribe job's, which refuses before its workers start."""
-    from pipeline.config import ConfigError, load_config
-    from pipeline.models.errors import ModelError
-    from pipeline.models.preflight import check_model, family_of_checkpoint, shipped_model
-    from pipeline.models.whisper.ctc_head import WEIGHTS_FILE
+    from ..pipeline.config import ConfigError, load_config
+    from ..pipeline.models.errors import ModelError
+    from ..pipeline.models.preflight import check_model, family_of_checkpoint, shipped_model
+    from ..pipeline.models.whisper.ctc_head import WEIGHTS_FILE
 
     if (opts.input is None) == (opts.from_output is None):
         raise Refused("give --input SRC (transcribe it) or --from-output OUT (an earlier job's rows), one of them")
@@ -201,7 +201,7 @@ def preflight(opts: DraftHeadOptions):
         cfg = load_config(AR_CONFIG, ["confidence.enabled=true", *opts.overrides], model=opts.model)
         check_model(cfg.model)
         if opts.from_output is not None:
-            from pipeline.training.draft_head_origin import check_same_model
+            from ..pipeline.training.draft_head_origin import check_same_model
 
             check_same_model(opts.from_output, cfg.model, cfg.storage.options)
     except (ConfigError, ModelError) as exc:
@@ -216,7 +216,7 @@ def transcribe(opts: DraftHeadOptions) -> tuple[str, str]:
     says what it transcribes, and a refusal of its input is its one line)."""
     if opts.from_output is not None:
         return opts.from_output, "an earlier job's rows (--from-output)"
-    from jobs.api import transcribe as run_transcribe
+    from .api import transcribe as run_transcribe
 
     dst = opts.transcripts or str(Path(opts.output) / "transcripts")
     # A rerun with the same options skips the recordings already transcribed there; one
@@ -232,13 +232,13 @@ def learn(opts: DraftHeadOptions, cfg, transcripts: str, how: str, log) -> tuple
     left to learn."""
     import torch
 
-    from pipeline.device import resolve_device, torch_threads
-    from pipeline.models.registry import load_model
-    from pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig, load_ctc_head, warm_start
-    from pipeline.models.whisper.ctc_head_fit import FitOptions, examples, fit_ctc_head
-    from pipeline.output import iter_output
-    from pipeline.training.draft_head_select import COLUMNS, heldout_ids, select_rows
-    from pipeline.training.draft_head_states import StatesTally, encode_segments, segment_audio
+    from ..pipeline.device import resolve_device, torch_threads
+    from ..pipeline.models.registry import load_model
+    from ..pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig, load_ctc_head, warm_start
+    from ..pipeline.models.whisper.ctc_head_fit import FitOptions, examples, fit_ctc_head
+    from ..pipeline.output import iter_output
+    from ..pipeline.training.draft_head_select import COLUMNS, heldout_ids, select_rows
+    from ..pipeline.training.draft_head_states import StatesTally, encode_segments, segment_audio
 
     rows = [r for batch in iter_output(transcripts, COLUMNS, cfg.storage.options) for r in batch]
     kept, selection = select_rows(rows, opts.min_confidence)
@@ -309,8 +309,8 @@ def learn(opts: DraftHeadOptions, cfg, transcripts: str, how: str, log) -> tuple
 def _audio_settings(cfg, transcripts: str) -> dict:
     """How the job that wrote ``transcripts`` read and cut audio: its recorded config's
     audio section over this pass's."""
-    from pipeline.config_record import recorded_config
-    from pipeline.training.draft_head_origin import row_hashes
+    from ..pipeline.config_record import recorded_config
+    from ..pipeline.training.draft_head_origin import row_hashes
 
     audio = {k: getattr(cfg.audio, k) for k in ("max_segment_s", "vad_threshold", "vad_pad_s",
                                                  "resample_quality", "max_seconds")}
@@ -324,8 +324,8 @@ def _audio_settings(cfg, transcripts: str) -> dict:
 def measure(head, rows: list[dict], device) -> dict:
     """The greedy draft against the AR text of ``rows``: WER and CER (Whisper-normalised,
     jiwer) and the share of drafts equal to it after normalisation."""
-    from pipeline.metrics import corpus_cer, corpus_wer, normalize
-    from pipeline.models.whisper.ctc_head_fit import greedy_drafts
+    from ..pipeline.metrics import corpus_cer, corpus_wer, normalize
+    from ..pipeline.models.whisper.ctc_head_fit import greedy_drafts
 
     if not rows:
         return {"wer": None, "cer": None, "exact": None}
@@ -337,8 +337,8 @@ def measure(head, rows: list[dict], device) -> dict:
 
 def write(out_dir: str, head, metrics: dict) -> None:
     """head.safetensors + config.json (what model.ctc_head loads), metrics.json, MODEL_CARD.md."""
-    from pipeline.models.whisper.ctc_head import save_ctc_head
-    from pipeline.training.draft_head_card import model_card
+    from ..pipeline.models.whisper.ctc_head import save_ctc_head
+    from ..pipeline.training.draft_head_card import model_card
 
     out = save_ctc_head(head, out_dir, extra={"seed": metrics["fit"]["seed"], "epochs": len(metrics["curve"]),
                                               "trained_on": "the model's own greedy AR transcripts"})

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import sys
 
-from actors.job.spec import JobConsole, JobError, JobIncomplete, JobInterrupted, JobProgress, JobSpec
+from ..actors.job.spec import JobConsole, JobError, JobIncomplete, JobInterrupted, JobProgress, JobSpec
 
 COMMAND = "transcribe"
 LOG_NAME = "transcribe.log"
@@ -56,7 +56,7 @@ COMMON_KEYS = {
 
 def epilog() -> str:
     """Examples and the common --set keys with the default config's values, for --help."""
-    from pipeline.config import load_config
+    from ..pipeline.config import load_config
 
     data = load_config("default").to_dict()
     width = max(map(len, COMMON_KEYS))
@@ -154,7 +154,7 @@ def execute(spec: JobSpec) -> int:
     """Run ``spec`` (actors.job.run_job) with the command line's console; returns the exit
     status: 0 done, 2 refused (one line), 1 stopped or rows in != rows out, 3 stalled,
     4 every recording failed, 130 interrupted."""
-    from actors.job import run_job
+    from ..actors.job import run_job
 
     console = Console(verbose=spec.verbose, progress_interval=spec.progress_interval)
     try:
@@ -172,7 +172,7 @@ def execute(spec: JobSpec) -> int:
         print(f"shardscribe: {result['message']}")
     else:
         if spec.print_transcripts or (spec.print_transcripts is None and result.get("rows_in", 0) < PRINT_UNDER):
-            from jobs.console import transcript_lines
+            from .console import transcript_lines
 
             for line in transcript_lines(spec.output):
                 print(line)
@@ -185,8 +185,8 @@ def committed_note(dst: str) -> str:
     job committed what it had finished and released the folder, so the number is what a
     rerun will find. Empty where DST cannot be read, or a second signal cuts the count
     short: the line is printed either way."""
-    from actors.job.signals import interrupts
-    from jobs.console import committed_rows
+    from ..actors.job.signals import interrupts
+    from .console import committed_rows
 
     try:
         with interrupts():    # a second Ctrl-C or SIGTERM here skips the count, not the line
@@ -199,8 +199,8 @@ def committed_note(dst: str) -> str:
 def closing(dst: str, summary: dict) -> None:
     """The closing table, where each output is, and warnings: rows of other inputs, rows
     an English-only model could not transcribe."""
-    from jobs.console import output_lines, summary_table
-    from pipeline.storage import redact_uri
+    from .console import output_lines, summary_table
+    from ..pipeline.storage import redact_uri
 
     for line in summary_table(summary):
         print(line)
@@ -210,7 +210,7 @@ def closing(dst: str, summary: dict) -> None:
         print(f"shardscribe: warning: {redact_uri(dst)} also holds {summary['extra_rows']} rows whose ids "
               "are not in this input (an earlier job's); they are kept, and left out of the summary",
               file=sys.stderr)
-    from jobs.console import mismatch_warning
+    from .console import mismatch_warning
 
     if (warning := mismatch_warning(summary)) is not None:
         print(warning, file=sys.stderr)
@@ -241,8 +241,8 @@ class Console(JobConsole):
 
     @contextlib.contextmanager
     def session(self, dst: str):
-        from actors.job.signals import shielded
-        from jobs.console import JobLog
+        from ..actors.job.signals import shielded
+        from .console import JobLog
 
         # Opened and closed whole: a signal halfway would leave the console's output in the log.
         with shielded(JobLog(dst, LOG_NAME, verbose=self.verbose)) as log:
@@ -256,7 +256,7 @@ class Console(JobConsole):
                 self._log = None
 
     def progress(self, p: JobProgress) -> None:
-        from jobs.console import Progress
+        from .console import Progress
 
         if self._bar is None:
             self._bar = Progress(p.total, self.stream, interval_s=self.progress_interval)

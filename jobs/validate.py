@@ -1,6 +1,6 @@
 """Audit a corpus before a long job: `shardscribe validate SRC`.
 
-Runs the transcription job with the `audit` decoder kind (pipeline.decoders.audit.stage): every
+Runs the transcription job with the `audit` decoder kind (pipeline.kinds.audit.stage): every
 recording is read, decoded and segmented exactly as a job would, no model is loaded, and
 one row per recording is written with its duration or its error. Prints how many rows,
 how many hours, and the first recordings that failed with why. Exit 0: every recording is
@@ -37,9 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from actors.job import JobSpec
-    from jobs import transcribe
-    from pipeline.output import iter_output, summary_exists
+    from ..actors.job import JobSpec
+    from . import transcribe
+    from ..pipeline.output import iter_output, summary_exists
 
     with tempfile.TemporaryDirectory(prefix="shardscribe-validate-") as tmp:
         output = args.output or tmp
@@ -81,6 +81,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _source_ids(args: argparse.Namespace) -> set[str]:
-    from pipeline.sources import open_source, scan
+    from ..pipeline.sources import open_source, scan
 
     return set(scan(open_source(args.input, args.audio_column, args.text_column)).ids.to_pylist())

@@ -26,13 +26,13 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from pipeline.audio_limits import (MAX_FLOAT_PEAK, MAX_SECONDS, SAMPLE_RATE, UNRECOGNISED, AudioError, StreamInfo,
+from .audio_limits import (MAX_FLOAT_PEAK, MAX_SECONDS, SAMPLE_RATE, UNRECOGNISED, AudioError, StreamInfo,
                                    check_header)
-from pipeline.audio_limits import check_deadline as _check_deadline
-from pipeline.audio_limits import span_cut_short as _span_cut_short
-from pipeline.audio_limits import too_long as _too_long
-from pipeline.audio_limits import too_short as _too_short
-from pipeline.mp3_frames import DeadlinePassed, untagged_seconds
+from .audio_limits import check_deadline as _check_deadline
+from .audio_limits import span_cut_short as _span_cut_short
+from .audio_limits import too_long as _too_long
+from .audio_limits import too_short as _too_short
+from .mp3_frames import DeadlinePassed, untagged_seconds
 
 # libsndfile's frame count for a length it does not know (a FLAC stream without a total).
 _UNKNOWN_FRAMES = 1 << 62
@@ -302,7 +302,7 @@ def iter_blocks(fh, quality: str = "HQ", offset_s: float | None = None, duration
                 fh, pos = _FilledHeader(fh, pos, patches, length), 0
     fh.seek(pos)
     if stream or ffmpeg_first(head) or not _sndfile_reads(fh, pos):
-        from pipeline.audio_av import iter_av_blocks    # PyAV: every container FFmpeg reads
+        from .audio_av import iter_av_blocks    # PyAV: every container FFmpeg reads
 
         yield from iter_av_blocks(fh, quality, offset_s, duration_s, max_seconds, deadline, info, stream)
         return

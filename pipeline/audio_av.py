@@ -29,9 +29,9 @@ import av
 import numpy as np
 import soxr
 
-from pipeline.audio_limits import (MAX_SECONDS, SAMPLE_RATE, UNRECOGNISED, AudioError, StreamInfo, check_deadline,
+from .audio_limits import (MAX_SECONDS, SAMPLE_RATE, UNRECOGNISED, AudioError, StreamInfo, check_deadline,
                                    check_header, span_cut_short, too_long)
-from pipeline.mp3_frames import LENGTH_TAGS
+from .mp3_frames import LENGTH_TAGS
 
 HEAD_BYTES = 4096      # where an MP3's length header is looked for (after an ID3 tag that fits)
 # FFmpeg's demuxers whose length is an estimate from the bitrate unless a header gives it

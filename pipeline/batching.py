@@ -220,7 +220,7 @@ def resolve_max_tokens(cfg, adapter) -> int:
     unset). Call it once the model is loaded, in the process that loaded it (the driver may
     have no GPU), and keep the result in that process's config
     (``cfg.batching.max_tokens = ...``), which every stage there reads."""
-    from pipeline.device import cuda_memory, is_cuda
+    from .device import cuda_memory, is_cuda
 
     value = cfg.batching.max_tokens
     device = str(getattr(adapter, "device", "cpu"))

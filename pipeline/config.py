@@ -1,7 +1,7 @@
 """Typed, validated job configuration: YAML files in conf/ plus `--set key=value` overrides.
 
 A JobConfig is the job's own sections (pipeline.config_sections) plus the sections the
-registered decoder kinds bring (``pipeline.decoders``: ``cfg.ssd``, ``cfg.beam``, ...), and
+registered decoder kinds bring (``pipeline.kinds``: ``cfg.ssd``, ``cfg.beam``, ...), and
 its ``model`` section holds the common keys plus the model family's own
 (``pipeline.models``). All validation happens here, before Ray or any model starts: an
 unknown key, a value of the wrong type or out of range raises ConfigError naming the
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config_sections import (RAY_TASK_CPUS, AudioConfig, BatchingConfig, ConfidenceConfig, DecoderConfig,
+from .config_sections import (RAY_TASK_CPUS, AudioConfig, BatchingConfig, ConfidenceConfig, DecoderConfig,
                                       FiltersConfig, ModelConfig, OutputConfig, PseudoLabelConfig, RayConfig,
                                       SecondStageConfig, StorageConfig, default_family, default_kind)
-from pipeline.config_values import ConfigError, build, choice, coerce, merge, safe_yaml, takes_text
-from pipeline.models.base import PACKABLE
+from .config_values import ConfigError, build, choice, coerce, merge, safe_yaml, takes_text
+from .models.base import PACKABLE
 
 __all__ = ["ConfigError", "JobConfig", "ModelConfig", "FiltersConfig", "config_from_dict", "config_hash",
            "load_config", "parse_override", "resolve_config_path"]
@@ -30,14 +30,14 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 def _option_sections() -> dict[str, type]:
-    from pipeline.decoders import registry
+    from .kinds import registry
 
-    import pipeline.decoders  # noqa: F401  (registers the built-in kinds)
+    from . import kinds  # noqa: F401  (registers the built-in kinds)
     return registry.option_sections()
 
 
 def _families():
-    from pipeline.models import FAMILIES
+    from .models import FAMILIES
 
     return FAMILIES
 
@@ -69,7 +69,7 @@ class JobConfig:
     def validate(self) -> "JobConfig":
         """Check every section, then the decoder kind and the model family against their
         registries: the capabilities the kind needs, window packing, the segment length."""
-        from pipeline.decoders import DECODER_KINDS
+        from .kinds import DECODER_KINDS
 
         for name, value in self._sections():
             if hasattr(value, "validate"):
@@ -143,7 +143,7 @@ def _build_model(data, key: str = "model") -> ModelConfig:
     A key of another family's options at that family's default is dropped (a config that
     restates a default, or that another family's config extends); set to anything else it
     is refused, naming who has it."""
-    from pipeline.models.registry import option_classes, option_default
+    from .models.registry import option_classes, option_default
 
     if not isinstance(data, dict):
         raise ConfigError(f"{key}: expected a mapping, got {type(data).__name__}")
@@ -390,8 +390,8 @@ def _use_model_storage(source: str, options: dict) -> None:
     (pipeline.storage.use_options): the driver reads the checkpoint's configs with them,
     and every worker fetches its weights with them. A URL that carries credentials is
     refused: the config is copied into logs and the output folder."""
-    from pipeline.models.remote import is_remote
-    from pipeline.storage import redact_uri, use_options
+    from .models.remote import is_remote
+    from .storage import redact_uri, use_options
 
     if not is_remote(source):
         return
@@ -417,7 +417,7 @@ def use_model(data: dict, source: str, allow_download: bool = False) -> None:
     a model without the key or on another shipped model, and no window packing where the
     family cannot pack, so a named config (``--config ctc_beam``) runs its decoder kind on
     any model that can."""
-    from pipeline.models.preflight import family_of_checkpoint, shipped_model
+    from .models.preflight import family_of_checkpoint, shipped_model
 
     named = shipped_model(source)
     try:
@@ -473,7 +473,7 @@ _FILE_KEYS = ("model.source", "decoder.token_map", "confidence.calibration")
 
 def _declared(attr: str) -> tuple[set, list]:
     """The option classes' ``attr`` keys as dotted names, and the model's option classes."""
-    from pipeline.models.registry import option_classes
+    from .models.registry import option_classes
 
     model_classes = option_classes()
     keys = {f"model.{k}" for c in model_classes for k in getattr(c, attr, ())}
@@ -514,7 +514,7 @@ def hashed_config(cfg: JobConfig) -> dict:
     ``<key>@content`` beside each file reference, as plain JSON values."""
     import json
 
-    from pipeline.file_fingerprint import fingerprint
+    from .file_fingerprint import fingerprint
 
     execution, model_classes = _declared("EXECUTION_KEYS")
     execution |= _EXECUTION_KEYS

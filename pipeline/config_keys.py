@@ -60,11 +60,11 @@ def _keys(prefix: str, cls, owner: str = "", skip: tuple = ()) -> list[Key]:
 
 
 def config_keys() -> list[Key]:
-    from pipeline.config import JobConfig
-    from pipeline.config_sections import ModelConfig, default_kind
-    from pipeline.decoders import DECODER_KINDS
-    from pipeline.models import FAMILIES
-    from pipeline.models.registry import option_classes
+    from .config import JobConfig
+    from .config_sections import ModelConfig, default_kind
+    from .kinds import DECODER_KINDS
+    from .models import FAMILIES
+    from .models.registry import option_classes
 
     hints = typing.get_type_hints(JobConfig)
     out = [Key("name", "str", default_kind(), "the config's name, shown in the console and the summary")]

@@ -11,15 +11,15 @@ CONFIGS_DIR = "configs"
 
 
 def _path(dst: str, job_hash: str) -> str:
-    from pipeline.output import sidecar_path
+    from .output import sidecar_path
 
     return sidecar_path(dst, posixpath.join(CONFIGS_DIR, f"{job_hash}.json"))
 
 
 def record_config(dst: str, cfg, job_hash: str, options: dict | None = None) -> None:
     """Keep ``cfg`` (hashing to ``job_hash``) beside DST's rows, once per hash."""
-    from pipeline.config import hashed_config
-    from pipeline.storage import url_to_fs
+    from .config import hashed_config
+    from .storage import url_to_fs
 
     fs, path = url_to_fs(_path(dst, job_hash), options)
     if fs.exists(path):
@@ -32,7 +32,7 @@ def record_config(dst: str, cfg, job_hash: str, options: dict | None = None) -> 
 def recorded_config(dst: str, job_hash: str, options: dict | None = None) -> dict | None:
     """The record of ``job_hash`` in DST ({config, config_hash, keys}); None where there is
     none (rows written before configs were kept) or it cannot be read."""
-    from pipeline.storage import url_to_fs
+    from .storage import url_to_fs
 
     try:
         fs, path = url_to_fs(_path(dst, job_hash), options)

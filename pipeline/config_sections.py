@@ -1,6 +1,6 @@
 """The job config's own sections: the model's common keys, the decoder, audio, batching,
 Ray, output, storage, confidence and pseudo-labelling. A decoder kind's options live in its
-package (``pipeline.decoders.<kind>``), a model family's in its folder
+package (``pipeline.kinds.<kind>``), a model family's in its folder
 (``pipeline.models.<family>``); ``pipeline.config`` collects them all into one JobConfig.
 """
 from __future__ import annotations
@@ -10,20 +10,20 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.batching import UnsetMaxTokens
-from pipeline.config_values import ConfigError, at_least, check_token_map, choice, flat_keys
+from .batching import UnsetMaxTokens
+from .config_values import ConfigError, at_least, check_token_map, choice, flat_keys
 
 
 def default_family() -> str:
     """model.family where a config names none: the model registry says which."""
-    from pipeline.models import DEFAULT_FAMILY
+    from .models import DEFAULT_FAMILY
 
     return DEFAULT_FAMILY
 
 
 def default_kind() -> str:
     """decoder.kind where a config names none: the decoder registry says which."""
-    from pipeline.decoders import DEFAULT_KIND
+    from .kinds import DEFAULT_KIND
 
     return DEFAULT_KIND
 
@@ -63,7 +63,7 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.options is None:
-            from pipeline.models import FAMILIES
+            from .models import FAMILIES
 
             family = FAMILIES.get(self.family)
             cls = family.options_class(self.source) if family is not None else None
@@ -77,7 +77,7 @@ class ModelConfig:
         options = self.__dict__.get("options")
         if options is not None and hasattr(options, name):
             return getattr(options, name)
-        from pipeline.models.registry import option_default
+        from .models.registry import option_default
 
         found, value = option_default(name)
         if found:
@@ -108,7 +108,7 @@ class DecoderConfig:
     # config_hash: left out while at their defaults (rows written before the keys existed still match)
     HASHED_WHEN_SET = ("temperature_fallback", "fallback_temperatures", "fallback_compression_ratio",
                        "fallback_logprob", "fallback_seed")
-    kind: str = field(default_factory=default_kind)   # a registered decoder kind (pipeline.decoders)
+    kind: str = field(default_factory=default_kind)   # a registered decoder kind (pipeline.kinds)
     max_new_tokens: int = 224
     # Several short clips per encoder pass, isolated from each other (pipeline.packing:
     # block-diagonal attention, so a clip's text does not depend on its neighbours); only
@@ -120,10 +120,10 @@ class DecoderConfig:
     # ar kind's and SSD's fallback (section token_map); null: off.
     token_map: str | None = None
     # Greedy AR decoding (ar, SSD's fallback) over a static KV cache with its step replayed
-    # as a CUDA graph on CUDA devices (pipeline.decoding.ar_static_graphs); the CPU keeps
+    # as a CUDA graph on CUDA devices (pipeline.decoding.ar.graphs); the CPU keeps
     # the eager loop, which is faster there (docs/ar.md). Same tokens either way.
     use_cuda_graphs: bool = True
-    # Whisper's temperature fallback, in the ar kind only (pipeline.decoders.ar.fallback;
+    # Whisper's temperature fallback, in the ar kind only (pipeline.kinds.ar.fallback;
     # docs/languages.md): a segment whose greedy text has a compression ratio above
     # fallback_compression_ratio or a mean token log-probability below fallback_logprob is
     # decoded again by seeded sampling at each of fallback_temperatures in turn.
@@ -359,7 +359,7 @@ class RayConfig:
             decode = 1.0
         elif decode is None:
             if cores is None:
-                from pipeline.device import physical_cores
+                from .device import physical_cores
 
                 cores = physical_cores()
             decode = cores // actors

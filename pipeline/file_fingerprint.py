@@ -32,7 +32,7 @@ def _file_digest(fs, path: str, size: int) -> bytes:
 def fingerprint(uri: str, options: dict | None = None) -> str | None:
     """The fingerprint of a file or folder at ``uri`` (any fsspec URL); None where there is
     nothing to read."""
-    from pipeline.storage import url_to_fs
+    from .storage import url_to_fs
 
     try:
         fs, path = url_to_fs(uri, options)

@@ -238,7 +238,7 @@ def safe_name(row_id: str, taken: set[str]) -> str:
 
 
 def _rows(dst: str, options: dict | None):
-    from pipeline.output import iter_output
+    from .output import iter_output
 
     columns = ["id", "audio", "offset_s", "duration_s", "text", "reference", "segments", "error"]
     for rows in iter_output(dst, columns, options):
@@ -249,14 +249,14 @@ def format_file(fmt: str) -> str:
     """Where the format ``fmt`` goes, relative to DST: a folder of per-recording files
     (``__srt/``), or the NeMo manifest (``__nemo/manifest.nemo.jsonl``); beside the parts,
     in a folder that no Parquet reader reads as rows (pipeline.output.export_dir)."""
-    from pipeline.output import export_dir
+    from .output import export_dir
 
     return f"{export_dir(fmt)}/{NEMO_MANIFEST}" if fmt == "nemo" else f"{export_dir(fmt)}/"
 
 
 def _former_file(fmt: str) -> str:
     """Where an earlier version wrote ``fmt``: in the sidecar folder."""
-    from pipeline.output import SIDECAR_DIR
+    from .output import SIDECAR_DIR
 
     return f"{SIDECAR_DIR}/{NEMO_MANIFEST}" if fmt == "nemo" else f"{SIDECAR_DIR}/{fmt}"
 
@@ -271,8 +271,8 @@ def write_formats(dst: str, formats: list[str], options: dict | None = None) -> 
     place: one copy of each, the current one."""
     import uuid
 
-    from pipeline.output import SIDECAR_DIR, export_dir
-    from pipeline.storage import url_to_fs
+    from .output import SIDECAR_DIR, export_dir
+    from .storage import url_to_fs
 
     fs, path = url_to_fs(dst, options)
     staging = posixpath.join(path, SIDECAR_DIR, f".tmp-formats-{uuid.uuid4().hex[:12]}")
@@ -320,6 +320,6 @@ def write_formats(dst: str, formats: list[str], options: dict | None = None) -> 
 
 def export_dirs() -> tuple[str, ...]:
     """Every export folder a job may write (``--overwrite`` removes them with the rows)."""
-    from pipeline.output import PSEUDO_LABEL_EXPORT, export_dir
+    from .output import PSEUDO_LABEL_EXPORT, export_dir
 
     return tuple(export_dir(name) for name in (*FORMATS, PSEUDO_LABEL_EXPORT))

@@ -14,10 +14,10 @@ DEFAULT_MANIFEST = Path(__file__).resolve().parent / "assets/samples/samples.jso
 
 def load_recordings(manifest: str | None, limit: int = 0, cfg=None):
     """Returns ``(recordings, references)``: per recording its list of 16-kHz segments."""
-    from pipeline.config import load_config
-    from pipeline.prepare import prepare_row
-    from pipeline.segment import VadSegmenter
-    from pipeline.sources import read_source
+    from .config import load_config
+    from .prepare import prepare_row
+    from .segment import VadSegmenter
+    from .sources import read_source
 
     cfg = cfg or load_config()
     rows = read_source(manifest or str(DEFAULT_MANIFEST))

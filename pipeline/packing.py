@@ -7,7 +7,7 @@ states back out. The embedded CTC head was trained on exactly such packed window
 (pipeline.training.ctc_features.encode_packed_shard: these same functions, with
 random gaps), so its outputs on a packed clip are in distribution. Autoregressive decoders
 cannot use this: Whisper's decoder would read the whole window. SSD's packed gate
-(pipeline.decoders.ssd.stages.SSDFirstPassDecoder) uses it for the draft and the gate only, and
+(pipeline.kinds.ssd.stages.SSDFirstPassDecoder) uses it for the draft and the gate only, and
 encodes the clips the gate rejects again alone.
 
 This module is the pure part: which clip goes where (first fit in input order, clip

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.records import OUTPUT_SCHEMA, finalize_row, table
+from .records import OUTPUT_SCHEMA, finalize_row, table
 
 # Between a recording's id and its piece's number in the id a piece is decoded under: a
 # control character no source gives an id.

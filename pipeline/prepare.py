@@ -19,10 +19,10 @@ import stat
 import threading
 import time
 
-from pipeline.audio import MAX_SECONDS, SAMPLE_RATE, AudioError, decode_stream
-from pipeline.segment import VadSegmenter
-from pipeline.sources import open_audio
-from pipeline.storage import redact_text, redact_uri
+from .audio import MAX_SECONDS, SAMPLE_RATE, AudioError, decode_stream
+from .segment import VadSegmenter
+from .sources import open_audio
+from .storage import redact_text, redact_uri
 
 
 def prepare_row(row: dict, segmenter: VadSegmenter, quality: str = "HQ", max_seconds: float = MAX_SECONDS,

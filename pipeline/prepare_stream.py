@@ -20,11 +20,11 @@ import threading
 import time
 from collections.abc import Iterator
 
-from pipeline.audio import MAX_SECONDS, SAMPLE_RATE, AudioError, StreamInfo, iter_blocks, peak_scale
-from pipeline.prepare import CANCEL_GRACE_S, TIMEOUT_ERROR, _not_a_regular_file, open_row_audio
-from pipeline.segment import VadSegmenter
-from pipeline.storage import redact_text, redact_uri
-from pipeline.stream_segment import WindowedSegmenter
+from .audio import MAX_SECONDS, SAMPLE_RATE, AudioError, StreamInfo, iter_blocks, peak_scale
+from .prepare import CANCEL_GRACE_S, TIMEOUT_ERROR, _not_a_regular_file, open_row_audio
+from .segment import VadSegmenter
+from .storage import redact_text, redact_uri
+from .stream_segment import WindowedSegmenter
 
 
 class MovingDeadline:

@@ -38,11 +38,11 @@ import jiwer
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.confidence.evaluation import ece as expected_calibration_error
-from pipeline.config_sections import PSEUDO_LABEL_RANKINGS
-from pipeline.metrics import normalize
-from pipeline.output import PSEUDO_LABEL_EXPORT, SIDECAR_DIR, export_dir
-from pipeline.storage import redact_uri, url_to_fs
+from .confidence.evaluation import ece as expected_calibration_error
+from .config_sections import PSEUDO_LABEL_RANKINGS
+from .metrics import normalize
+from .output import PSEUDO_LABEL_EXPORT, SIDECAR_DIR, export_dir
+from .storage import redact_uri, url_to_fs
 
 # Beside the parts, in a folder no Parquet reader reads as DST's rows (pipeline.output).
 EXPORT_DIR = export_dir(PSEUDO_LABEL_EXPORT)

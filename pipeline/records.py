@@ -88,7 +88,7 @@ OUTPUT_SCHEMA = pa.schema([
 ])
 
 # Between a model pool and a second pool: the segments still waiting, each with its
-# decoder's pending state packed by that state's own class (pipeline.decoders.base
+# decoder's pending state packed by that state's own class (pipeline.kinds.base
 # PendingState: safetensors bytes) and travelling through the object store (the CPU
 # offload of "Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts"). The
 # prepare stage's error and the row's key phrases ride along for the second stage.

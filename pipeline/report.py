@@ -15,10 +15,10 @@ import json
 import posixpath
 from collections import Counter, defaultdict
 
-from pipeline.metrics import word_error_counts
-from pipeline.output import SIDECAR_DIR, SUMMARY_NAME, error_kind, iter_output, sidecar_path
-from pipeline.report_plots import MODEL_TIMES, duration_text, plots
-from pipeline.storage import redact_uri
+from .metrics import word_error_counts
+from .output import SIDECAR_DIR, SUMMARY_NAME, error_kind, iter_output, sidecar_path
+from .report_plots import MODEL_TIMES, duration_text, plots
+from .storage import redact_uri
 
 REPORT_NAME = "report.html"
 DURATION_BUCKETS = [(0, 5), (5, 10), (10, 30), (30, 60), (60, float("inf"))]
@@ -197,7 +197,7 @@ def write_report(dst: str, options: dict | None = None) -> str:
     returns the URL of the HTML page."""
     import io
 
-    from pipeline.storage import url_to_fs
+    from .storage import url_to_fs
 
     fs, path = url_to_fs(dst, options)
     if not any(True for _ in iter_output(dst, ["id"], options, batch_rows=1)):

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.id_buckets import IdBuckets
+from .id_buckets import IdBuckets
 
 TODO, DONE, RENAMED, RENAMED_DONE = 0, 1, 2, 3
 
@@ -47,7 +47,7 @@ def _mask(item: dict, name: str) -> np.ndarray | None:
 def apply_plan(rows: list[dict], item: dict, position: int = 0) -> list[dict]:
     """``rows`` (the item's, from ``position`` on) less those the plan skips, with the
     distinct ids it gives."""
-    from pipeline.storage import redact_uri
+    from .storage import redact_uri
 
     skip, rename = _mask(item, "skip"), _mask(item, "rename")
     out = []
@@ -100,7 +100,7 @@ class ResumePlan:
     def wanted(self, scan) -> IdBuckets:
         """The ids the output must hold once the job is done (distinct ids where the plan
         gives them) and whether this run reads each: summarize's input side."""
-        from pipeline.output import WANTED_SCHEMA
+        from .output import WANTED_SCHEMA
 
         spill = IdBuckets(WANTED_SCHEMA)
         for b in range(scan.index.buckets):

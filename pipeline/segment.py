@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.audio import SAMPLE_RATE
-from pipeline.device import torch_threads
+from .audio import SAMPLE_RATE
+from .device import torch_threads
 
 
 @dataclass(frozen=True)

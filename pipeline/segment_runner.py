@@ -12,7 +12,7 @@ A first stage may leave segments pending with its own state; ``complete_pending`
 them to the kind's second stage, re-batched across rows by that stage's cost
 (``pending_costs`` prices a row's pending segments for the runners' pool across batches,
 pipeline.pending_pool). None of these functions knows any decoder's fields
-(pipeline.decoders.base).
+(pipeline.kinds.base).
 """
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from pipeline.batching import pack_by_budget
-from pipeline.decoders.base import PENDING, PendingState, SegmentResult
-from pipeline.device import device_fault, is_device_fault
-from pipeline.records import clear_pending, finalize_row, segment_dict, shift_words
+from .batching import pack_by_budget
+from .kinds.base import PENDING, PendingState, SegmentResult
+from .device import device_fault, is_device_fault
+from .records import clear_pending, finalize_row, segment_dict, shift_words
 
 
 def decode_segments(decoder, audios: list[np.ndarray], max_tokens: int, languages=None) -> list[SegmentResult]:

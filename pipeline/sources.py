@@ -31,11 +31,11 @@ import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.audio_formats import AUDIO_EXTENSIONS
-from pipeline.batching import slow_start
-from pipeline.id_buckets import IdBuckets
-from pipeline.records import INPUT_SCHEMA, table
-from pipeline.storage import redact_uri, utf8_name
+from .audio_formats import AUDIO_EXTENSIONS
+from .batching import slow_start
+from .id_buckets import IdBuckets
+from .records import INPUT_SCHEMA, table
+from .storage import redact_uri, utf8_name
 
 MANIFEST_EXTENSIONS = (".jsonl", ".json", ".ndjson")
 # Column (or manifest key) names recognised without --audio-column / --text-column, in
@@ -467,7 +467,7 @@ def _batches(rows: list[dict], rows_per_batch: int, exclude, item: dict | None =
     """``rows`` (the item's from ``position`` on) as INPUT tables, less what the item's
     resume plan skips and with its distinct ids, less ``exclude``."""
     if item is not None and ("skip" in item or "rename" in item):
-        from pipeline.resume import apply_plan
+        from .resume import apply_plan
 
         rows = apply_plan(rows, item, position)
     if exclude is not None and rows:

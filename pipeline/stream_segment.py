@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from pipeline.segment import Segment, VadSegmenter, hard_split
+from .segment import Segment, VadSegmenter, hard_split
 
 # Seconds of audio before the first undecided speech span that the next window starts
 # with, where no span ended inside the window: the VAD's context and padding.

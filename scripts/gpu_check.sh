@@ -27,7 +27,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d wheels \
 #     transformers==5.24.0 jiwer rapidfuzz soundfile soxr cffi pycparser silero-vad
-#   .venv/bin/python -c "from jobs.bench.regimes import whisper_parts; whisper_parts('wheels/processor')"
+#   .venv/bin/python -c "from shardscribe.jobs.bench.regimes import whisper_parts; whisper_parts('wheels/processor')"
 # (wheels/ is git-ignored: name it in the device tool's carry.)
 #
 # GPU_CHECK_QUICK=1: toy sizes and a few clips on the CPU, the same steps (how this script is
@@ -98,7 +98,7 @@ step cuda_tests "$LIMIT_TESTS" "$PY" -m pytest -q -p no:cacheprovider \
     -k "cuda or graph"
 
 # 3. The regimes bench with the pooled rows (GPU_CHECK_SKIP_BENCH=1: not this time).
-[ "${GPU_CHECK_SKIP_BENCH:-0}" = 1 ] || step bench_regimes "$LIMIT_BENCH" "$PY" -m jobs.cli bench regimes "${BENCH_ARGS[@]}" \
+[ "${GPU_CHECK_SKIP_BENCH:-0}" = 1 ] || step bench_regimes "$LIMIT_BENCH" "$PY" -m shardscribe.jobs.cli bench regimes "${BENCH_ARGS[@]}" \
     --whisper-processor "$PROCESSOR" --out "$OUT/regimes.json"
 
 # 4. End to end on a turbo-shaped random checkpoint.
@@ -113,8 +113,8 @@ from pathlib import Path
 import torch
 from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
-from jobs.bench.regimes import TOY_WHISPER, TURBO, whisper_parts
-from pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig, save_ctc_head
+from shardscribe.jobs.bench.regimes import TOY_WHISPER, TURBO, whisper_parts
+from shardscribe.pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig, save_ctc_head
 
 work, quick, processor_dir, clips = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3], int(sys.argv[4])
 processor, generation, base = whisper_parts(processor_dir)
@@ -137,8 +137,8 @@ with open(work / "clips.jsonl", "w") as fh:
 # parakeet-tdt-0.6b's shape (toy encoder with quick): random weights, a unigram tokenizer of
 # 1024 pieces trained on the bundled references (blank: the last id), as bench ctc-beam
 # builds its parakeet-ctc-0.6b.
-from jobs.bench.ctc_beam_model import unigram_tokenizer   # noqa: E402
-from jobs.bench.regimes import TOY_PARAKEET   # noqa: E402
+from shardscribe.jobs.bench.ctc_beam_model import unigram_tokenizer   # noqa: E402
+from shardscribe.jobs.bench.regimes import TOY_PARAKEET   # noqa: E402
 from transformers import ParakeetFeatureExtractor, ParakeetForTDT, ParakeetProcessor, ParakeetTDTConfig   # noqa: E402
 tokenizer = unigram_tokenizer([x.get("text") or "" for x in lines] * 50, pieces=1024)
 tdt = ParakeetTDTConfig(**({"encoder_config": TOY_PARAKEET} if quick else {}), vocab_size=1025, blank_token_id=1024)
@@ -158,9 +158,9 @@ E2E_DTYPE=float32
 [ "$DEVICE" = cuda ] && E2E_DTYPE=bfloat16
 E2E_ARGS=(--manifest "$WORK/clips.jsonl" --device "$DEVICE" --runners "$E2E_RUNNERS" --rounds 2)
 [ "$QUICK" = 1 ] && E2E_ARGS+=(--quick --limit 8)
-step bench_e2e_turbo "$LIMIT_E2E" "$PY" -m jobs.cli bench e2e "${E2E_ARGS[@]}" --config ar --model "$WORK/turbo" \
+step bench_e2e_turbo "$LIMIT_E2E" "$PY" -m shardscribe.jobs.cli bench e2e "${E2E_ARGS[@]}" --config ar --model "$WORK/turbo" \
     --set "model.dtype=$E2E_DTYPE" --set decoder.max_new_tokens=48 --out "$OUT/e2e_turbo.json"
-step bench_e2e_parakeet_tdt "$LIMIT_E2E" "$PY" -m jobs.cli bench e2e "${E2E_ARGS[@]}" --config transducer_greedy \
+step bench_e2e_parakeet_tdt "$LIMIT_E2E" "$PY" -m shardscribe.jobs.cli bench e2e "${E2E_ARGS[@]}" --config transducer_greedy \
     --model "$WORK/parakeet_tdt" --set "model.dtype=$E2E_DTYPE" --out "$OUT/e2e_parakeet_tdt.json"
 
 job() {   # job NAME RUNNER CONFIG EXTRA-SETS...: the job on the GPU, summary to $OUT/job_NAME.json
@@ -173,7 +173,7 @@ job() {   # job NAME RUNNER CONFIG EXTRA-SETS...: the job on the GPU, summary to
     for s in "model.device=$DEVICE" "model.dtype=$dtype" "model.ctc_head=$WORK/head" "decoder.max_new_tokens=48" "$@"; do
         sets+=(--set "$s")
     done
-    step "job_$name" "$LIMIT_JOB" "$PY" -m jobs.cli transcribe --input "$WORK/clips.jsonl" --output "$WORK/out_$name" \
+    step "job_$name" "$LIMIT_JOB" "$PY" -m shardscribe.jobs.cli transcribe --input "$WORK/clips.jsonl" --output "$WORK/out_$name" \
         --config "$config" --model "$WORK/turbo" --runner "$runner" --progress-interval 0 "${sets[@]}"
     cp "$WORK/out_$name/__shardscribe__/summary.json" "$OUT/job_$name.json" 2>/dev/null || true
 }

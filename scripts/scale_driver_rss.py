@@ -113,7 +113,7 @@ def main() -> None:
     for case in args.cases.split(","):
         src = make_table(work) if case == "table_500mb" else make_manifest(work, _rows(case))
         out = args.output or work / f"out_{case}_{args.runner}_{int(time.time())}"
-        argv = [sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(src), "--output", str(out),
+        argv = [sys.executable, "-m", "shardscribe.jobs.cli", "transcribe", "--input", str(src), "--output", str(out),
                 "--runner", args.runner, "--set", "decoder.kind=audit", "--set", "model.device=cpu"]
         argv += ["--dry-run"] if args.dry_run else []
         for item in args.overrides:

@@ -115,7 +115,7 @@ def fusion_kwargs(fusion: str, v1: int, seed: int, dense_lm: bool = False) -> di
             lm.num_states = v1
         kw.update(lm=lm, alpha_lm=0.6)
     if fusion == "lm+boost":
-        from pipeline.lm.boosting import BoostingTree
+        from shardscribe.pipeline.lm.boosting import BoostingTree
 
         kw.update(boost=BoostingTree.from_phrases([[[0, 1], [2, 3, 4], [5]]], vocab_size=v1 - 1,
                                                   context_score=1.5), alpha_boost=0.8)

@@ -19,7 +19,7 @@ def _share_the_cores_between_workers() -> None:
     OpenMP's waiting threads spin (measured in docs/testing.md). So each worker gets its
     share of those cores, before torch is imported; a user's own OMP_NUM_THREADS wins, and
     tests of the thread settings set theirs."""
-    from pipeline.device import physical_cores   # imports no torch
+    from shardscribe.pipeline.device import physical_cores   # imports no torch
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
@@ -62,7 +62,7 @@ def model_cache(tmp_path_factory) -> Path:
 def whisper_adapter(model_cache):
     import torch
 
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
 
     torch.manual_seed(0)
     return load_whisper_adapter("embedded", device="cpu", cache_dir=model_cache)
@@ -70,9 +70,9 @@ def whisper_adapter(model_cache):
 
 def full_product_greedy(adapter, *args, **kwargs):
     """``greedy_decode`` with every token chosen from the full float32 logits, not through
-    the adapter's screened argmax (pipeline.decoding.screened_argmax): the reference that
+    the adapter's screened argmax (pipeline.models.screened_argmax): the reference that
     drafted decoding, which takes the screen where the CPU has one, must equal."""
-    from pipeline.decoding.ar_greedy import greedy_decode
+    from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
 
     saved = adapter.next_tokens
     adapter.next_tokens = None
@@ -86,29 +86,29 @@ def full_product_greedy(adapter, *args, **kwargs):
 def ssd_adapter(model_cache):
     """Whisper tiny.en with the embedded CTC head (the ssd and ctc_greedy configs' model),
     one per test module so that no module sees another's changes to it."""
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
 
     return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
 
 
 @pytest.fixture(scope="session")
 def sample_audio(sample_manifest):
-    from pipeline.audio import decode_audio
+    from shardscribe.pipeline.audio import decode_audio
 
     return {m["id"]: decode_audio((SAMPLES / m["audio"]).read_bytes())[0] for m in sample_manifest}
 
 
 def transcribe_cli(dst: Path, *args: str) -> tuple[dict, dict]:
-    """``python -m jobs.cli transcribe --output DST ARGS...`` in a subprocess, as a user runs
+    """``python -m shardscribe.jobs.cli transcribe --output DST ARGS...`` in a subprocess, as a user runs
     it; asserts it exits 0 and returns the job's summary and its rows by id (read from the
     Parquet parts with pyarrow, not with the project's reader)."""
     import sys
 
     import pyarrow.parquet as pq
 
-    from pipeline.output import SUMMARY_NAME
+    from shardscribe.pipeline.output import SUMMARY_NAME
 
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--output", str(dst), *args],
+    proc = subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "transcribe", "--output", str(dst), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((dst / SUMMARY_NAME).read_text())
@@ -122,8 +122,8 @@ def transcribe_in_process(dst: Path, *args: str) -> tuple[dict, dict]:
     test whose subject is the job rather than the command line); asserts it returns 0."""
     import pyarrow.parquet as pq
 
-    from jobs.cli import main
-    from pipeline.output import SUMMARY_NAME
+    from shardscribe.jobs.cli import main
+    from shardscribe.pipeline.output import SUMMARY_NAME
 
     assert main(["transcribe", "--output", str(dst), *args]) == 0
     summary = json.loads((dst / SUMMARY_NAME).read_text())
@@ -137,7 +137,7 @@ def ray_job_rows(source, cfg, dst: Path) -> list[dict]:
     import pyarrow.parquet as pq
     import ray
 
-    from actors.plan import init_ray, run_ray
+    from shardscribe.actors.plan import init_ray, run_ray
 
     already = ray.is_initialized()
     init_ray(cfg)

@@ -8,7 +8,7 @@ language's default voice and a variant), one WAV per sentence. A test helper, ne
 imported by the pipeline.
 
     .venv/bin/python tests/language_set.py render DIR
-    .venv/bin/python -m jobs.cli transcribe --input DIR --output OUT --runner local --model base --language auto
+    .venv/bin/python -m shardscribe.jobs.cli transcribe --input DIR --output OUT --runner local --model base --language auto
     .venv/bin/python tests/language_set.py score OUT [--translate]
     .venv/bin/python tests/language_set.py render --long DIR    # recordings of 32 s or more
     .venv/bin/python tests/language_set.py score --segments OUT
@@ -225,8 +225,8 @@ def score(rows: list[dict], translate: bool = False) -> dict:
     from transformers.models.whisper.english_normalizer import BasicTextNormalizer
 
     import jiwer
-    from pipeline.filters import compression_ratio
-    from pipeline.metrics import corpus_wer
+    from shardscribe.pipeline.filters import compression_ratio
+    from shardscribe.pipeline.metrics import corpus_wer
 
     basic = BasicTextNormalizer()
     truth = {name: (lang, text, english) for name, lang, _, text, english in clips() + clips(tune=True)}

@@ -13,9 +13,9 @@ from typing import Callable
 
 import pytest
 
-from pipeline.config import ModelConfig
-from pipeline.models import FAMILIES, load_model, model_family
-from pipeline.models.base import (ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PROTOCOLS, ARDecoderModel, CTCModel,
+from shardscribe.pipeline.config import ModelConfig
+from shardscribe.pipeline.models import FAMILIES, load_model, model_family
+from shardscribe.pipeline.models.base import (ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PROTOCOLS, ARDecoderModel, CTCModel,
                                   EncoderModel, MultitaskDecoderModel, contract_problems, protocol_members,
                                   protocol_problems, protocols_of)
 
@@ -120,7 +120,7 @@ def test_each_family_satisfies_the_protocols_of_what_it_declares(case, tmp_path,
 
 
 def test_every_capability_but_the_familys_vocabulary_has_a_protocol():
-    from pipeline.models import base
+    from shardscribe.pipeline.models import base
 
     names = {v for k, v in vars(base).items() if k.isupper() and isinstance(v, str)}
     assert set(PROTOCOLS) == names - {BEAM_VOCABULARY} - base.TRAITS
@@ -133,7 +133,7 @@ def test_every_capability_but_the_familys_vocabulary_has_a_protocol():
 @pytest.fixture(scope="module")
 def granite():
     """A granite-speech adapter with its CTC vocabulary, built in memory (no checkpoint)."""
-    from pipeline.models.granite_speech.adapter import GraniteSpeechAdapter
+    from shardscribe.pipeline.models.granite_speech.adapter import GraniteSpeechAdapter
     from test_granite_adapter import CTC_VOCAB, _model, _tokenizer
 
     tok = _tokenizer()

@@ -1,5 +1,5 @@
-"""The static-cache greedy loop (pipeline.decoding.ar_static) and its CUDA-graph replay
-(pipeline.decoding.ar_static_graphs) against the eager loop: the same tokens, on the CPU
+"""The static-cache greedy loop (pipeline.decoding.ar.static) and its CUDA-graph replay
+(pipeline.decoding.ar.graphs) against the eager loop: the same tokens, on the CPU
 without capture; on CUDA with it (those tests skip without CUDA)."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import logging
 import pytest
 import torch
 
-from pipeline.decoding.ar_greedy import TokenRules, greedy_decode
-from pipeline.decoding.ar_static import runs_static
-from pipeline.decoding.ar_static_graphs import StaticDecoding, bucket
-from pipeline.decoding.drafters import NO_DRAFT, CTCLookahead
-from pipeline.decoding.ssd.decoder import AR_FALLBACK, SelfSpeculativeDecoder
+from shardscribe.pipeline.decoding.ar.greedy import TokenRules, greedy_decode
+from shardscribe.pipeline.decoding.ar.static import runs_static
+from shardscribe.pipeline.decoding.ar.graphs import StaticDecoding, bucket
+from shardscribe.pipeline.decoding.drafting.drafters import NO_DRAFT, CTCLookahead
+from shardscribe.pipeline.decoding.ssd.decoder import AR_FALLBACK, SelfSpeculativeDecoder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -104,9 +104,9 @@ def test_granite_speech_static_loop_equals_eager_prefilled_and_seeded():
     """granite-speech's decoder-only LLM (toy dims, random weights: every row runs to the
     limit): prompts with audio embeddings and ragged prefixes, and seeds from a
     verification pass's cache (SSD eqs. 6-7)."""
-    from jobs.bench.regimes import TOY_GRANITE, random_granite
-    from pipeline.decoding.ar_greedy import seeds_from_cache
-    from pipeline.decoding.ssd.verify import verify_drafts
+    from shardscribe.jobs.bench.regimes import TOY_GRANITE, random_granite
+    from shardscribe.pipeline.decoding.ar.greedy import seeds_from_cache
+    from shardscribe.pipeline.decoding.ssd.verify import verify_drafts
 
     adapter = random_granite(TOY_GRANITE, torch.device("cpu"), torch.float32)
     feats = torch.randn(3, 40, adapter.model.config.encoder_config.input_dim, generator=torch.Generator().manual_seed(0))
@@ -148,7 +148,7 @@ def test_bucketed_buffers_and_capture_failure_fall_back_with_one_log_line(whispe
     monkeypatch.setattr(StaticDecoding, "applies", lambda self, device: True)
     monkeypatch.setattr(StaticDecoding, "runner", lambda self, adapter, mask, limit, s, c:
                         self._graph(adapter, mask, limit, s, c))
-    with caplog.at_level(logging.WARNING, logger="pipeline.decoding.ar_static_graphs"):
+    with caplog.at_level(logging.WARNING, logger="shardscribe.pipeline.decoding.ar.graphs"):
         try:
             assert greedy_decode(whisper_adapter, enc.states[:3], prefixes[:3], static=static) == eager[:3]
             assert greedy_decode(whisper_adapter, enc.states[:1], static=static) == full[:1]
@@ -159,7 +159,7 @@ def test_bucketed_buffers_and_capture_failure_fall_back_with_one_log_line(whispe
 
 
 def test_use_cuda_graphs_is_not_in_config_hash():
-    from pipeline.config import config_hash, load_config
+    from shardscribe.pipeline.config import config_hash, load_config
 
     cfg = load_config("ar")
     off = load_config("ar", overrides=["decoder.use_cuda_graphs=false"])
@@ -176,7 +176,7 @@ def _cuda_whisper(dtype):
     import os
     from pathlib import Path
 
-    from jobs.bench.regimes import TOY_WHISPER, random_whisper
+    from shardscribe.jobs.bench.regimes import TOY_WHISPER, random_whisper
 
     dirs = [os.environ.get("PROCESSOR"), str(Path(__file__).resolve().parent.parent / "wheels" / "processor")]
     found = next((d for d in dirs if d and (Path(d) / "config.json").is_file()), None)
@@ -195,8 +195,8 @@ def test_cuda_graph_replay_equals_the_uncaptured_step_and_the_eager_loop(dtype):
     float32 also the eager loop's (in bfloat16 a random model's near-flat logits may tie
     differently across attention kernels). Then SSD's seeded fallback, from a verification
     pass's cache, through the graph."""
-    from pipeline.decoding.ar_greedy import seeds_from_cache
-    from pipeline.decoding.ssd.verify import verify_drafts
+    from shardscribe.pipeline.decoding.ar.greedy import seeds_from_cache
+    from shardscribe.pipeline.decoding.ssd.verify import verify_drafts
 
     adapter = _cuda_whisper(dtype)
     states = torch.randn(8, 1500, adapter.model.config.d_model, generator=torch.Generator().manual_seed(0))

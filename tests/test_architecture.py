@@ -66,8 +66,8 @@ def graph() -> dict[str, set[str]]:
 # module of the registered decoder kinds and model families.
 RUNTIME_JOBS = ("transcribe", "pseudo_label", "validate", "report", "build_lm", "build_token_map",
                 "calibrate", "cli")
-RUNTIME_PACKAGES = ("actors", "pipeline.decoders", "pipeline.models")
-LAB = ("pipeline.training", "jobs.bench")
+RUNTIME_PACKAGES = ("actors", "shardscribe.pipeline.kinds", "shardscribe.pipeline.models")
+LAB = ("shardscribe.pipeline.training", "shardscribe.jobs.bench")
 
 
 def _runtime_path(mods: dict[str, Path]) -> dict[str, str]:
@@ -75,7 +75,7 @@ def _runtime_path(mods: dict[str, Path]) -> dict[str, str]:
     (an entry module: itself). A module is reached through its imports (lazy ones too),
     the packages above it (importing ``a.b.c`` runs ``a`` and ``a.b``) and the modules its
     strings name for a registry."""
-    entries = [f"jobs.{name}" for name in RUNTIME_JOBS]
+    entries = [f"shardscribe.jobs.{name}" for name in RUNTIME_JOBS]
     missing = [m for m in entries if m not in mods]
     assert not missing, f"runtime entry modules not found: {missing}"
     entries += [m for m in mods for pkg in RUNTIME_PACKAGES if m == pkg or m.startswith(pkg + ".")]
@@ -148,14 +148,14 @@ def test_the_check_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
     g = {name: _imports(name, path, mods) for name, path in mods.items()}
     with pytest.raises(AssertionError, match="import cycle"):
         test_no_module_is_in_an_import_cycle(g)
-    with pytest.raises(AssertionError, match="pipeline.b imports actors.x"):
+    with pytest.raises(AssertionError, match="shardscribe.pipeline.b imports actors.x"):
         test_layers_only_import_downwards(g)
 
 
 def test_the_check_sees_the_runtime_reach_the_lab(tmp_path, monkeypatch):
     """The fence can fail: a runtime command's lazy import that leads to pipeline.training,
     and a registry string naming a lab module, are both found."""
-    for d in ("pipeline/training", "pipeline/decoders", "pipeline/models", "actors", "jobs"):
+    for d in ("pipeline/training", "pipeline/kinds", "pipeline/models", "actors", "jobs"):
         (tmp_path / d).mkdir(parents=True)
     for name in RUNTIME_JOBS:
         (tmp_path / "jobs" / f"{name}.py").write_text("")
@@ -164,10 +164,10 @@ def test_the_check_sees_the_runtime_reach_the_lab(tmp_path, monkeypatch):
     (tmp_path / "pipeline" / "helpers.py").write_text("from pipeline.training.corpus import x\n")
     (tmp_path / "jobs" / "calibrate.py").write_text("def run():\n    from pipeline import helpers\n")
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
-    with pytest.raises(AssertionError, match="pipeline.training.corpus <- pipeline.helpers <- jobs.calibrate"):
+    with pytest.raises(AssertionError, match="shardscribe.pipeline.training.corpus <- pipeline.helpers <- jobs.calibrate"):
         test_the_runtime_never_imports_the_lab()
     (tmp_path / "jobs" / "calibrate.py").write_text("")
     test_the_runtime_never_imports_the_lab()
-    (tmp_path / "pipeline" / "decoders" / "registry.py").write_text('KIND = "pipeline.training.corpus:build"\n')
-    with pytest.raises(AssertionError, match="pipeline.training.corpus <- pipeline.decoders.registry"):
+    (tmp_path / "pipeline" / "decoders" / "registry.py").write_text('KIND = "shardscribe.pipeline.training.corpus:build"\n')
+    with pytest.raises(AssertionError, match="shardscribe.pipeline.training.corpus <- pipeline.kinds.registry"):
         test_the_runtime_never_imports_the_lab()

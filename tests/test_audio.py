@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.audio import AudioError, decode_audio
+from shardscribe.pipeline.audio import AudioError, decode_audio
 
 
 def _encode(samples, rate, fmt, subtype=None):
@@ -64,7 +64,7 @@ def test_a_wav_cut_short_is_an_error_not_a_shorter_recording():
     cut short): libsndfile reads what is there without complaint, so it is checked against
     the header, in both decoders; a cut inside the tolerance, a span inside what is there and
     a length left open by a streaming writer still decode."""
-    from pipeline.audio import decode_stream
+    from shardscribe.pipeline.audio import decode_stream
 
     full = _encode(_tone(16000, 10.0), 16000, "WAV", "PCM_16")
     header = len(full) - 16000 * 10 * 2
@@ -102,7 +102,7 @@ def test_a_wav_whose_writer_left_its_sizes_unwritten_decodes_whole(rate, channel
     """libsndfile believes a data size of 0 and reads zero samples; both decoders read the
     audio that follows instead (whole frames), without a rewritten header appended after it,
     and give what the same file with its sizes filled in gives, spans included."""
-    from pipeline.audio import decode_stream
+    from shardscribe.pipeline.audio import decode_stream
 
     tone = _tone(rate, 3.0)
     proper = _encode(np.stack([tone] * channels, axis=1) if channels > 1 else tone, rate, "WAV", subtype)
@@ -140,7 +140,7 @@ def test_festival_through_a_pipe_decodes_as_its_file_does(tmp_path):
 
 
 def _stream(data: bytes):
-    from pipeline.audio import decode_stream
+    from shardscribe.pipeline.audio import decode_stream
 
     return decode_stream(io.BytesIO(data))
 
@@ -176,7 +176,7 @@ def _vbr_mp3(seconds: float = 20.0, quiet_first: bool = False):
 def test_mp3_frames_hold_what_the_encoder_wrote():
     """The frame walk against the encoder's own count: a tagged file defers to its header,
     an untagged one is counted frame by frame (an ID3 tag before the frames is skipped)."""
-    from pipeline.mp3_frames import untagged_seconds
+    from shardscribe.pipeline.mp3_frames import untagged_seconds
 
     tagged, untagged = _vbr_mp3()
     assert untagged_seconds(io.BytesIO(tagged)) is None
@@ -191,7 +191,7 @@ def test_an_mp3_without_its_length_header_decodes_whole():
     bitrate makes it (a quarter of this VBR file); MP3s decode through FFmpeg, which reads
     every frame: both decoders give the 20 s the encoder wrote, tagged or not, and a span
     inside it is the span asked for."""
-    from pipeline.audio import decode_stream
+    from shardscribe.pipeline.audio import decode_stream
 
     tagged, untagged = _vbr_mp3()
     with sf.SoundFile(io.BytesIO(untagged)) as f:

@@ -39,7 +39,7 @@ def _envelope(x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("ext", list(CONTAINERS))
 def test_every_container_decodes_to_the_sample(files, clip, ext):
-    from pipeline.audio import decode_audio, decode_stream
+    from shardscribe.pipeline.audio import decode_audio, decode_stream
 
     want, _ = clip
     with open(files[ext], "rb") as fh:
@@ -59,8 +59,8 @@ def test_every_container_decodes_to_the_sample(files, clip, ext):
 
 
 def test_the_audio_of_a_video_and_a_video_without_audio(tmp_path, clip):
-    from pipeline.audio import AudioError, decode_stream
-    from pipeline.output import error_kind
+    from shardscribe.pipeline.audio import AudioError, decode_stream
+    from shardscribe.pipeline.output import error_kind
 
     with open(write_video(tmp_path / "talk.mp4", *clip), "rb") as fh:
         got, _, _ = decode_stream(fh)
@@ -86,8 +86,8 @@ def _two_streams(path, first: np.ndarray, second: np.ndarray) -> None:
 
 
 def test_audio_stream_picks_the_stream(tmp_path, clip):
-    from pipeline.audio import AudioError, decode_stream
-    from pipeline.output import error_kind
+    from shardscribe.pipeline.audio import AudioError, decode_stream
+    from shardscribe.pipeline.output import error_kind
 
     t = np.arange(16000) / 16000
     low, high = 0.5 * np.sin(2 * np.pi * 300 * t), 0.5 * np.sin(2 * np.pi * 2000 * t)
@@ -106,7 +106,7 @@ def test_audio_stream_picks_the_stream(tmp_path, clip):
 
 
 def test_the_audio_stream_key_is_declared_and_checked():
-    from pipeline.config import ConfigError, config_hash, load_config
+    from shardscribe.pipeline.config import ConfigError, config_hash, load_config
 
     assert load_config("ar").audio.stream == 0
     assert load_config("ar", ["audio.stream=1"]).audio.stream == 1
@@ -120,8 +120,8 @@ def test_error_kinds_of_what_ffmpeg_cannot_read(files):
     """An unknown codec is unsupported and says which container; an MP4 cut short (its index
     lost) and an AAC stream with its frames overwritten are corrupt; random bytes stay
     corrupt (no decoder recognises them)."""
-    from pipeline.audio import AudioError, decode_stream
-    from pipeline.output import error_kind
+    from shardscribe.pipeline.audio import AudioError, decode_stream
+    from shardscribe.pipeline.output import error_kind
 
     unknown = files[".webm"].read_bytes()
     wav_mka = io.BytesIO()
@@ -187,7 +187,7 @@ def test_a_stream_that_never_ends_stops_at_max_seconds_and_at_the_deadline(files
     """ADTS AAC declares no length: the decoded samples are the measure, so an endless
     stream is a too_long error at audio.max_seconds, and with a cap it never reaches, the
     deadline stops it between packets (a file of countless tiny packets likewise)."""
-    from pipeline.audio import AudioError, decode_stream
+    from shardscribe.pipeline.audio import AudioError, decode_stream
 
     adts = files[".aac"].read_bytes()
     with pytest.raises(AudioError, match="too long: the stream holds more than 20 s") as err:
@@ -202,7 +202,7 @@ def test_a_stream_that_never_ends_stops_at_max_seconds_and_at_the_deadline(files
 def test_a_header_over_max_seconds_is_refused_before_decoding(files):
     """An MP4 declares its length: more than audio.max_seconds is too_long at once; a span
     within the cap of the same file decodes."""
-    from pipeline.audio import AudioError, decode_stream
+    from shardscribe.pipeline.audio import AudioError, decode_stream
 
     with pytest.raises(AudioError, match="too long: the header declares 3 s") as err:
         decode_stream(open(files[".m4a"], "rb"), max_seconds=2.0)
@@ -212,8 +212,8 @@ def test_a_header_over_max_seconds_is_refused_before_decoding(files):
 
 
 def test_the_folder_scan_takes_every_decoder_type_and_counts_the_rest(tmp_path, files):
-    from pipeline.audio_formats import AUDIO_EXTENSIONS
-    from pipeline.sources import SourceError, open_source, skipped_line
+    from shardscribe.pipeline.audio_formats import AUDIO_EXTENSIONS
+    from shardscribe.pipeline.sources import SourceError, open_source, skipped_line
 
     assert set(CONTAINERS) <= set(AUDIO_EXTENSIONS)
     only = tmp_path / "only"
@@ -244,7 +244,7 @@ def test_an_mp4_whose_headers_claim_1000_times_its_length(files, clip):
     decode is the audio the file holds, under a cap far below the claim."""
     import struct
 
-    from pipeline.audio import decode_stream
+    from shardscribe.pipeline.audio import decode_stream
 
     data = bytearray(files[".m4a"].read_bytes())
     for box, skip in ((b"mvhd", 12), (b"tkhd", 16), (b"mdhd", 12)):

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import load_config
-from pipeline.decoders import decoder_kind
-from pipeline.models import load_model
-from pipeline.segment_runner import transcribe_prepared
+from shardscribe.pipeline.config import load_config
+from shardscribe.pipeline.kinds import decoder_kind
+from shardscribe.pipeline.models import load_model
+from shardscribe.pipeline.segment_runner import transcribe_prepared
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -81,7 +81,7 @@ CASES = {   # case: (model family, checkpoint builder)
 
 
 def test_every_registered_family_has_a_case():
-    from pipeline.models import FAMILIES
+    from shardscribe.pipeline.models import FAMILIES
 
     assert {family for family, _ in CASES.values()} >= set(FAMILIES)
 

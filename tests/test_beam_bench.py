@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jobs.bench.data import key_phrases, simulate_log_probs
-from pipeline.decoding.ctc_beam import CTCBeamSearch
-from pipeline.metrics import corpus_wer_lowercase, phrase_fscore
-from pipeline.text import charset
+from shardscribe.jobs.bench.data import key_phrases, simulate_log_probs
+from shardscribe.pipeline.decoding.ctc_beam import CTCBeamSearch
+from shardscribe.pipeline.metrics import corpus_wer_lowercase, phrase_fscore
+from shardscribe.pipeline.text import charset
 
 
 def test_simulated_posteriors_are_normalised_and_decodable():
@@ -47,7 +47,7 @@ def test_key_phrases_prefer_held_out_rare_words():
 def test_phrase_fscore_counts_multi_word_phrases():
     import pytest
 
-    from jobs.bench.data import domain_phrases
+    from shardscribe.jobs.bench.data import domain_phrases
 
     phrases = domain_phrases()
     assert len(phrases) == 100 and "heat exchanger" in phrases
@@ -68,7 +68,7 @@ def test_quick_bench_runs_end_to_end_with_the_contract_keys(tmp_path, capsys, mo
     import json
     import tempfile
 
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -99,7 +99,7 @@ def test_quick_bench_runs_end_to_end_with_the_contract_keys(tmp_path, capsys, mo
 
 
 def test_boundary_errors_pair_the_same_words_in_order():
-    from jobs.bench.ctc_beam_model import boundary_errors
+    from shardscribe.jobs.bench.ctc_beam_model import boundary_errors
 
     predicted = [{"word": "Hello,", "start": 0.1, "end": 0.5}, {"word": "wurld", "start": 0.6, "end": 0.9},
                  {"word": "again", "start": 1.0, "end": 1.2}]
@@ -110,7 +110,7 @@ def test_boundary_errors_pair_the_same_words_in_order():
 def test_speech_span_finds_a_tone_between_silences():
     import numpy as np
 
-    from jobs.bench.ctc_beam_model import speech_span
+    from shardscribe.jobs.bench.ctc_beam_model import speech_span
 
     audio = np.zeros(16000, np.float32)
     audio[4000:9600] = 0.3 * np.sin(np.arange(5600) * 0.2)
@@ -123,9 +123,9 @@ def test_model_bench_on_a_tiny_checkpoint(tmp_path, sample_audio):
     its own 35-piece vocabulary against flashlight and pyctcdecode, and word timing on the
     embedded model, whose boundaries on one clip of separately rendered words must be
     within a few frames. No speed is asserted."""
-    from jobs.bench.ctc_beam_model import model_speed, word_timing
-    from pipeline.config import load_config
-    from pipeline.training.sample_text import pydoc_sentences
+    from shardscribe.jobs.bench.ctc_beam_model import model_speed, word_timing
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.training.sample_text import pydoc_sentences
     from test_ctc_family import saved_checkpoint
 
     saved_checkpoint("parakeet", tmp_path / "m")

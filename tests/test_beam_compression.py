@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from beam_reference import fusion_kwargs, peaky_log_probs
-from pipeline.decoding.ctc_beam import CTCBeamSearch
+from shardscribe.pipeline.decoding.ctc_beam import CTCBeamSearch
 
 torch.set_num_threads(1)
 

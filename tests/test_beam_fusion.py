@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from beam_reference import BigramTable, brute_force
-from pipeline.decoding.ctc_beam import CTCBeamSearch
-from pipeline.lm import boosting
+from shardscribe.pipeline.decoding.ctc_beam import CTCBeamSearch
+from shardscribe.pipeline.lm import boosting
 
 torch.set_num_threads(1)
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from beam_reference import BigramTable
-from pipeline.decoding.ctc_beam import CTCBeamSearch
-from pipeline.decoding.ctc_beam.loop_graphs import GraphedFrameLoop
+from shardscribe.pipeline.decoding.ctc_beam import CTCBeamSearch
+from shardscribe.pipeline.decoding.ctc_beam.loop_graphs import GraphedFrameLoop
 
 
 def _inputs(device):

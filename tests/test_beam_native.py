@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from beam_reference import BigramTable, fusion_kwargs, peaky_log_probs
-from pipeline.decoding.ctc_beam import CTCBeamSearch
-from pipeline.decoding.ctc_beam import loop_native
-from pipeline.decoding.fusion_table import DenseFusionTable
+from shardscribe.pipeline.decoding.ctc_beam import CTCBeamSearch
+from shardscribe.pipeline.decoding.ctc_beam import loop_native
+from shardscribe.pipeline.decoding.ctc_beam.fusion_table import DenseFusionTable
 
 torch.set_num_threads(1)
 
@@ -136,10 +136,10 @@ def test_native_loop_on_real_log_probs_with_a_kenlm_built_lm(tmp_path):
 
     import pyctcdecode
 
-    from pipeline.lm.arpa import tokens_line
-    from pipeline.lm.build import find_lmplz, run_lmplz
-    from pipeline.lm.ngpu_lm import NGramLM
-    from pipeline.training.sample_text import pydoc_sentences
+    from shardscribe.pipeline.lm.arpa import tokens_line
+    from shardscribe.pipeline.lm.build import find_lmplz, run_lmplz
+    from shardscribe.pipeline.lm.ngpu_lm import NGramLM
+    from shardscribe.pipeline.training.sample_text import pydoc_sentences
 
     find_lmplz(build=False)  # built by scripts/setup.sh --test: missing, the test fails
     labels = [" "] + [chr(c) for c in range(97, 123)] + ["'"]
@@ -177,8 +177,8 @@ def token_arpa(tmp_path_factory):
     patterns, so that its back-off graph has explicit arcs at every order."""
     import random
 
-    from pipeline.lm.arpa import tokens_line
-    from pipeline.lm.build import find_lmplz, run_lmplz
+    from shardscribe.pipeline.lm.arpa import tokens_line
+    from shardscribe.pipeline.lm.build import find_lmplz, run_lmplz
 
     find_lmplz(build=False)
     rng = random.Random(5)
@@ -205,8 +205,8 @@ def test_native_loop_reads_back_off_graphs_like_the_torch_step(token_arpa, blank
     ``CHAIN_MAX_BYTES``)."""
     if not chains:
         monkeypatch.setattr(loop_native, "CHAIN_MAX_BYTES", 0)
-    from pipeline.lm.boosting import BoostingTree
-    from pipeline.lm.ngpu_lm import NGramLM
+    from shardscribe.pipeline.lm.boosting import BoostingTree
+    from shardscribe.pipeline.lm.ngpu_lm import NGramLM
 
     g = torch.Generator().manual_seed(blank + 2 * flop + 4 * boost)
     lp = (2.0 * torch.randn(5, 40, 13, generator=g)).log_softmax(-1)

@@ -20,8 +20,8 @@ import pyctcdecode
 import pytest
 import torch
 
-from pipeline.decoding.ctc_beam import CTCBeamSearch
-from pipeline.training.references.ctc_decoders import FlashlightCTC, PyCTCDecode
+from shardscribe.pipeline.decoding.ctc_beam import CTCBeamSearch
+from shardscribe.pipeline.training.references.ctc_decoders import FlashlightCTC, PyCTCDecode
 
 torch.set_num_threads(1)
 LABELS = [" "] + [chr(c) for c in range(97, 123)] + ["'", ""]   # blank last (28)
@@ -96,9 +96,9 @@ def libri():
 def libri_arpa(tmp_path_factory):
     """A character 6-gram over the libri labels from real English text (lmplz, built by
     ``bash scripts/setup.sh --test``; missing, the test fails)."""
-    from pipeline.lm.arpa import tokens_line
-    from pipeline.lm.build import find_lmplz, run_lmplz
-    from pipeline.training.sample_text import pydoc_sentences
+    from shardscribe.pipeline.lm.arpa import tokens_line
+    from shardscribe.pipeline.lm.build import find_lmplz, run_lmplz
+    from shardscribe.pipeline.training.sample_text import pydoc_sentences
 
     find_lmplz(build=False)
     out = tmp_path_factory.mktemp("libri-lm")
@@ -165,8 +165,8 @@ def test_ngpu_lm_fusion_matches_flashlight_kenlm(libri, libri_arpa, temperature)
     the same best hypothesis with the same eq. 1 score, and every n-best entry's score
     decomposes into the acoustic score of its alignment + alpha * KenLM's sentence
     log-prob (flashlight recombines on n-gram context, so its lists are not ours)."""
-    from pipeline.lm.arpa import tokens_line
-    from pipeline.lm.ngpu_lm import NGramLM
+    from shardscribe.pipeline.lm.arpa import tokens_line
+    from shardscribe.pipeline.lm.ngpu_lm import NGramLM
 
     alpha = 0.8
     lp = (libri / temperature).log_softmax(-1)
@@ -193,8 +193,8 @@ def test_ngpu_lm_fusion_matches_flashlight_kenlm(libri, libri_arpa, temperature)
 
 
 def test_dense_fusion_table_is_exact(libri, libri_arpa):
-    from pipeline.decoding.fusion_table import DenseFusionTable
-    from pipeline.lm.ngpu_lm import NGramLM
+    from shardscribe.pipeline.decoding.ctc_beam.fusion_table import DenseFusionTable
+    from shardscribe.pipeline.lm.ngpu_lm import NGramLM
 
     lm = NGramLM.from_arpa(libri_arpa, 28)
     lp = (libri / 4.0).log_softmax(-1)[None].repeat(2, 1, 1)
@@ -216,8 +216,8 @@ def test_dense_fusion_table_is_exact(libri, libri_arpa):
 def test_lm_score_of_best_hypothesis_is_kenlm_sentence_score(libri, libri_arpa):
     """Score decomposition: best score = acoustic Viterbi score of its alignment +
     alpha * KenLM sentence log-prob (natural log) + beta * N."""
-    from pipeline.lm.arpa import tokens_line
-    from pipeline.lm.ngpu_lm import NGramLM
+    from shardscribe.pipeline.lm.arpa import tokens_line
+    from shardscribe.pipeline.lm.ngpu_lm import NGramLM
 
     lp = (libri / 4.0).log_softmax(-1)
     alpha, beta = 0.6, 0.4
@@ -233,8 +233,8 @@ def test_flop_on_real_log_probs_keeps_the_exact_result(libri, libri_arpa):
     """The point of "FLToP CTC: Frame-Level Token Pruning via Relative Threshold": on real
     (peaky) posteriors, top-N + relative-threshold token pruning changes nothing, while it
     keeps ~1-2 of 29 tokens per frame."""
-    from pipeline.decoding.flop import surviving_tokens
-    from pipeline.lm.ngpu_lm import NGramLM
+    from shardscribe.pipeline.decoding.ctc_beam.flop import surviving_tokens
+    from shardscribe.pipeline.lm.ngpu_lm import NGramLM
 
     lm = NGramLM.from_arpa(libri_arpa, 28)
     lp = libri[None]

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from beam_reference import BigramTable, brute_force, peaky_log_probs
-from pipeline.decoding.ctc_beam import CTCBeamSearch
-from pipeline.decoding.ctc_greedy import ctc_greedy
+from shardscribe.pipeline.decoding.ctc_beam import CTCBeamSearch
+from shardscribe.pipeline.models.ctc_greedy import ctc_greedy
 
 torch.set_num_threads(1)
 
@@ -115,7 +115,7 @@ def test_flop_without_pruning_is_the_exact_search(with_labels):
 
 
 def test_flop_keeps_top_n_above_relative_threshold():
-    from pipeline.decoding.flop import prune_frame
+    from shardscribe.pipeline.decoding.ctc_beam.flop import prune_frame
 
     frame = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
     values, tokens = prune_frame(frame, top_n=3, ratio=0.4)

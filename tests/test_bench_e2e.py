@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.slow
 def test_e2e_replays_the_jobs_own_model_calls(model_cache, monkeypatch):
-    from jobs.bench import e2e
+    from shardscribe.jobs.bench import e2e
 
     replayed = []
     original = e2e.ModelCalls.replay

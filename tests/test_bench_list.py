@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import importlib
 
-from jobs import bench
-from jobs.cli import main
+from shardscribe.jobs import bench
+from shardscribe.jobs.cli import main
 
 
 def test_every_listed_benchmark_has_run():
@@ -14,7 +14,7 @@ def test_every_listed_benchmark_has_run():
     assert {"ar", "confidence", "ctc-beam", "e2e", "engines", "lm", "regimes", "ssd", "token-map", "transducer"} <= set(names)
     assert not set(names) & {n.replace("_", "-") for n in bench.SHARED}
     for name in names:
-        module = importlib.import_module(f"jobs.bench.{name.replace('-', '_')}")
+        module = importlib.import_module(f"shardscribe.jobs.bench.{name.replace('-', '_')}")
         assert callable(getattr(module, "run", None)), f"bench {name} has no run()"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from jobs.bench import regimes as bench_regimes
+from shardscribe.jobs.bench import regimes as bench_regimes
 
 
 def test_quick_regimes_bench_runs_with_its_checks(tmp_path):

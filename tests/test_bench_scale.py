@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from jobs.bench import scale as bench_scale
-from pipeline.decoders import DECODER_KINDS
+from shardscribe.jobs.bench import scale as bench_scale
+from shardscribe.pipeline.kinds import DECODER_KINDS
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from jobs.make_bench_sets import extract_real, render_heldout, stm_segments
+from shardscribe.jobs.make_bench_sets import extract_real, render_heldout, stm_segments
 
 
 def _rows(path):
@@ -21,7 +21,7 @@ def _rows(path):
 
 @pytest.mark.skipif(not shutil.which("espeak-ng"), reason="needs the Debian TTS engines (scripts/setup.sh)")
 def test_heldout_splits_are_those_of_the_full_corpus(tmp_path):
-    from pipeline.training.tts.corpus import make_corpus
+    from shardscribe.pipeline.training.tts.corpus import make_corpus
 
     make_corpus(tmp_path / "full", 14, seed=5, num_heldout_voice=4, num_heldout_text=4, workers=2)
     counts = render_heldout(tmp_path / "only", 14, 5, 4, workers=2)

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
-from pipeline import output
+from shardscribe.pipeline import output
 
 from conftest import ROOT
 
@@ -54,8 +54,8 @@ def manifest(tmp_path_factory, samples_dir, sample_manifest):
 def ray_session(tmp_path_factory):
     import ray
 
-    from actors.plan import init_ray
-    from pipeline.config import load_config
+    from shardscribe.actors.plan import init_ray
+    from shardscribe.pipeline.config import load_config
 
     already = ray.is_initialized()
     init_ray(load_config("ar", ["ray.num_cpus=4"]))
@@ -83,7 +83,7 @@ def tdt_checkpoint(tmp_path_factory):
 
 
 def test_the_default_config_is_ssd():
-    from pipeline.config import load_config
+    from shardscribe.pipeline.config import load_config
 
     default, ssd = load_config("default").to_dict(), load_config("ssd").to_dict()
     assert default == ssd and set(CONFIGS) == {p.stem for p in (ROOT / "conf").glob("*.yaml")} - {"default"}
@@ -92,7 +92,7 @@ def test_the_default_config_is_ssd():
 @pytest.mark.parametrize("config", CONFIGS)
 def test_broken_inputs_under_every_config_on_ray(config, manifest, ray_session, model_cache, ctc_checkpoint,
                                                 tdt_checkpoint, tmp_path, capsys):
-    from jobs.transcribe import add_arguments, run
+    from shardscribe.jobs.transcribe import add_arguments, run
 
     path, good, n = manifest
     sets = [f"model.cache_dir={model_cache}", "batching.recordings_per_batch=16", "audio.read_timeout_s=60"]

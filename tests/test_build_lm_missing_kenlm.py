@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 
-from jobs.cli import main
+from shardscribe.jobs.cli import main
 
 
 def test_missing_lmplz_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):

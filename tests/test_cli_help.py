@@ -7,11 +7,11 @@ import sys
 from importlib.metadata import version
 
 from conftest import ROOT
-from pipeline.config import load_config, shipped_configs
+from shardscribe.pipeline.config import load_config, shipped_configs
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
 
 

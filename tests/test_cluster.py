@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from pipeline import output
+from shardscribe.pipeline import output
 
 from conftest import ROOT, SAMPLES
 

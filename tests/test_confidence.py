@@ -25,7 +25,7 @@ from conftest import ROOT
 
 # ----------------------------------------------------------------------------- metrics
 def test_ece_and_nce_against_hand_computed_values():
-    from pipeline.confidence.evaluation import ece, nce, scores
+    from shardscribe.pipeline.confidence.evaluation import ece, nce, scores
 
     conf = [0.95, 0.9, 0.15, 0.25, 0.6]
     correct = [True, False, False, True, True]
@@ -47,7 +47,7 @@ def test_ece_of_a_calibrated_confidence_against_its_exact_expectation():
     """Consistency resampling against the expectation summed over every label outcome:
     {0.95, 0.9} share the last bin (both right 0.855: |1 - 0.925|; one right 0.14: 0.425;
     none 0.005: 0.925), {0.15} is alone in its bin (E|y - 0.15| = 2 x 0.15 x 0.85)."""
-    from pipeline.confidence.evaluation import ece_if_calibrated
+    from shardscribe.pipeline.confidence.evaluation import ece_if_calibrated
 
     last_bin = 0.855 * 0.075 + 0.14 * 0.425 + 0.005 * 0.925
     want = (2 / 3) * last_bin + (1 / 3) * (2 * 0.15 * 0.85)
@@ -59,7 +59,7 @@ def test_ece_of_a_calibrated_confidence_against_its_exact_expectation():
 def test_entropy_measures_at_their_end_points_and_against_shannon():
     from scipy.stats import entropy as shannon
 
-    from pipeline.confidence.measures import confidence, entropy
+    from shardscribe.pipeline.confidence.measures import confidence, entropy
 
     v = 7
     uniform = torch.full((1, v), -math.log(v))
@@ -79,8 +79,8 @@ def test_entropy_measures_at_their_end_points_and_against_shannon():
 
 
 def test_word_labels_agreement_and_nbest_posterior():
-    from pipeline.confidence.evaluation import utterance_correct, word_labels
-    from pipeline.confidence.words import agreement, nbest_posterior, token_word_index
+    from shardscribe.pipeline.confidence.evaluation import utterance_correct, word_labels
+    from shardscribe.pipeline.confidence.words import agreement, nbest_posterior, token_word_index
 
     assert word_labels(["The", "bat", "sat,", "down", "—"], "the cat sat") == [True, False, True, False, None]
     assert utterance_correct("The cat, sat.", "the cat sat") and not utterance_correct("the cat", "the cat sat")
@@ -95,7 +95,7 @@ def test_word_labels_agreement_and_nbest_posterior():
 def test_word_features_carry_their_neighbours_weakest_token():
     """Three words from five tokens (probabilities by hand): each word's neighbour
     features are the adjacent words' min token probability, 1.0 past the segment's ends."""
-    from pipeline.confidence.words import aggregate
+    from shardscribe.pipeline.confidence.words import aggregate
 
     prob = np.array([0.9, 0.4, 0.8, 0.7, 0.2])
     feats = aggregate({"prob": prob}, [0, 0, 1, 2, 2], 3)
@@ -111,8 +111,8 @@ def test_calibration_round_trip_equals_scikit_learn(tmp_path):
     from sklearn.isotonic import IsotonicRegression
     from sklearn.linear_model import LogisticRegression
 
-    from jobs.calibrate import fit_map
-    from pipeline.confidence.calibration import FORMAT, Calibration
+    from shardscribe.jobs.calibrate import fit_map
+    from shardscribe.pipeline.confidence.calibration import FORMAT, Calibration
 
     rng = np.random.default_rng(0)
     n = 400
@@ -138,7 +138,7 @@ def test_calibration_keeps_the_isotonic_step_only_where_it_pays():
     from sklearn.isotonic import IsotonicRegression
     from sklearn.linear_model import LogisticRegression
 
-    from jobs.calibrate import fit_map
+    from shardscribe.jobs.calibrate import fit_map
 
     rng = np.random.default_rng(3)
     # plateaus a logistic curve cannot follow: P(correct) 0.02, 0.5, 0.98 over three ranges
@@ -166,10 +166,10 @@ def test_calibration_keeps_the_isotonic_step_only_where_it_pays():
 
 # ------------------------------------------------------------------- a real decoder
 def test_a_wrong_word_gets_a_low_confidence(whisper_adapter, sample_audio):
-    from pipeline.confidence.apply import ConfidenceScorer
-    from pipeline.confidence.calibration import EMBEDDED_PATH, Calibration
-    from pipeline.confidence.features import decoder_words
-    from pipeline.decoders import decoder_kind
+    from shardscribe.pipeline.confidence.apply import ConfidenceScorer
+    from shardscribe.pipeline.confidence.calibration import EMBEDDED_PATH, Calibration
+    from shardscribe.pipeline.confidence.features import decoder_words
+    from shardscribe.pipeline.kinds import decoder_kind
 
     ad = whisper_adapter
     audio = sample_audio["pump_flite_rms"]
@@ -193,8 +193,8 @@ def test_the_confidence_pass_reusing_greedys_cross_attention_scores_the_same(whi
     """``ar`` hands greedy decoding's cross-attention K/V to the confidence pass: every
     measure of every token is the same as from a pass that projects the encoder states
     itself, on a batch of clips of different lengths and texts."""
-    from pipeline.confidence.scores import decoder_token_scores
-    from pipeline.decoding.ar_greedy import greedy_decode
+    from shardscribe.pipeline.confidence.scores import decoder_token_scores
+    from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
 
     ad = whisper_adapter
     audios = [sample_audio[k] for k in ("pump_flite_rms", "fox_flite_slt", "coffee_espeak_en_us")]
@@ -221,8 +221,8 @@ def test_ssd_fallback_hands_its_cross_attention_to_the_confidence_pass(whisper_a
     verification's cross-attention K/V in-process, or not, as from another process) and
     plain ones (an empty draft) in two groups; the K/V it leaves, put back in row order,
     give the confidence pass the scores it computes by projecting them itself."""
-    from pipeline.confidence.scores import decoder_token_scores
-    from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
+    from shardscribe.pipeline.confidence.scores import decoder_token_scores
+    from shardscribe.pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
 
     ad = whisper_adapter
     keys = ("pump_flite_rms", "fox_flite_slt", "coffee_espeak_en_us", "lights_festival_kal")
@@ -255,11 +255,11 @@ def test_ssd_fallback_hands_its_cross_attention_to_the_confidence_pass(whisper_a
 
 # --------------------------------------------------------------------- the job's rows
 def _run(cfg, rows):
-    from actors.audio_prep import AudioPrep
-    from actors.finisher import Finisher
-    from actors.transcriber import Transcriber
-    from pipeline.decoders import decoder_kind
-    from pipeline.records import INPUT_SCHEMA, OUTPUT_SCHEMA, table
+    from shardscribe.actors.audio_prep import AudioPrep
+    from shardscribe.actors.finisher import Finisher
+    from shardscribe.actors.transcriber import Transcriber
+    from shardscribe.pipeline.kinds import decoder_kind
+    from shardscribe.pipeline.records import INPUT_SCHEMA, OUTPUT_SCHEMA, table
 
     kind = decoder_kind(cfg.decoder.kind)
     model = Transcriber(cfg.to_dict(), kind)
@@ -297,14 +297,14 @@ def inputs(samples_dir, sample_manifest):
 
 @pytest.mark.parametrize("config", ["ar", "ssd", "ctc_greedy", "ctc_beam"])
 def test_rows_carry_confidence_embedded(config, inputs, model_cache):
-    from pipeline.config import load_config
+    from shardscribe.pipeline.config import load_config
 
     cfg = load_config(config, [f"model.cache_dir={model_cache}", "model.device=cpu", "confidence.enabled=true"])
     assert _check(_run(cfg, inputs)) >= 10
 
 
 def test_rows_carry_confidence_tiny_ctc_and_transducers(inputs, tmp_path_factory):
-    from pipeline.config import load_config
+    from shardscribe.pipeline.config import load_config
     from test_ctc_family import saved_checkpoint
     from transducer_reference import build
 

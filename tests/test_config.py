@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.config import ConfigError, load_config
 
 
 def test_default_is_ssd_high_accuracy_and_ar_stays_available():
@@ -95,7 +95,7 @@ def test_extends_merges_sections(tmp_path):
 def test_bad_config_fails_before_ray_starts(tmp_path, samples_dir):
     import ray
 
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     was_running = ray.is_initialized()
     code = main(["transcribe", "--input", str(samples_dir), "--output", str(tmp_path / "o"),
@@ -122,7 +122,7 @@ def test_a_preset_named_in_a_yaml_is_taken_whole(tmp_path):
 
 
 def test_config_hash_names_what_decides_the_transcripts():
-    from pipeline.config import config_from_dict, config_hash
+    from shardscribe.pipeline.config import config_from_dict, config_hash
 
     base = config_hash(load_config("ar"))
     assert len(base) == 12
@@ -139,8 +139,8 @@ def test_config_hash_names_what_decides_the_transcripts():
 
 
 def test_auto_encoder_dtype_hashes_as_what_it_means_on_this_machine(monkeypatch):
-    from pipeline import device
-    from pipeline.config import config_hash
+    from shardscribe.pipeline import device
+    from shardscribe.pipeline.config import config_hash
 
     for native, meaning in ((True, "bfloat16"), (False, "null")):
         monkeypatch.setattr(device, "cpu_bf16_native", lambda native=native: native)
@@ -209,7 +209,7 @@ def test_calibrate_and_validate_refuse_in_one_line(command, extra, tmp_path, sam
     import argparse
     import importlib
 
-    module = importlib.import_module(f"jobs.{command}")
+    module = importlib.import_module(f"shardscribe.jobs.{command}")
     parser = argparse.ArgumentParser()
     module.add_arguments(parser)
     good = str(samples_dir / "samples.jsonl")
@@ -230,7 +230,7 @@ def test_calibrate_and_validate_refuse_in_one_line(command, extra, tmp_path, sam
 def test_an_output_under_a_file_is_named_as_the_output(tmp_path, samples_dir, capsys):
     import argparse
 
-    from jobs.transcribe import add_arguments, run
+    from shardscribe.jobs.transcribe import add_arguments, run
 
     (tmp_path / "afile").write_text("x")
     parser = argparse.ArgumentParser()
@@ -245,7 +245,7 @@ def test_an_output_under_a_file_is_named_as_the_output(tmp_path, samples_dir, ca
 def test_config_hash_follows_what_the_named_files_hold(tmp_path):
     """An edited phrase list or a rebuilt LM under the same path is another config (a
     resume must not mix rows of both); the same bytes hash the same."""
-    from pipeline.config import config_hash
+    from shardscribe.pipeline.config import config_hash
 
     phrases, lm = tmp_path / "phrases.txt", tmp_path / "lm"
     lm.mkdir()
@@ -324,7 +324,7 @@ def test_keys_lists_every_key_a_config_has_with_its_default():
     """`shardscribe keys` is read from the config classes: every leaf key of a loaded config
     (the job's sections, every kind's section, the family's model keys) is listed once,
     with the config's default value."""
-    from pipeline.config_keys import config_keys
+    from shardscribe.pipeline.config_keys import config_keys
 
     listed = {k.key: k for k in config_keys()}
     data = load_config("ar").to_dict()
@@ -337,7 +337,7 @@ def test_keys_lists_every_key_a_config_has_with_its_default():
 
 
 def test_configs_accept_dashes_and_list_the_shipped_ones():
-    from pipeline.config import shipped_configs
+    from shardscribe.pipeline.config import shipped_configs
 
     assert load_config("ctc-beam").name == "ctc_beam"
     configs = shipped_configs()

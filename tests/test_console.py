@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from jobs.console import Progress, summary_table
+from shardscribe.jobs.console import Progress, summary_table
 
 
 def test_job_log_takes_child_output_and_leaves_the_console_clean(tmp_path):
     script = textwrap.dedent(f"""
         import subprocess, sys
-        from jobs.console import JobLog
+        from shardscribe.jobs.console import JobLog
         with JobLog({str(tmp_path / "out")!r}, "job.log") as log:
             print("python stdout"); print("python stderr", file=sys.stderr)
             subprocess.run(["sh", "-c", "echo child stdout; echo child stderr >&2"])
@@ -56,7 +56,7 @@ def test_progress_lines_off_a_terminal():
 def test_a_piped_console_shows_the_first_finished_rows_at_once(monkeypatch):
     """Off a terminal the first line with finished rows is written as they finish, not an
     interval later; the lines after it keep the interval."""
-    import jobs.console as console
+    import shardscribe.jobs.console as console
 
     now = [100.0]
     monkeypatch.setattr(console.time, "monotonic", lambda: now[0])
@@ -100,7 +100,7 @@ def test_summary_table_shows_what_was_measured():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -131,7 +131,7 @@ def test_a_head_the_model_cannot_feed_is_one_line(tmp_path, samples_dir):
 def test_the_log_of_a_remote_output_is_uploaded(monkeypatch, s3_endpoint):
     import fsspec
 
-    from jobs.console import JobLog
+    from shardscribe.jobs.console import JobLog
 
     monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": s3_endpoint})
     fs = fsspec.filesystem("s3", skip_instance_cache=True)

@@ -44,7 +44,7 @@ def inputs(tmp_path_factory, samples_dir, sample_manifest):
 
 
 def _check(dst, names, text, skipped: int) -> dict:
-    from pipeline import output
+    from shardscribe.pipeline import output
 
     rows = {r["id"]: r for p in dst.glob("*.parquet") for r in pq.read_table(p).to_pylist()}
     assert sorted(rows) == sorted(names)
@@ -66,7 +66,7 @@ def test_every_container_in_a_folder_on_the_local_runner(inputs, model_cache, tm
     """The CLI, as a user runs it: the folder's .txt is skipped with one console line."""
     folder, _, names, text = inputs
     dst = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(folder), "--output",
+    proc = subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "transcribe", "--input", str(folder), "--output",
                            str(dst), "--runner", "local", "--config", "ar", "--set",
                            f"model.cache_dir={model_cache}"], cwd=ROOT, capture_output=True, text=True,
                           timeout=900, env={**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -79,7 +79,7 @@ def test_every_container_in_a_folder_on_the_local_runner(inputs, model_cache, tm
 
 
 def _run(args_list: list[str]) -> int:
-    from jobs.transcribe import add_arguments, run
+    from shardscribe.jobs.transcribe import add_arguments, run
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -98,8 +98,8 @@ def test_every_container_in_a_manifest_on_the_local_runner(inputs, model_cache, 
 def ray_session():
     import ray
 
-    from actors.plan import init_ray
-    from pipeline.config import load_config
+    from shardscribe.actors.plan import init_ray
+    from shardscribe.pipeline.config import load_config
 
     already = ray.is_initialized()
     init_ray(load_config("ar", ["ray.num_cpus=4"]))

@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from conftest import ROOT, manifest_with_random_bytes, transcribe_cli
-from pipeline.config import load_config
-from pipeline.decoders.base import SegmentResult
-from pipeline.decoders.ctc_beam.stages import BeamPending, build_search
-from pipeline.text.ctc_vocabulary import lm_index
+from shardscribe.pipeline.config import load_config
+from shardscribe.pipeline.kinds.base import SegmentResult
+from shardscribe.pipeline.kinds.ctc_beam.stages import BeamPending, build_search
+from shardscribe.pipeline.text.ctc_vocabulary import lm_index
 from test_ctc_family import saved_checkpoint
 
 torch.set_num_threads(1)
@@ -54,14 +54,14 @@ def drafts(checkpoint, sample_audio):
 @pytest.fixture(scope="module")
 def lm_dir(checkpoint, tmp_path_factory):
     """A 3-gram over the model's own LM token ids, built by the CLI from real English text."""
-    from pipeline.lm.build import find_lmplz
-    from pipeline.training.sample_text import pydoc_sentences
+    from shardscribe.pipeline.lm.build import find_lmplz
+    from shardscribe.pipeline.training.sample_text import pydoc_sentences
 
     find_lmplz(build=False)   # KenLM comes with setup; missing, the test fails
     _, root, _ = checkpoint
     tmp = tmp_path_factory.mktemp("lm")
     (tmp / "text.txt").write_text("\n".join(pydoc_sentences()) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "build-lm", "--tokenizer", str(root),
+    proc = subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "build-lm", "--tokenizer", str(root),
                            "--text", str(tmp / "text.txt"), "--order", "3", "--output", str(tmp / "out")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -108,7 +108,7 @@ def test_lm_weight_zero_is_no_lm(checkpoint, drafts, lm_dir):
 def test_lm_text_is_the_argmax_of_acoustic_plus_alpha_kenlm(checkpoint, drafts, lm_dir):
     import kenlm
 
-    from pipeline.lm.arpa import tokens_line
+    from shardscribe.pipeline.lm.arpa import tokens_line
 
     _, root, _ = checkpoint
     plain = _finisher(root)
@@ -189,8 +189,8 @@ def test_cli_beam_with_lm_on_a_ctc_checkpoint(checkpoint, lm_dir, manifest, tmp_
 
 
 def test_the_embedded_vocabulary_is_the_charset():
-    from pipeline.models import model_family
-    from pipeline.text import charset
+    from shardscribe.pipeline.models import model_family
+    from shardscribe.pipeline.text import charset
 
     vocab = model_family("whisper").ctc_vocabulary(load_config("ctc_beam").model)
     assert (vocab.blank, vocab.size, vocab.cased) == (charset.BLANK, charset.NUM_CLASSES, True)
@@ -203,7 +203,7 @@ def test_case_folding_follows_the_vocabulary(tmp_path):
     text upper-cased and skips case variants; a mixed-case one keeps case and its variants."""
     from transformers import Wav2Vec2CTCTokenizer
 
-    from pipeline.text.ctc_vocabulary import TokenizerVocabulary
+    from shardscribe.pipeline.text.ctc_vocabulary import TokenizerVocabulary
 
     for letters, cased, spelt in (("ABCDEHT", False, "THE CAB"), ("abcdehtABCDEHT", True, "the CAB")):
         chars = ["<pad>", "<unk>", "|"] + list(letters)
@@ -229,8 +229,8 @@ def test_exhaustive_search_over_pieces_with_blank_last_equals_brute_force(tmp_pa
     from transformers import PreTrainedTokenizerFast
 
     from beam_reference import BigramTable, brute_force
-    from pipeline.decoding.ctc_beam import CTCBeamSearch
-    from pipeline.text.ctc_vocabulary import TokenizerVocabulary
+    from shardscribe.pipeline.decoding.ctc_beam import CTCBeamSearch
+    from shardscribe.pipeline.text.ctc_vocabulary import TokenizerVocabulary
 
     pieces = ["▁a", "b", "▁", "<pad>"]
     spm = Tokenizer(models.Unigram([(p, -1.0) for p in pieces], unk_id=None))
@@ -256,10 +256,10 @@ def test_lm_search_on_the_models_tokens_matches_flashlight(checkpoint, drafts, l
     eq. 1 score, on clips where the LM moves the best path away from greedy. The first
     frame is made a sure blank: flashlight starts every hypothesis on its silence token
     (here the word delimiter / lone ``▁``), so emitting it on frame 0 would be a repeat for it."""
-    from pipeline.decoding.ctc_beam import CTCBeamSearch
-    from pipeline.training.references.ctc_decoders import FlashlightCTC
-    from pipeline.lm.ngpu_lm import NGramLM
-    from pipeline.text.ctc_vocabulary import TokenizerVocabulary
+    from shardscribe.pipeline.decoding.ctc_beam import CTCBeamSearch
+    from shardscribe.pipeline.training.references.ctc_decoders import FlashlightCTC
+    from shardscribe.pipeline.lm.ngpu_lm import NGramLM
+    from shardscribe.pipeline.text.ctc_vocabulary import TokenizerVocabulary
 
     name, root, adapter = checkpoint
     vocab = TokenizerVocabulary.from_pretrained(str(root))

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from conftest import manifest_with_random_bytes, transcribe_cli
-from pipeline.audio import decode_audio
-from pipeline.config import ConfigError, load_config
-from pipeline.models.ctc.adapter import load_ctc_adapter
+from shardscribe.pipeline.audio import decode_audio
+from shardscribe.pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.models.ctc.adapter import load_ctc_adapter
 
 CHARS = ["<pad>", "<unk>", "|"] + list("abcdefghijklmnopqrstuvwxyz'")
 PIECES = ["<unk>", "▁", "▁the", "▁a", "th", "er", "in"] + list("abcdefghijklmnopqrstuvwxyz'") + ["<pad>"]
@@ -188,7 +188,7 @@ def test_the_model_flag_reads_the_family_from_the_checkpoint(checkpoint, tmp_pat
     assert load_config("ctc_beam", model=str(tmp_path / "unnamed")).model.family == "ctc"
     # The checkpoint's config without its weights, or a config.json that is not an object:
     # one line before any worker starts, not an error from every worker.
-    from pipeline.models.preflight import ModelError, check_model
+    from shardscribe.pipeline.models.preflight import ModelError, check_model
 
     shutil.copytree(root, tmp_path / "noweights", ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
     with pytest.raises(ModelError, match="no weights") as exc:
@@ -244,7 +244,7 @@ def _config_only(path, arch: str, model_type: str):
 def test_preflight_refuses_a_checkpoint_of_another_family(tmp_path, conf, arch, model_type, family):
     """model.family set by hand to a family that cannot load the checkpoint: one line naming
     both before any worker starts, not transformers' error (or a wrong model) in every worker."""
-    from pipeline.models.preflight import ModelError, check_model
+    from shardscribe.pipeline.models.preflight import ModelError, check_model
 
     root = _config_only(tmp_path / "ck", arch, model_type)
     cfg = load_config(conf, [f"model.source={root}"])
@@ -295,7 +295,7 @@ def test_preflight_judges_a_config_without_architectures_by_its_model_type(saved
     """A whole checkpoint whose config.json names no architecture is judged by its model_type
     against what model.family loads: one line naming the source and the family before any
     worker starts, not the loader's error (or a wrong model) in every worker."""
-    from pipeline.models.preflight import ModelError, check_model
+    from shardscribe.pipeline.models.preflight import ModelError, check_model
 
     root = _rewritten(saved_dir(name), tmp_path / "ck", architectures=None, model_type=model_type)
     cfg = load_config(conf, [f"model.family={family}", f"model.source={root}"])
@@ -310,7 +310,7 @@ def test_preflight_judges_a_config_without_architectures_by_its_model_type(saved
 @pytest.mark.parametrize("name, conf", [("wav2vec2", "ctc_model_greedy"), ("parakeet", "ctc_model_greedy"),
                                         ("whisper", "ar")])
 def test_a_config_without_architectures_of_the_familys_model_type_passes(saved_dir, tmp_path, name, conf):
-    from pipeline.models.preflight import check_model
+    from shardscribe.pipeline.models.preflight import check_model
 
     root = _rewritten(saved_dir(name), tmp_path / "ck", architectures=None)
     check_model(load_config(conf, [f"model.source={root}"]).model)
@@ -320,8 +320,8 @@ def test_a_whisper_config_that_names_neither_architecture_nor_model_type_passes(
     """Whisper's loader reads such a config (it builds WhisperConfig itself), so the
     preflight has nothing to refuse; the CTC family's AutoModelForCTC needs the model_type
     (the last case of the refusal test above)."""
-    from pipeline.models.preflight import check_model
-    from pipeline.models.whisper.loader import load_whisper
+    from shardscribe.pipeline.models.preflight import check_model
+    from shardscribe.pipeline.models.whisper.loader import load_whisper
 
     root = _rewritten(saved_dir("whisper"), tmp_path / "ck", architectures=None, model_type=None)
     check_model(load_config("ar", [f"model.source={root}"]).model)
@@ -329,7 +329,7 @@ def test_a_whisper_config_that_names_neither_architecture_nor_model_type_passes(
 
 
 def test_the_cli_refuses_a_config_without_architectures_of_another_family(saved_dir, tmp_path, samples_dir, capsys):
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     root = _rewritten(saved_dir("wav2vec2"), tmp_path / "ck", architectures=None)
     code = main(["transcribe", "--input", str(samples_dir / "samples.jsonl"), "--output", str(tmp_path / "o"),
@@ -342,7 +342,7 @@ def test_the_cli_refuses_a_config_without_architectures_of_another_family(saved_
 def test_the_loader_names_the_path_of_a_checkpoint_it_cannot_load(tmp_path):
     """transformers raises ValueError for a model type without a CTC class: the loader turns
     it into ModelError naming the checkpoint."""
-    from pipeline.models.preflight import ModelError
+    from shardscribe.pipeline.models.preflight import ModelError
 
     root = _config_only(tmp_path / "whisper", "WhisperForConditionalGeneration", "whisper")
     with pytest.raises(ModelError, match=f"cannot load a CTC model from {root}"):
@@ -358,7 +358,7 @@ def test_the_loader_names_the_path_of_a_checkpoint_it_cannot_load(tmp_path):
 def test_preflight_names_a_missing_tokenizer_or_feature_extractor(checkpoint, tmp_path, removed, says):
     """The checkpoint without part of its processor: one line from the driver's preflight,
     and ModelError (not a TypeError about a None path) from the loader."""
-    from pipeline.models.preflight import ModelError, check_model
+    from shardscribe.pipeline.models.preflight import ModelError, check_model
 
     bad = tmp_path / "bad"
     shutil.copytree(checkpoint[1], bad, ignore=shutil.ignore_patterns(*removed))
@@ -376,8 +376,8 @@ def test_a_clip_shorter_than_one_frame_is_empty_text_in_any_batch(checkpoint, sa
     gets empty text and no error, and the longer clip the text it gets alone."""
     import numpy as np
 
-    from pipeline.decoders import decoder_kind
-    from pipeline.segment_runner import complete_pending, transcribe_prepared
+    from shardscribe.pipeline.kinds import decoder_kind
+    from shardscribe.pipeline.segment_runner import complete_pending, transcribe_prepared
 
     _, root, _, _, adapter = checkpoint
     short = (np.random.default_rng(0).standard_normal(100) * 0.1).astype(np.float32)

@@ -10,8 +10,8 @@ import torch
 
 from conftest import ROOT
 
-from pipeline.models.whisper.ctc_head import embedded_head_dir, load_embedded_ctc_head
-from pipeline.text import charset
+from shardscribe.pipeline.models.whisper.ctc_head import embedded_head_dir, load_embedded_ctc_head
+from shardscribe.pipeline.text import charset
 
 HEAD_DIR = ROOT / "pipeline" / "assets" / "ctc_head"
 # A held-out-text clip (training voice) bundled with the head, and what the head says.
@@ -33,7 +33,7 @@ def test_head_loads_offline_and_is_small(monkeypatch):
 
 @pytest.fixture(scope="module")
 def head_adapter(model_cache):
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
 
     torch.set_num_threads(1)
     return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
@@ -41,7 +41,7 @@ def head_adapter(model_cache):
 
 @pytest.fixture(scope="module")
 def clip_audio():
-    from pipeline.audio import decode_audio
+    from shardscribe.pipeline.audio import decode_audio
 
     meta = json.loads((HEAD_DIR / "check_clip.json").read_text())
     return decode_audio(CLIP.read_bytes())[0], meta

@@ -13,8 +13,8 @@ import soundfile as sf
 
 from conftest import SAMPLES, espeak
 
-from pipeline.models.whisper.adapter import PACK_GAP_S, SAMPLES_PER_STATE, WINDOW_SAMPLES, WhisperAdapter
-from pipeline.training.ctc_features import (TRAIN_GAP_S, cache_features, encode_packed_shard, load_cached,
+from shardscribe.pipeline.models.whisper.adapter import PACK_GAP_S, SAMPLES_PER_STATE, WINDOW_SAMPLES, WhisperAdapter
+from shardscribe.pipeline.training.ctc_features import (TRAIN_GAP_S, cache_features, encode_packed_shard, load_cached,
                                                   plan_training_windows)
 
 TEXTS = ["Open valve 7.", "The pump is running.", "Check the filter before Monday."]

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig, load_ctc_head, save_ctc_head
-from pipeline.training.ctc_head_train import calibration_table, length_batches, train_head
+from shardscribe.pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig, load_ctc_head, save_ctc_head
+from shardscribe.pipeline.training.ctc_head_train import calibration_table, length_batches, train_head
 
 torch.set_num_threads(1)
 

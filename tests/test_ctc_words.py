@@ -10,9 +10,9 @@ import json
 import pytest
 import torch
 
-from pipeline.decoding.ctc_words import token_runs, words_from_path
-from pipeline.text import charset
-from pipeline.text.ctc_vocabulary import CharsetVocabulary, TokenizerVocabulary
+from shardscribe.pipeline.decoding.ctc_words import token_runs, words_from_path
+from shardscribe.pipeline.text import charset
+from shardscribe.pipeline.text.ctc_vocabulary import CharsetVocabulary, TokenizerVocabulary
 from test_ctc_family import saved_checkpoint
 
 torch.set_num_threads(1)
@@ -79,7 +79,7 @@ def _assert_timed_words(words, text, duration_s, stride):
 
 
 def test_greedy_words_spell_the_models_own_text(checkpoint, sample_audio):
-    from pipeline.decoders.ctc_greedy.stage import CTCGreedySegmentDecoder
+    from shardscribe.pipeline.kinds.ctc_greedy.stage import CTCGreedySegmentDecoder
 
     root, adapter = checkpoint
     decoder = CTCGreedySegmentDecoder(adapter, vocabulary=TokenizerVocabulary.from_pretrained(str(root)))
@@ -94,8 +94,8 @@ def test_greedy_words_spell_the_models_own_text(checkpoint, sample_audio):
 
 def test_beam_words_spell_the_beam_text_where_it_is_not_greedy(checkpoint, sample_audio):
     """A per-row key phrase pulls the beam away from greedy; the words follow the beam."""
-    from pipeline.config import load_config
-    from pipeline.decoders.ctc_beam.stages import CTCLogProbsDecoder, build_search
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.kinds.ctc_beam.stages import CTCLogProbsDecoder, build_search
 
     root, adapter = checkpoint
     clips = sorted(sample_audio)
@@ -114,9 +114,9 @@ def test_beam_words_spell_the_beam_text_where_it_is_not_greedy(checkpoint, sampl
 
 
 def test_embedded_model_greedy_words(sample_audio):
-    from pipeline.config import load_config
-    from pipeline.decoders.ctc_greedy.stage import build
-    from pipeline.models import load_model
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.kinds.ctc_greedy.stage import build
+    from shardscribe.pipeline.models import load_model
 
     cfg = load_config("ctc_greedy", ["model.family=ctc"])
     decoder = build(load_model(cfg.model), cfg)
@@ -138,10 +138,10 @@ def test_output_words_stay_inside_their_segment_and_the_recording(kind, sample_a
     """The model's last frame also covers padding past the audio (Whisper's 20-ms frames
     over 2.965 s here), so a decoder's last word can end after the audio; in the output
     every word lies inside its own segment, and so inside the recording."""
-    from pipeline.config import load_config
-    from pipeline.decoders import decoder_kind
-    from pipeline.models import load_model
-    from pipeline.segment_runner import complete_pending, transcribe_prepared
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.kinds import decoder_kind
+    from shardscribe.pipeline.models import load_model
+    from shardscribe.pipeline.segment_runner import complete_pending, transcribe_prepared
 
     audio = sample_audio["fox_flite_slt"]
     assert (len(audio) / 16000 / 0.02) % 1 > 0            # a partial last frame: the case at hand

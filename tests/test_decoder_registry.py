@@ -22,12 +22,12 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from actors.local_runner import run_local
+from shardscribe.actors.local_runner import run_local
 from conftest import ray_job_rows
-from pipeline.config import ConfigError, load_config
-from pipeline.decoders import DECODER_KINDS, DecoderKind, decoder_kind
-from pipeline.decoders.base import PENDING, PendingState, SegmentResult
-from pipeline.models import FAMILIES, ModelFamily
+from shardscribe.pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.kinds import DECODER_KINDS, DecoderKind, decoder_kind
+from shardscribe.pipeline.kinds.base import PENDING, PendingState, SegmentResult
+from shardscribe.pipeline.models import FAMILIES, ModelFamily
 
 
 @dataclass

@@ -16,10 +16,10 @@ from conftest import ROOT
 @pytest.fixture(scope="module")
 def prepared(samples_dir):
     """Four bundled samples and three held-out clips, decoded and segmented once."""
-    from actors.audio_prep import AudioPrep
-    from pipeline.config import load_config
-    from pipeline.records import INPUT_SCHEMA, prepared_rows, table
-    from pipeline.sources import read_source
+    from shardscribe.actors.audio_prep import AudioPrep
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.records import INPUT_SCHEMA, prepared_rows, table
+    from shardscribe.pipeline.sources import read_source
 
     rows = (read_source(str(samples_dir / "samples.jsonl"))[:4]
             + read_source(str(ROOT / "tests" / "golden" / "heldout.jsonl"))[:3])
@@ -29,7 +29,7 @@ def prepared(samples_dir):
 
 def texts(rows: list[dict], batch: int, first, second, cfg) -> dict[str, str]:
     """The in-process model stages over ``rows`` in batches of ``batch`` rows."""
-    from pipeline.segment_runner import complete_pending, transcribe_prepared
+    from shardscribe.pipeline.segment_runner import complete_pending, transcribe_prepared
 
     out = {}
     for i in range(0, len(rows), batch):
@@ -43,8 +43,8 @@ def texts(rows: list[dict], batch: int, first, second, cfg) -> dict[str, str]:
 @pytest.mark.parametrize("config,overrides", [("ctc_greedy", ["decoder.pack_windows=true"]),
                                               ("ssd", ["ssd.preset=high_rtfx", "ssd.adaptive_verify=false"])])
 def test_same_clip_same_text_in_any_batch(config, overrides, prepared, ssd_adapter):
-    from pipeline.config import load_config
-    from pipeline.decoders import decoder_kind
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.kinds import decoder_kind
 
     cfg = load_config(config, overrides)
     kind = decoder_kind(cfg.decoder.kind)

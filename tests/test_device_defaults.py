@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from conftest import ROOT
-from pipeline import batching, device
-from pipeline.batching import (CPU_MAX_TOKENS, ModelShape, budget_from_memory, bytes_per_token, max_tokens_set,
+from shardscribe.pipeline import batching, device
+from shardscribe.pipeline.batching import (CPU_MAX_TOKENS, ModelShape, budget_from_memory, bytes_per_token, max_tokens_set,
                                model_shape, resolve_max_tokens)
-from pipeline.config import config_from_dict, config_hash, hashed_config, load_config
-from pipeline.config_sections import ModelConfig
+from shardscribe.pipeline.config import config_from_dict, config_hash, hashed_config, load_config
+from shardscribe.pipeline.config_sections import ModelConfig
 
 TURBO_DIR = "/models/whisper-large-v3-turbo"   # never read: a checkpoint's source, not the shipped model
 
@@ -103,7 +103,7 @@ def test_auto_dtype_hashes_as_the_old_float32_default():
 
 
 def test_an_unknown_dtype_is_refused_naming_the_key():
-    from pipeline.config import ConfigError
+    from shardscribe.pipeline.config import ConfigError
 
     with pytest.raises(ConfigError, match="model.dtype: expected one of auto, float32"):
         load_config("ar", ["model.dtype=half"])
@@ -233,7 +233,7 @@ def test_the_batching_module_stays_pure_where_it_is_imported_from():
 
 
 def _keys(section: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "keys", section], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "keys", section], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.decoders.base import PENDING, SegmentResult
-from pipeline.device import DeviceFault, is_device_fault
-from pipeline.segment_runner import complete_pending, decode_segments
+from shardscribe.pipeline.kinds.base import PENDING, SegmentResult
+from shardscribe.pipeline.device import DeviceFault, is_device_fault
+from shardscribe.pipeline.segment_runner import complete_pending, decode_segments
 
 ASSERT = "CUDA error: device-side assert triggered\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions."
 
@@ -94,8 +94,8 @@ def test_the_job_stops_keeps_what_it_committed_and_the_rerun_does_the_rest(tmp_p
     """A local-runner job whose second batch hits a device-side assert: exit 1 with one
     line naming it, the first batch's rows committed with no error rows, and the same
     command then transcribes only the rest."""
-    from jobs.cli import main
-    from pipeline.decoders.ar.stage import ARSegmentDecoder
+    from shardscribe.jobs.cli import main
+    from shardscribe.pipeline.kinds.ar.stage import ARSegmentDecoder
 
     audio = tmp_path / "audio"
     audio.mkdir()

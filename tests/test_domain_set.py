@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.training.tts.announcements import announcements, is_heldout_announcement
+from shardscribe.pipeline.training.tts.announcements import announcements, is_heldout_announcement
 
 
 def test_train_and_heldout_sentences_are_disjoint_and_stable():

@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from conftest import ROOT, espeak
-from pipeline.output import SUMMARY_NAME
+from shardscribe.pipeline.output import SUMMARY_NAME
 
 
 def _wav(samples, rate=16000):
@@ -44,7 +44,7 @@ def mixed_input(tmp_path_factory, samples_dir, sample_manifest):
 
 
 def _run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
 
 
@@ -53,7 +53,7 @@ def _cli_here(capsys, *args):
     kind's jobs, where the subject is the job's rule, not a new interpreter's imports."""
     from types import SimpleNamespace
 
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     capsys.readouterr()
     try:
@@ -133,9 +133,9 @@ def test_a_two_stage_kind_keeps_the_prepare_errors_in_process(mixed_input, tmp_p
 
 
 def test_three_minute_recording_keeps_all_its_words(tmp_path, model_cache):
-    from pipeline.config import load_config
-    from actors.local_runner import run_local
-    from pipeline.metrics import corpus_wer, normalize
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.actors.local_runner import run_local
+    from shardscribe.pipeline.metrics import corpus_wer, normalize
 
     sentences = [
         "The inspection started at the north gate of the plant.",
@@ -248,8 +248,8 @@ def test_a_batch_slower_than_commit_interval_s_is_committed_when_it_is_finished(
     batch is its own part at once, not held until the next one finishes."""
     import time
 
-    from actors.local_runner import build_stages, run_local
-    from pipeline.config import load_config
+    from shardscribe.actors.local_runner import build_stages, run_local
+    from shardscribe.pipeline.config import load_config
 
     rows = [{"id": f"r{i}", "audio": str(samples_dir / sample_manifest[i]["audio"]), "audio_bytes": None}
             for i in range(3)]
@@ -273,7 +273,7 @@ def test_dry_run_checks_everything_before_the_workers_and_writes_nothing(tmp_pat
     """--dry-run for a scheduler: the job's own refusals (exit 2, one line) and, where it
     would run, what it would do (counts from the folder's rows), with nothing written:
     no folder, no lock, no success marker removed, no part quarantined."""
-    from pipeline.output import OutputLock, SUCCESS_NAME
+    from shardscribe.pipeline.output import OutputLock, SUCCESS_NAME
 
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps({"id": f"r{i}", "audio": str(samples_dir / m["audio"])}) + "\n"
@@ -311,8 +311,8 @@ def test_dry_run_judges_the_folder_as_resume_does(tmp_path, samples_dir, sample_
 
     import pyarrow.parquet as pq_
 
-    from pipeline.output import write_part
-    from pipeline.records import OUTPUT_SCHEMA, table
+    from shardscribe.pipeline.output import write_part
+    from shardscribe.pipeline.records import OUTPUT_SCHEMA, table
 
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps({"id": f"r{i}", "audio": str(samples_dir / m["audio"])}) + "\n"

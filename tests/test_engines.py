@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
-from pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.config import ConfigError, load_config
 
 
 def test_quick_engines_bench_prints_every_engine_with_its_stage_breakdown(tmp_path, capsys, model_cache,
                                                                         samples_dir, sample_manifest):
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     manifest = tmp_path / "one.jsonl"
     manifest.write_text(json.dumps({**sample_manifest[1], "audio": str(samples_dir / sample_manifest[1]["audio"])}))
@@ -66,8 +66,8 @@ def test_levers_are_whisper_only_and_auto_by_default(tmp_path):
 
 
 def test_bfloat16_on_a_cpu_without_native_support_fails_before_any_worker(monkeypatch):
-    from pipeline import device
-    from pipeline.models.preflight import ModelError, check_model
+    from shardscribe.pipeline import device
+    from shardscribe.pipeline.models.preflight import ModelError, check_model
 
     monkeypatch.setattr(device, "cpu_bf16_native", lambda: False)
     for key in ("model.dtype", "model.encoder_dtype"):
@@ -77,7 +77,7 @@ def test_bfloat16_on_a_cpu_without_native_support_fails_before_any_worker(monkey
 
 
 def test_auto_encoder_dtype_is_bfloat16_only_on_a_native_cpu_under_float32(monkeypatch):
-    from pipeline import device
+    from shardscribe.pipeline import device
 
     for native, on_cpu in ((True, "bfloat16"), (False, None)):
         monkeypatch.setattr(device, "cpu_bf16_native", lambda native=native: native)
@@ -88,15 +88,15 @@ def test_auto_encoder_dtype_is_bfloat16_only_on_a_native_cpu_under_float32(monke
 
 
 def test_the_default_config_loads_the_encoder_in_the_resolved_dtype(monkeypatch, model_cache):
-    from pipeline import device
-    from pipeline.models import load_model
+    from shardscribe.pipeline import device
+    from shardscribe.pipeline.models import load_model
 
     for native, expected in ((True, torch.bfloat16), (False, torch.float32)):
         monkeypatch.setattr(device, "cpu_bf16_native", lambda native=native: native)
         adapter = load_model(load_config(None, ["model.device=cpu", f"model.cache_dir={model_cache}"]).model)
         assert (adapter.encoder_dtype, adapter.dtype) == (expected, torch.float32)
     # A CPU without native bfloat16 still loads the default: auto never refuses.
-    from pipeline.models.preflight import check_model
+    from shardscribe.pipeline.models.preflight import check_model
     check_model(load_config(None, ["model.device=cpu"]).model)
 
 
@@ -109,11 +109,11 @@ def test_int8_keeps_the_bundled_clips_transcripts_within_bounds(model_cache, ssd
     head reads int8 encoder states), gate, verification and fallback at the default
     preset's thresholds; and the CPU's static-cache loop gives the int8 model's eager
     tokens."""
-    from pipeline.decoding.ar_greedy import greedy_decode
-    from pipeline.decoding.ar_static_graphs import StaticDecoding
-    from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
-    from pipeline.metrics import corpus_wer
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
+    from shardscribe.pipeline.decoding.ar.graphs import StaticDecoding
+    from shardscribe.pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
+    from shardscribe.pipeline.metrics import corpus_wer
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
 
     int8 = load_whisper_adapter("embedded", cache_dir=model_cache, quantize="int8", ctc_head="embedded")
     audios = [sample_audio[m["id"]] for m in sample_manifest]
@@ -136,8 +136,8 @@ def test_int8_keeps_the_bundled_clips_transcripts_within_bounds(model_cache, ssd
 
 def test_encoder_dtype_runs_the_encoder_alone_in_that_dtype(model_cache, whisper_adapter, sample_audio,
                                                              sample_manifest):
-    from pipeline.device import cpu_bf16_native
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.device import cpu_bf16_native
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
 
     if not cpu_bf16_native():
         pytest.skip("this CPU has no native bfloat16 (AMX / AVX512-BF16)")
@@ -152,8 +152,8 @@ def test_encoder_dtype_runs_the_encoder_alone_in_that_dtype(model_cache, whisper
 
 
 def test_cross_kv_dtype_follows_the_encoder_unless_set(monkeypatch, model_cache):
-    from pipeline import device
-    from pipeline.models import load_model
+    from shardscribe.pipeline import device
+    from shardscribe.pipeline.models import load_model
 
     assert device.cross_kv_dtype_name("auto", "bfloat16", "float32") == "bfloat16"
     assert device.cross_kv_dtype_name("auto", None, "float32") is None
@@ -176,7 +176,7 @@ def test_cross_kv_dtype_follows_the_encoder_unless_set(monkeypatch, model_cache)
         int8 = load_model(load_config("ar", ["model.device=cpu", f"model.cache_dir={model_cache}",
                                              "model.quantize=int8"]).model)
         assert int8.cross_projection is None
-        from pipeline.config import config_hash
+        from shardscribe.pipeline.config import config_hash
         assert (config_hash(load_config(None, ["model.device=cpu"])) !=
                 config_hash(load_config(None, ["model.device=cpu", "model.cross_kv_dtype=float32"]))) == native
 
@@ -188,8 +188,8 @@ def test_the_decoder_reads_cross_attention_projected_in_cross_kv_dtype(model_cac
     with them keeps the bundled clips' transcripts."""
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-    from pipeline.decoding.ar_greedy import greedy_decode
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
 
     bf16 = load_whisper_adapter("embedded", cache_dir=model_cache, cross_kv_dtype=torch.bfloat16)
     audios = [sample_audio[m["id"]] for m in sample_manifest]
@@ -218,8 +218,8 @@ def test_long_form_inputs_are_files_joining_the_clips_in_order(tmp_path, samples
     clips' speech in manifest order with 0.4-s silences between, their texts joined."""
     import soundfile as sf
 
-    from jobs.bench.data import load_recordings, write_long_form
-    from pipeline.sources import read_source
+    from shardscribe.jobs.bench.data import load_recordings, write_long_form
+    from shardscribe.pipeline.sources import read_source
 
     manifest = tmp_path / "clips.jsonl"
     manifest.write_text("".join(json.dumps({**m, "audio": str(samples_dir / m["audio"])}) + "\n"
@@ -252,7 +252,7 @@ AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512_bf16"})
     (frozenset(), "AVX512", {}, False),                                          # no /proc/cpuinfo: torch's level
 ])
 def test_native_bfloat16_needs_the_flags_and_no_isa_cap_below_them(flags, capability, env, native):
-    from pipeline.device import cpu_bf16_native
+    from shardscribe.pipeline.device import cpu_bf16_native
 
     assert cpu_bf16_native(flags, capability, env) is native
 
@@ -274,8 +274,8 @@ def test_capping_torchs_isa_takes_the_non_bfloat16_path_in_a_fresh_process():
 def test_auto_quantize_is_int8_on_a_cpu_without_native_bfloat16_only(monkeypatch, model_cache):
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-    from pipeline import device
-    from pipeline.models import load_model
+    from shardscribe.pipeline import device
+    from shardscribe.pipeline.models import load_model
 
     assert device.quantize_name("none", "cpu") == "none" and device.quantize_name("int8", "cpu") == "int8"
     for native, expected in ((True, "none"), (False, "int8")):
@@ -303,8 +303,8 @@ HASH_BEFORE_AUTO = {True: "5c7853ee849d", False: "f53e34460afc"}
 
 
 def test_quantize_is_an_execution_key_the_config_hash_leaves_out(monkeypatch):
-    from pipeline import device
-    from pipeline.config import config_hash, hashed_config
+    from shardscribe.pipeline import device
+    from shardscribe.pipeline.config import config_hash, hashed_config
 
     for native in (True, False):
         monkeypatch.setattr(device, "cpu_bf16_native", lambda native=native: native)

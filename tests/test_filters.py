@@ -7,8 +7,8 @@ import zlib
 
 import pytest
 
-from pipeline.config import ConfigError, FiltersConfig, load_config
-from pipeline.filters import (compression_ratio, longest_repeat, mark_rows, row_reasons, text_reasons,
+from shardscribe.pipeline.config import ConfigError, FiltersConfig, load_config
+from shardscribe.pipeline.filters import (compression_ratio, longest_repeat, mark_rows, row_reasons, text_reasons,
                               unique_word_share, words_of)
 
 CFG = FiltersConfig()

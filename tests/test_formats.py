@@ -13,7 +13,7 @@ import pytest
 import srt
 import webvtt
 
-from pipeline.formats import (
+from shardscribe.pipeline.formats import (
     MAX_CHARS,
     MAX_CUE_S,
     MIN_CUE_S,
@@ -25,7 +25,7 @@ from pipeline.formats import (
     to_vtt,
     write_formats,
 )
-from pipeline.records import OUTPUT_SCHEMA, table
+from shardscribe.pipeline.records import OUTPUT_SCHEMA, table
 
 WORDS = ("the pump was checked twice before lunch and the readings were normal except for one tank "
          "which was drained cleaned and refilled supercalifragilisticexpialidociousnessandthensomemoreletters "

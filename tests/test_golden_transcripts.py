@@ -65,7 +65,7 @@ CONFIGS = [
 
 
 def manifest_rows() -> list[dict]:
-    from pipeline.sources import read_source
+    from shardscribe.pipeline.sources import read_source
 
     rows = []
     for path in (ROOT / "pipeline" / "assets" / "samples" / "samples.jsonl", GOLDEN / "heldout.jsonl"):
@@ -74,14 +74,14 @@ def manifest_rows() -> list[dict]:
 
 
 def build_lm(out_dir: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "jobs.cli", "build-lm", "--text", str(GOLDEN / "lm_text.txt"),
+    subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "build-lm", "--text", str(GOLDEN / "lm_text.txt"),
                     "--order", "4", "--output", str(out_dir)], cwd=ROOT, check=True, capture_output=True)
     return out_dir
 
 
 def transcribe(config: str, overrides: list[str], rows: list[dict], dst: Path, cache: Path) -> dict[str, str]:
-    from pipeline.config import load_config
-    from actors.local_runner import run_local
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.actors.local_runner import run_local
 
     cfg = load_config(config, overrides + [f"model.cache_dir={cache}"])
     run_local(rows, cfg, str(dst), progress=False)
@@ -100,7 +100,7 @@ def shared_encoder_windows():
     encoder's weights and module types, and the thread count; the encoder's own code runs
     on every miss, one micro-batch at a time as run_encoder does. Yields the counts of hits
     and misses."""
-    from pipeline.models.whisper.adapter import WhisperAdapter
+    from shardscribe.pipeline.models.whisper.adapter import WhisperAdapter
 
     original = WhisperAdapter.run_encoder
     memo: dict[tuple, object] = {}
@@ -160,7 +160,7 @@ def golden_results(tmp_path_factory):
 
 
 def test_shared_windows_return_what_the_encoder_returns(ssd_adapter, samples_dir, sample_manifest):
-    from pipeline.audio import decode_audio
+    from shardscribe.pipeline.audio import decode_audio
 
     audios = [decode_audio((samples_dir / m["audio"]).read_bytes())[0] for m in sample_manifest[:3]]
     features = ssd_adapter.features(audios)
@@ -181,7 +181,7 @@ def test_shared_windows_return_what_the_encoder_returns(ssd_adapter, samples_dir
 
 
 def test_every_shipped_config_has_a_case():
-    from pipeline.config import shipped_configs
+    from shardscribe.pipeline.config import shipped_configs
 
     assert set(shipped_configs()) == {config for _, config, _ in CONFIGS}
 

@@ -13,11 +13,11 @@ import math
 import pytest
 import torch
 
-from pipeline.decoding.ar_greedy import greedy_decode
-from pipeline.decoding.drafters import CTCLookahead
-from pipeline.decoding.ssd.decoder import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
-from pipeline.decoding.ssd.verify import verify_drafts
-from pipeline.models.granite_speech.adapter import GraniteSpeechAdapter, pad_states, split_states
+from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
+from shardscribe.pipeline.decoding.drafting.drafters import CTCLookahead
+from shardscribe.pipeline.decoding.ssd.decoder import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
+from shardscribe.pipeline.decoding.ssd.verify import verify_drafts
+from shardscribe.pipeline.models.granite_speech.adapter import GraniteSpeechAdapter, pad_states, split_states
 
 SPECIALS = ["<|end_of_text|>", "<|audio|>", "<|start_of_role|>", "<|end_of_role|>", "<unk>"]
 CHARS = list("abcdefghijklmnopqrstuvwxyz .,'?\n")
@@ -230,11 +230,11 @@ def test_encode_counts_audio_embeddings_like_the_feature_extractor(setup):
 
 
 def test_loads_a_saved_checkpoint(setup, tmp_path):
-    from pipeline.models.granite_speech.adapter import load_granite_adapter
+    from shardscribe.pipeline.models.granite_speech.adapter import load_granite_adapter
 
     setup["model"].save_pretrained(tmp_path)
     setup["tok"].save_pretrained(tmp_path)
-    from pipeline.models.granite_speech.features import GraniteFeatures
+    from shardscribe.pipeline.models.granite_speech.features import GraniteFeatures
 
     loaded = load_granite_adapter(str(tmp_path), CTC_VOCAB)
     # torchaudio does not import with the CPU torch build: the plain-torch features stand in.

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from conftest import ROOT
-from pipeline.audio import decode_audio
-from pipeline.models.granite_speech.features import GraniteFeatures
-from pipeline.output import SUMMARY_NAME
+from shardscribe.pipeline.audio import decode_audio
+from shardscribe.pipeline.models.granite_speech.features import GraniteFeatures
+from shardscribe.pipeline.output import SUMMARY_NAME
 from test_granite_adapter import CTC_VOCAB, FEATURE_DIM, _model, _reference_ar, _reference_prompt, _tokenizer
 
 N_MELS = FEATURE_DIM // 2   # two mel frames per encoder frame
@@ -87,7 +87,7 @@ def _transcribe(manifest_path, dst, *sets):
     args = ["transcribe", "--input", str(manifest_path), "--output", str(dst), "--runner", "local"]
     for s in sets:
         args += ["--set", s]
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((dst / SUMMARY_NAME).read_text())
@@ -128,7 +128,7 @@ def test_granite_runs_from_config_with_broken_inputs(checkpoint, manifest, tmp_p
 
 
 def test_configs_granite_cannot_serve_fail_in_validation(checkpoint):
-    from pipeline.config import ConfigError, load_config
+    from shardscribe.pipeline.config import ConfigError, load_config
 
     root, _, _ = checkpoint
     base = ["model.family=granite_speech", f"model.source={root}", f"model.ctc_vocab={root / 'ctc_vocab.json'}"]
@@ -143,7 +143,7 @@ def test_configs_granite_cannot_serve_fail_in_validation(checkpoint):
 
 def test_ssd_on_granite_without_a_ctc_vocabulary_fails_before_any_worker(checkpoint, manifest, tmp_path):
     root, _, _ = checkpoint
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(manifest[0]),
+    proc = subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "transcribe", "--input", str(manifest[0]),
                            "--output", str(tmp_path / "x"), "--config", "ssd", "--runner", "local",
                            "--set", "model.family=granite_speech", "--set", f"model.source={root}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -159,9 +159,9 @@ def test_preflight_refuses_a_whisper_checkpoint_and_a_missing_tokenizer(checkpoi
     checkpoint without its tokenizer is named as such, not as a missing sentencepiece."""
     import shutil
 
-    from pipeline.config import load_config
-    from pipeline.models.granite_speech.adapter import load_granite_adapter
-    from pipeline.models.preflight import ModelError, check_model
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.models.granite_speech.adapter import load_granite_adapter
+    from shardscribe.pipeline.models.preflight import ModelError, check_model
 
     root, _, _ = checkpoint
     whisper = tmp_path / "whisper"
@@ -188,10 +188,10 @@ def test_a_clip_shorter_than_one_frame_is_empty_text_in_any_batch(checkpoint, sa
     them alone) and no encoder frame (two 10-ms mel frames each). Alone, beside another such
     clip or beside a longer clip, it gets empty text and no error (the LLM is not left to
     continue a prompt with no audio), and the longer clip the text it gets alone."""
-    from pipeline.config import load_config
-    from pipeline.decoders import decoder_kind
-    from pipeline.models import load_model
-    from pipeline.segment_runner import transcribe_prepared
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.kinds import decoder_kind
+    from shardscribe.pipeline.models import load_model
+    from shardscribe.pipeline.segment_runner import transcribe_prepared
 
     root, _, _ = checkpoint
     short = (np.random.default_rng(0).standard_normal(100) * 0.1).astype(np.float32)

@@ -16,15 +16,15 @@ import pytest
 import srt
 
 from conftest import ROOT
-from pipeline.config import config_hash, load_config
-from pipeline.output import SIDECAR_DIR, SUCCESS_NAME, SUMMARY_NAME
-from pipeline.records import OUTPUT_SCHEMA
+from shardscribe.pipeline.config import config_hash, load_config
+from shardscribe.pipeline.output import SIDECAR_DIR, SUCCESS_NAME, SUMMARY_NAME
+from shardscribe.pipeline.records import OUTPUT_SCHEMA
 
 ERROR_LEVEL = re.compile(r"\bERROR\b|\] ?E \d|^\[[^\]]* E |Traceback|error:", re.MULTILINE)
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "transcribe", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env=env)
 
 

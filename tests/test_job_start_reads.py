@@ -15,11 +15,11 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from conftest import corrupt_page_of
-from actors.job import run as job_run
-from jobs import transcribe
-from pipeline import output
-from pipeline.config import config_hash, load_config
-from pipeline.records import OUTPUT_SCHEMA, table
+from shardscribe.actors.job import run as job_run
+from shardscribe.jobs import transcribe
+from shardscribe.pipeline import output
+from shardscribe.pipeline.config import config_hash, load_config
+from shardscribe.pipeline.records import OUTPUT_SCHEMA, table
 
 OVERRIDES = ["decoder.kind=audit", "model.device=cpu"]
 
@@ -71,7 +71,7 @@ def start(tmp_path, monkeypatch):
 
 def _todo(scanned, plan):
     """The ids a job's resume plan leaves to transcribe, in source order."""
-    from pipeline.resume import RENAMED, TODO
+    from shardscribe.pipeline.resume import RENAMED, TODO
 
     return [i for i, act in zip(scanned.ids.to_pylist(), plan.actions) if act in (TODO, RENAMED)]
 

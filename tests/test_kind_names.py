@@ -1,12 +1,12 @@
 """The job runner, config loading, confidence and the output folder name no decoder kind and
 no model family: what is particular to one lives in its registry entry
-(pipeline.decoders.registry, pipeline.models.registry), so a new kind or family changes
+(pipeline.kinds.registry, pipeline.models.registry), so a new kind or family changes
 none of these files.
 
 Each file is read as Python tokens without its comments and docstrings; a registered name
-counts where it is an identifier (``cfg.ssd``, ``from pipeline.decoders.ar import ...``)
+counts where it is an identifier (``cfg.ssd``, ``from pipeline.kinds.ar import ...``)
 or a string literal, whole or as one part of a dotted key (``"ssd"``, ``"ar:ar"``,
-``"pipeline.models.whisper:load"``). Prose in messages (``"a transducer model"``) and
+``"shardscribe.pipeline.models.whisper:load"``). Prose in messages (``"a transducer model"``) and
 longer identifiers (``transducer_words``, ``arrow``) do not count.
 """
 from __future__ import annotations
@@ -61,8 +61,8 @@ def named(source: str, names: set[str]) -> list[tuple[int, str]]:
 
 
 def _registered_names() -> set[str]:
-    from pipeline.decoders import DECODER_KINDS
-    from pipeline.models import FAMILIES
+    from shardscribe.pipeline.kinds import DECODER_KINDS
+    from shardscribe.pipeline.models import FAMILIES
 
     return set(DECODER_KINDS) | set(FAMILIES)
 
@@ -79,17 +79,17 @@ def test_the_runner_config_confidence_and_output_name_no_kind_or_family():
     assert any("confidence" in p.parts for p in files) and any("output" in p.parts for p in files)
     found = [f"{p.relative_to(ROOT)}:{line}: {what}" for p in files for line, what in named(p.read_text(), names)]
     assert not found, ("a decoder kind or model family is named outside its registry entry (give the kind or "
-                       "family a hook: pipeline.decoders.registry, pipeline.models.registry): " + "; ".join(found))
+                       "family a hook: pipeline.kinds.registry, pipeline.models.registry): " + "; ".join(found))
 
 
 @pytest.mark.parametrize("source, expected", [
     ('if cfg.decoder.kind == "audit":\n    pass\n', [(1, "'audit'")]),
     ("x = cfg.ssd.adapt_dir\n", [(1, "ssd")]),
-    ("from pipeline.decoders.ar import map_drafting_key\n", [(1, "ar")]),
+    ("from pipeline.kinds.ar import map_drafting_key\n", [(1, "ar")]),
     ('cal = word.get("ar:ar")\n', [(1, "'ar:ar'")]),
     ('family = model.get("family", "whisper")\n', [(1, "'whisper'")]),
     ('msg = f"{cfg.ssd.preset} preset"\n', [(1, ".ssd")]),
-    ('REF = "pipeline.decoders.ssd.job:prepare_job"\n', [(1, "'pipeline.decoders.ssd.job:prepare_job'")]),
+    ('REF = "shardscribe.pipeline.kinds.ssd.job:prepare_job"\n', [(1, "'pipeline.kinds.ssd.job:prepare_job'")]),
 ])
 def test_the_scan_finds_a_named_kind_or_family(source, expected):
     """The check can fail: each way of naming a kind or family is reported."""

@@ -27,7 +27,7 @@ LONG = "fr_18.wav"          # "Nous avons mangé une excellente soupe de poisson
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory):
     """The clips above as 16-kHz float32 arrays, by file id."""
-    from pipeline.audio import decode_audio
+    from shardscribe.pipeline.audio import decode_audio
 
     folder = tmp_path_factory.mktemp("language-clips")
     render(folder, [SHORT_ZH, SHORT_TH, LONG])
@@ -36,9 +36,9 @@ def clips(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def auto_adapter(model_cache):
-    from pipeline.models.whisper.adapter import load_whisper_adapter
-    from pipeline.models.whisper.loader import EMBEDDED_BASE
-    from pipeline.models.whisper.prompting import WhisperOptions
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.models.whisper.loader import EMBEDDED_BASE
+    from shardscribe.pipeline.models.whisper.prompting import WhisperOptions
 
     return load_whisper_adapter(EMBEDDED_BASE, device="cpu", cache_dir=model_cache,
                                 options=WhisperOptions(language="auto"))
@@ -90,8 +90,8 @@ def test_every_segment_decoded_in_the_recordings_language(auto_adapter, with_opt
     """A recording of two segments (as VAD cuts one longer than 30 s): the short second
     one, detected alone, is Thai and decoded as Thai; detected with the recording, it is
     decoded in French."""
-    from pipeline.decoders.ar.stage import ARSegmentDecoder
-    from pipeline.segment_runner import transcribe_prepared
+    from shardscribe.pipeline.kinds.ar.stage import ARSegmentDecoder
+    from shardscribe.pipeline.segment_runner import transcribe_prepared
 
     segs = [clips[LONG], clips[SHORT_TH]]
     row = {"id": "r", "audio": "r.wav", "seg_start": [0.0, 30.0], "seg_end": [8.0, 32.0],
@@ -116,11 +116,11 @@ def test_every_segment_decoded_in_the_recordings_language(auto_adapter, with_opt
 
 
 def test_keys_validated_listed_and_hashed_only_with_auto():
-    from pipeline.config import config_hash, hashed_config, load_config
-    from pipeline.config_keys import config_keys
-    from pipeline.config_values import ConfigError
-    from pipeline.models.errors import ModelError
-    from pipeline.models.preflight import check_model
+    from shardscribe.pipeline.config import config_hash, hashed_config, load_config
+    from shardscribe.pipeline.config_keys import config_keys
+    from shardscribe.pipeline.config_values import ConfigError
+    from shardscribe.pipeline.models.errors import ModelError
+    from shardscribe.pipeline.models.preflight import check_model
 
     cfg = load_config(None, ["model.language=auto", "model.language_candidates=[es, fr]"], model="base")
     assert cfg.model.language_candidates == ["es", "fr"] and cfg.model.language_detection == "recording"
@@ -151,7 +151,7 @@ def test_a_recordings_detection_window_is_its_first_30_s_of_speech_only():
     recording of hours has hours of segments)."""
     import numpy as np
 
-    from pipeline.models.whisper.adapter import _first_samples
+    from shardscribe.pipeline.models.whisper.adapter import _first_samples
 
     segments = [np.arange(n, dtype=np.float64) + 1000 * k for k, n in enumerate((5, 7, 400, 9))]
     got = _first_samples(segments, 20)
@@ -166,8 +166,8 @@ def test_the_recordings_detection_counts_in_its_encode_seconds():
     nothing extra."""
     import time
 
-    from pipeline.decoders.base import SegmentResult
-    from pipeline.segment_runner import transcribe_prepared
+    from shardscribe.pipeline.kinds.base import SegmentResult
+    from shardscribe.pipeline.segment_runner import transcribe_prepared
 
     class Decoder:
         name = "stub"

@@ -6,7 +6,7 @@ espeak-ng speech (the Spanish and French clips of tests/test_whisper_base.py):
   and its English rows, a real recording among them, neither; the job ends with one
   warning line counting them;
 - Whisper base with ``model.task=translate`` gives English text without a repetition loop
-  through the temperature fallback (pipeline.decoders.ar.fallback), and loops without it;
+  through the temperature fallback (pipeline.kinds.ar.fallback), and loops without it;
   its samples are the same on every run and in any batch.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def clips(tmp_path_factory):
 def test_tiny_en_marks_other_languages_and_warns_once(clips, tmp_path, model_cache, capsys):
     """The default job (tiny.en, ssd) on es, fr and two English clips: a real recording and
     espeak-ng's en-us voice."""
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     audio = tmp_path / "audio"
     audio.mkdir()
@@ -68,9 +68,9 @@ def test_tiny_en_marks_other_languages_and_warns_once(clips, tmp_path, model_cac
 def test_the_check_is_a_filter_key():
     """filters.english_only_logprob: on by default for English-only models, null turns it
     off, a positive value is refused naming the key; ``und`` segments carry the reason."""
-    from pipeline.config import ConfigError, load_config
-    from pipeline.filters import mark_rows
-    from pipeline.models.whisper.language_check import EnglishOnlyCheck
+    from shardscribe.pipeline.config import ConfigError, load_config
+    from shardscribe.pipeline.filters import mark_rows
+    from shardscribe.pipeline.models.whisper.language_check import EnglishOnlyCheck
 
     cfg = load_config(None)
     assert cfg.filters.english_only_logprob == -1.0
@@ -98,18 +98,18 @@ def test_the_check_is_a_filter_key():
 @pytest.fixture(scope="module")
 def translator(model_cache):
     """Whisper base translating with a detected language, and its clips' audio."""
-    from pipeline.models.whisper.adapter import load_whisper_adapter
-    from pipeline.models.whisper.loader import EMBEDDED_BASE
-    from pipeline.models.whisper.prompting import WhisperOptions
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.models.whisper.loader import EMBEDDED_BASE
+    from shardscribe.pipeline.models.whisper.prompting import WhisperOptions
 
     return load_whisper_adapter(EMBEDDED_BASE, cache_dir=model_cache,
                                 options=WhisperOptions(language="auto", task="translate"))
 
 
 def _decode(adapter, audios, mode: str):
-    from pipeline.config_sections import DecoderConfig
-    from pipeline.decoders.ar.fallback import FallbackRule
-    from pipeline.decoders.ar.stage import ARSegmentDecoder
+    from shardscribe.pipeline.config_sections import DecoderConfig
+    from shardscribe.pipeline.kinds.ar.fallback import FallbackRule
+    from shardscribe.pipeline.kinds.ar.stage import ARSegmentDecoder
 
     rule = FallbackRule.of(DecoderConfig(temperature_fallback=mode), adapter.options.task)
     # 96 tokens: a loop shows well before 224, and the test stays short
@@ -120,9 +120,9 @@ def _decode(adapter, audios, mode: str):
 def test_translate_gives_english_without_loops(clips, translator):
     import jiwer
 
-    from pipeline.audio import decode_audio
-    from pipeline.filters import compression_ratio
-    from pipeline.metrics import normalize
+    from shardscribe.pipeline.audio import decode_audio
+    from shardscribe.pipeline.filters import compression_ratio
+    from shardscribe.pipeline.metrics import normalize
 
     voices = sorted(clips)
     audios = [decode_audio(clips[v].read_bytes())[0] for v in voices]
@@ -142,7 +142,7 @@ def test_sampling_is_seeded_per_row_not_per_batch():
     otherwise; the logits keep the drawn token alone."""
     import torch
 
-    from pipeline.decoders.ar.fallback import GumbelSampling
+    from shardscribe.pipeline.kinds.ar.fallback import GumbelSampling
 
     logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(1))
     histories = [[1, 2], [3], []]

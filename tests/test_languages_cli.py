@@ -30,7 +30,7 @@ def base_job(tmp_path_factory, model_cache):
     import contextlib
     import io
 
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     root = tmp_path_factory.mktemp("languages")
     audio = root / "audio"
@@ -63,7 +63,7 @@ def test_detected_language_on_each_row_and_transcripts_printed(base_job):
 
 
 def test_quiet_prints_no_transcripts_and_print_forces_them(base_job, capsys):
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     out, _, _, args = base_job
     assert main(args + ["--quiet"]) == 0      # every row already there: nothing runs
@@ -74,7 +74,7 @@ def test_quiet_prints_no_transcripts_and_print_forces_them(base_job, capsys):
 
 
 def test_other_config_is_refused_naming_the_keys(base_job, capsys):
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     out, _, _, args = base_job
     other = [a if a != "auto" else "es" for a in args]
@@ -91,7 +91,7 @@ def test_candidates_keep_a_short_french_row_french(tmp_path, model_cache):
     a French row, in French."""
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed")
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
     from language_set import render
 
     audio = tmp_path / "audio"
@@ -108,7 +108,7 @@ def test_candidates_keep_a_short_french_row_french(tmp_path, model_cache):
 def test_readers_named_only_when_installed(monkeypatch):
     import importlib.util
 
-    from jobs import console
+    from shardscribe.jobs import console
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a))
@@ -118,9 +118,9 @@ def test_readers_named_only_when_installed(monkeypatch):
 
 
 def test_model_names_flags_and_download_key():
-    from jobs.cli import build_parser
-    from jobs.transcribe import spec_from_args
-    from pipeline.config import config_hash, load_config
+    from shardscribe.jobs.cli import build_parser
+    from shardscribe.jobs.transcribe import spec_from_args
+    from shardscribe.pipeline.config import config_hash, load_config
 
     args = build_parser().parse_args(["transcribe", "--input", "a", "--output", "b", "--model", "base",
                                       "--language", "fr", "--task", "translate", "--allow-download"])
@@ -143,7 +143,7 @@ def test_model_names_flags_and_download_key():
 def test_hub_id_is_downloaded_only_when_asked(tmp_path, samples_dir, capsys, monkeypatch):
     import huggingface_hub
 
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     calls = []
 

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from pipeline.lm.boosting import BoostingTree
+from shardscribe.pipeline.lm.boosting import BoostingTree
 
 A, B, C, D, X = range(5)
 V = 5
@@ -148,7 +148,7 @@ def test_advance_labels_equals_full_advance():
 
 
 def test_batch_phrase_lists_share_roots_and_merge_config_phrases(tmp_path):
-    from pipeline.lm.boosting import batch_phrase_lists, read_phrase_file
+    from shardscribe.pipeline.lm.boosting import batch_phrase_lists, read_phrase_file
 
     path = tmp_path / "phrases.txt"
     path.write_text("# key phrases\nab\n\nad\n")
@@ -174,7 +174,7 @@ def test_bound_lists_repeat_per_beam():
 
 
 def test_case_variants_flip_the_first_letter_only_for_lower_or_title_words():
-    from pipeline.lm.boosting import case_variants
+    from shardscribe.pipeline.lm.boosting import case_variants
 
     got = case_variants(["check", "The supervisor", "RPM", "iPhone", ("pump", 2.5), [1, 2], "check", "3 mm"])
     assert got == ["check", "Check", "The supervisor", "the supervisor", "RPM", "iPhone",
@@ -184,7 +184,7 @@ def test_case_variants_flip_the_first_letter_only_for_lower_or_title_words():
 def test_case_variant_tree_boosts_the_sentence_initial_spelling():
     """A tree from "check" gives "Check" nothing; with case variants both spellings earn
     the same bonus sequence (the one the bonus rule gives a 5-token phrase)."""
-    from pipeline.lm.boosting import case_variants
+    from shardscribe.pipeline.lm.boosting import case_variants
 
     alphabet = "checkChx"
     tokenize = lambda text: [alphabet.index(ch) for ch in text]  # noqa: E731
@@ -212,8 +212,8 @@ def test_the_charset_spells_a_key_phrase_exactly_or_not_at_all():
     """The embedded head's printable ASCII: a phrase that would lose a letter ("dög", "é")
     or keep only the space is not spelt; punctuation it lacks (curly quotes) is left out,
     punctuation it has is kept."""
-    from pipeline.text import charset
-    from pipeline.text.ctc_vocabulary import CharsetVocabulary
+    from shardscribe.pipeline.text import charset
+    from shardscribe.pipeline.text.ctc_vocabulary import CharsetVocabulary
 
     vocab = CharsetVocabulary()
     for phrase in ("lazy dög", "é é", "naïve", " ", "", "“ ”"):
@@ -225,7 +225,7 @@ def test_the_charset_spells_a_key_phrase_exactly_or_not_at_all():
 
 def _walk_text(tree, text):
     """The summed bonus along ``text``'s characters plus the final weight."""
-    from pipeline.text import charset
+    from shardscribe.pipeline.text import charset
 
     tokens = torch.tensor([charset.lm_token_ids(text)])
     return tree.score_sentences(tokens, torch.tensor([tokens.shape[1]])).sum().item()
@@ -234,18 +234,18 @@ def _walk_text(tree, text):
 def test_a_phrase_the_vocabulary_cannot_spell_is_not_boosted_misspelt(caplog):
     """"lazy dög" was boosted as "lazy dg" and "é é" as the lone space; now a shared one is
     named in one warning, a row's are counted, and the rest still boost."""
-    from pipeline.config import load_config
-    from pipeline.lm.boosting import KeyPhrases, batch_boosting_tree
-    from pipeline.text.ctc_vocabulary import CharsetVocabulary
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.lm.boosting import KeyPhrases, batch_boosting_tree
+    from shardscribe.pipeline.text.ctc_vocabulary import CharsetVocabulary
 
     vocab = CharsetVocabulary()
     beam = load_config("ctc_beam", ['beam.key_phrases=["lazy dög", "pump"]']).beam
     assert batch_boosting_tree(["lazy dög"], [["é é"], None], vocab, beam, "cpu") is None
-    with caplog.at_level("WARNING", logger="pipeline.lm.boosting"):
+    with caplog.at_level("WARNING", logger="shardscribe.pipeline.lm.boosting"):
         phrases = KeyPhrases(beam, vocab)
     assert phrases.shared == ["pump"] and "'lazy dög'" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="pipeline.lm.boosting"):
+    with caplog.at_level("WARNING", logger="shardscribe.pipeline.lm.boosting"):
         tree = phrases.tree([["é é", "lazy dog"], ["naïve"]], "cpu")
     assert phrases.dropped_row_phrases == 2 and "'é é'" in caplog.text and "'naïve'" in caplog.text
     row = torch.tensor([0])

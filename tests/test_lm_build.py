@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.lm.build import find_lmplz
-from pipeline.lm.ngpu_lm import NGramLM
-from pipeline.training.sample_text import pydoc_sentences
+from shardscribe.pipeline.lm.build import find_lmplz
+from shardscribe.pipeline.lm.ngpu_lm import NGramLM
+from shardscribe.pipeline.training.sample_text import pydoc_sentences
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def lmplz():
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jobs.cli", "build-lm", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "build-lm", *args], cwd=ROOT,
                           capture_output=True, text=True)
 
 
@@ -49,7 +49,7 @@ def test_build_lm_cli_chars_then_recompile_arpa(lmplz, tmp_path):
     lm = NGramLM.load(str(tmp_path / "lm" / "lm.ngpu.safetensors"))
     scores, _ = lm.advance(lm.init_states(1, bos=True))
     # Seen tokens + <unk> (once) + </s> form a distribution after <s>.
-    from pipeline.text import charset
+    from shardscribe.pipeline.text import charset
 
     seen = sorted({c - 1 for c in charset.encode(text.read_text())})
     unseen = sorted(set(range(95)) - set(seen))

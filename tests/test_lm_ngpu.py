@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.lm.build import build_lm, find_lmplz, load_tokenizer
-from pipeline.training.references.kenlm_ref import KenLMReference
-from pipeline.lm.ngpu_lm import NGramLM
-from pipeline.training.sample_text import pydoc_sentences
+from shardscribe.pipeline.lm.build import build_lm, find_lmplz, load_tokenizer
+from shardscribe.pipeline.training.references.kenlm_ref import KenLMReference
+from shardscribe.pipeline.lm.ngpu_lm import NGramLM
+from shardscribe.pipeline.training.sample_text import pydoc_sentences
 
 
 TOL = 1e-4
@@ -97,7 +97,7 @@ def test_full_vocabulary_advance_from_start_and_bos(which, request):
 
 def test_unknown_tokens_score_like_kenlm_unk(char_lm):
     lm, ref = char_lm
-    from pipeline.text import charset
+    from shardscribe.pipeline.text import charset
 
     unknown = torch.tensor([charset.encode(c)[0] - 1 for c in HELD_OUT_CHARS])
     scores, nxt = lm.advance(lm.init_states(1, True))

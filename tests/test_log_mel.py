@@ -20,8 +20,8 @@ import pytest
 import torch
 from transformers import WhisperFeatureExtractor
 
-from pipeline.audio import SAMPLE_RATE, decode_audio
-from pipeline.models.whisper.log_mel import DeviceLogMel
+from shardscribe.pipeline.audio import SAMPLE_RATE, decode_audio
+from shardscribe.pipeline.models.whisper.log_mel import DeviceLogMel
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
@@ -87,7 +87,7 @@ def test_unsupported_settings_fall_back_to_the_extractor():
 def test_adapter_tokens_unchanged(whisper_adapter, sample_audio):
     """The adapter's greedy tokens from the device features equal those from the
     extractor's features on the bundled samples."""
-    from pipeline.decoding.ar_greedy import greedy_decode
+    from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
 
     audios = list(sample_audio.values())[:4]
     fe = whisper_adapter.processor.feature_extractor

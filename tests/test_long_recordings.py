@@ -7,12 +7,12 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from jobs.bench.long_audio import SAMPLE, peak_rss_of, speech_starts, transcribe_command, write_long_recording
-from pipeline.audio import SAMPLE_RATE
-from pipeline.pieces import PIECE_SEP, PieceJoiner
-from pipeline.records import OUTPUT_SCHEMA, PREPARED_SCHEMA, table
-from pipeline.segment import VadSegmenter
-from pipeline.stream_segment import WindowedSegmenter
+from shardscribe.jobs.bench.long_audio import SAMPLE, peak_rss_of, speech_starts, transcribe_command, write_long_recording
+from shardscribe.pipeline.audio import SAMPLE_RATE
+from shardscribe.pipeline.pieces import PIECE_SEP, PieceJoiner
+from shardscribe.pipeline.records import OUTPUT_SCHEMA, PREPARED_SCHEMA, table
+from shardscribe.pipeline.segment import VadSegmenter
+from shardscribe.pipeline.stream_segment import WindowedSegmenter
 
 # How far a streamed segment's edge may lie from the whole-recording one: silero-vad
 # starts each window with fresh state in a pause, which moves a span's padded edge by a
@@ -120,7 +120,7 @@ def test_an_error_in_a_later_piece_makes_the_whole_row_an_error_without_segments
 def test_the_console_line_counts_a_recording_in_progress():
     import io
 
-    from jobs.console import Progress
+    from shardscribe.jobs.console import Progress
 
     out = io.StringIO()
     bar = Progress(1, out, interval_s=0.0, tty=False)
@@ -141,8 +141,8 @@ def _write(path, seconds, every=None, starts=None):
 
 @pytest.mark.slow
 def test_a_streamed_recording_has_the_whole_recordings_transcript(tmp_path, model_cache):
-    from actors.local_runner import run_local
-    from pipeline.config import load_config
+    from shardscribe.actors.local_runner import run_local
+    from shardscribe.pipeline.config import load_config
 
     audio = _write(tmp_path / "rec.flac", 120.0, starts=SPEECH_AT)
     rows = [{"id": "rec", "audio": str(audio), "audio_bytes": None}]
@@ -184,7 +184,7 @@ def test_peak_memory_does_not_grow_with_the_recordings_length(tmp_path):
 
 @pytest.mark.slow
 def test_an_hour_long_recording_moves_the_bar_as_its_pieces_finish(tmp_path, model_cache):
-    from actors.job import JobSpec, run_job
+    from shardscribe.actors.job import JobSpec, run_job
 
     audio = _write(tmp_path / "hour.flac", 3600.0, every=600.0)
     seen = []
@@ -202,7 +202,7 @@ def test_an_hour_long_recording_moves_the_bar_as_its_pieces_finish(tmp_path, mod
 
 @pytest.mark.slow
 def test_a_long_recording_through_ray_is_the_local_runners_row(tmp_path, model_cache):
-    from jobs.api import transcribe
+    from shardscribe.jobs.api import transcribe
 
     audio = _write(tmp_path / "rec.flac", 240.0, every=60.0)
     sets = {"model.cache_dir": str(model_cache), "audio.piece_s": 60}

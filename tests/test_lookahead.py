@@ -9,10 +9,10 @@ import random
 import pytest
 import torch
 
-from pipeline.decoding.ar_greedy import greedy_decode
-from pipeline.decoding.draft_sync import advance, proposal
-from pipeline.decoding.drafters import CTCLookahead
-from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
+from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
+from shardscribe.pipeline.decoding.drafting.draft_sync import advance, proposal
+from shardscribe.pipeline.decoding.drafting.drafters import CTCLookahead
+from shardscribe.pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
 
 from conftest import full_product_greedy
 

@@ -66,13 +66,13 @@ def bucket(s3_endpoint, checkpoint):
 
 def _use_endpoint(bucket: Bucket) -> None:
     """The endpoint as fsspec's s3 default, as a job's storage.options make it."""
-    from pipeline.storage import use_options
+    from shardscribe.pipeline.storage import use_options
 
     use_options({"endpoint_url": bucket.endpoint}, [bucket.url])
 
 
 def _ctc_config(source: str, cache):
-    from pipeline.config import ModelConfig
+    from shardscribe.pipeline.config import ModelConfig
 
     return ModelConfig(family="ctc", source=source, device="cpu", cache_dir=str(cache))
 
@@ -80,7 +80,7 @@ def _ctc_config(source: str, cache):
 def test_a_url_loads_what_its_directory_loads(bucket, checkpoint, tmp_path, sample_audio):
     import torch
 
-    from pipeline.models import load_model
+    from shardscribe.pipeline.models import load_model
 
     _use_endpoint(bucket)
     remote = load_model(_ctc_config(bucket.url, tmp_path / "cache"))
@@ -94,7 +94,7 @@ def test_a_url_loads_what_its_directory_loads(bucket, checkpoint, tmp_path, samp
 
 
 def test_a_rewritten_checkpoint_is_another_cache_entry(bucket):
-    from pipeline.models.remote import entry_name, list_checkpoint
+    from shardscribe.pipeline.models.remote import entry_name, list_checkpoint
 
     options, fs, key = {"endpoint_url": bucket.endpoint}, bucket.fs, f"{bucket.name}/w2v/tokenizer_config.json"
     before = entry_name(list_checkpoint(bucket.url, options), weights=True)
@@ -104,8 +104,8 @@ def test_a_rewritten_checkpoint_is_another_cache_entry(bucket):
 
 
 def test_names_outside_the_folder_are_refused_and_the_rest_is_named(caplog, tmp_path):
-    from pipeline.models.errors import ModelError
-    from pipeline.models.remote import _sorted_entries, fetch_checkpoint
+    from shardscribe.pipeline.models.errors import ModelError
+    from shardscribe.pipeline.models.remote import _sorted_entries, fetch_checkpoint
 
     for listed in ({"name": "b/w2v/../evil.json", "type": "file"}, {"name": "b/w2v/..", "type": "directory"}):
         with pytest.raises(ModelError, match="not a plain name inside it"):
@@ -114,7 +114,7 @@ def test_names_outside_the_folder_are_refused_and_the_rest_is_named(caplog, tmp_
     (src / "sub").mkdir(parents=True)
     for name in ("config.json", "model.safetensors", "pytorch_model.bin", ".hidden.json"):
         (src / name).write_text("{}")
-    with caplog.at_level("INFO", logger="pipeline.models.remote"):
+    with caplog.at_level("INFO", logger="shardscribe.pipeline.models.remote"):
         folder, downloaded = fetch_checkpoint(f"file://{src}", tmp_path / "cache")
     assert downloaded and sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     assert "not fetched (not files a checkpoint is loaded from): .hidden.json, pytorch_model.bin, sub/" in caplog.text
@@ -124,7 +124,7 @@ def test_names_outside_the_folder_are_refused_and_the_rest_is_named(caplog, tmp_
 
 
 def _fetch_in_child(url: str, endpoint: str, root: str, barrier, results) -> None:
-    from pipeline.models.remote import fetch_checkpoint
+    from shardscribe.pipeline.models.remote import fetch_checkpoint
 
     barrier.wait(timeout=60)
     folder, downloaded = fetch_checkpoint(url, root, {"endpoint_url": endpoint})
@@ -148,8 +148,8 @@ def test_two_processes_on_a_node_share_one_download(bucket, tmp_path):
 
 
 def test_preflight_reads_the_configs_never_the_weights(bucket, tmp_path):
-    from pipeline.config import config_hash, hashed_config, load_config
-    from pipeline.models.preflight import check_model
+    from shardscribe.pipeline.config import config_hash, hashed_config, load_config
+    from shardscribe.pipeline.models.preflight import check_model
 
     cfg = load_config("ctc_model_greedy", [bucket.options, f"model.cache_dir={tmp_path}"], model=bucket.url)
     assert (cfg.model.family, cfg.model.source) == ("ctc", bucket.url)
@@ -164,7 +164,7 @@ def test_preflight_reads_the_configs_never_the_weights(bucket, tmp_path):
 
 
 def test_a_url_without_a_checkpoint_fails_preflight_in_one_line(bucket, tmp_path, capsys, samples_dir):
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     bucket.fs.pipe(f"{bucket.name}/no-config/model.safetensors", b"")
     base = ["transcribe", "--input", str(samples_dir / "samples.jsonl"), "--output", str(tmp_path / "o"),
@@ -182,7 +182,7 @@ def test_a_url_without_a_checkpoint_fails_preflight_in_one_line(bucket, tmp_path
 
 
 def test_a_url_with_credentials_is_refused():
-    from pipeline.config import ConfigError, load_config
+    from shardscribe.pipeline.config import ConfigError, load_config
 
     for url in ("s3://AKIA:se/cr+et@bucket/ckpt", "s3://bucket/ckpt?X-Amz-Signature=abc"):
         for kwargs in ({"model": url}, {"overrides": ["model.family=ctc", f"model.source={url}"]}):
@@ -211,8 +211,8 @@ def test_allow_download_fetches_a_hub_id_where_the_model_loads(monkeypatch, tmp_
     that loads the model fetches a hub id its node lacks, under model.allow_download alone."""
     import huggingface_hub
 
-    from pipeline.models import model_family
-    from pipeline.models.errors import ModelError
+    from shardscribe.pipeline.models import model_family
+    from shardscribe.pipeline.models.errors import ModelError
 
     calls = []
 

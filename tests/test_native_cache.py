@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from pipeline.decoding import native_build
+from shardscribe.pipeline.decoding import native_build
 
 SOURCE = "int answer(void) { return 42; }\n"
 

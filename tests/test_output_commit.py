@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import corrupt_page_of
-from pipeline import output
-from pipeline.config import ConfigError, load_config
-from pipeline.records import OUTPUT_SCHEMA, table
-from pipeline.storage import StorageError, redact_uri, url_to_fs, utf8_name
+from shardscribe.pipeline import output
+from shardscribe.pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.records import OUTPUT_SCHEMA, table
+from shardscribe.pipeline.storage import StorageError, redact_uri, url_to_fs, utf8_name
 
 
 def _rows(ids, words: int = 3):
@@ -298,7 +298,7 @@ def test_storage_options_refuse_credentials_and_a_missing_backend_is_one_line():
 
 
 def test_an_unreachable_endpoint_is_one_line(monkeypatch):
-    from pipeline.storage import check_reachable
+    from shardscribe.pipeline.storage import check_reachable
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -316,7 +316,7 @@ def test_an_unreachable_endpoint_is_one_line(monkeypatch):
 def test_storage_options_reach_this_process_and_the_processes_it_starts(monkeypatch):
     import fsspec
 
-    from pipeline.storage import options_environment, use_options
+    from shardscribe.pipeline.storage import options_environment, use_options
 
     monkeypatch.setattr(fsspec.config, "conf", {})
     monkeypatch.delenv("FSSPEC_S3", raising=False)
@@ -343,7 +343,7 @@ def test_only_our_parts_are_read_or_removed(tmp_path):
 def test_a_parquet_input_and_the_output_may_not_hold_one_another(tmp_path, samples_dir):
     import argparse
 
-    from jobs.transcribe import add_arguments, run
+    from shardscribe.jobs.transcribe import add_arguments, run
 
     folder = tmp_path / "pq"
     folder.mkdir()
@@ -363,10 +363,10 @@ def test_no_credentials_in_errors_logs_or_the_report(monkeypatch):
     """An HTTP client's error names the URL it fetched, decoded differently from the one
     given (%2F as /); the job log's printed location and the report name the output
     without its password; options that carry secrets are refused."""
-    from jobs.console import JobLog
-    from pipeline import prepare
-    from pipeline.report import render_html, report_data
-    from pipeline.storage import redact_text
+    from shardscribe.jobs.console import JobLog
+    from shardscribe.pipeline import prepare
+    from shardscribe.pipeline.report import render_html, report_data
+    from shardscribe.pipeline.storage import redact_text
 
     url = "https://h.example/rec.wav?X-Amz-Credential=AKIA%2F2024%2Fus&X-Amz-Signature=deadbeef"
     decoded = url.replace("%2F", "/")

@@ -14,10 +14,10 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from pipeline import pseudo_label as pl
-from pipeline.formats import FORMATS, export_dirs, format_file, write_formats
-from pipeline.output import SIDECAR_DIR, SUCCESS_NAME, SUMMARY_NAME, clear_output
-from pipeline.records import OUTPUT_SCHEMA, table
+from shardscribe.pipeline import pseudo_label as pl
+from shardscribe.pipeline.formats import FORMATS, export_dirs, format_file, write_formats
+from shardscribe.pipeline.output import SIDECAR_DIR, SUCCESS_NAME, SUMMARY_NAME, clear_output
+from shardscribe.pipeline.records import OUTPUT_SCHEMA, table
 
 IDS = ["train.wav", "test", "validation-1.wav", "dir/clip.flac", "bad.wav"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.decoding.ssd.pack_gate_policy import PackGatePolicy
+from shardscribe.pipeline.decoding.ssd.pack_gate_policy import PackGatePolicy
 
 
 def test_the_prior_packs_the_first_batch_and_a_batch_of_one_is_never_packed():

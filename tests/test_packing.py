@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import ConfigError, load_config
-from pipeline.metrics import corpus_cer
-from pipeline.packing import pack_signals, plan_windows
+from shardscribe.pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.metrics import corpus_cer
+from shardscribe.pipeline.packing import pack_signals, plan_windows
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -54,7 +54,7 @@ def test_packed_signals_hold_each_clip_at_its_place_scaled_to_the_window_level()
 
 @pytest.fixture(scope="module")
 def head_adapter(model_cache):
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
 
     torch.set_num_threads(1)
     return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
@@ -90,7 +90,7 @@ def test_isolated_packing_makes_a_clips_states_its_own(head_adapter, sample_audi
     the same beside other neighbours, in another place of the sequence; the shared-window
     layout of the same clips changes them (the reference that this would catch). Its
     accuracy: docs/ctc_greedy.md."""
-    from pipeline.packing import plan_sequences
+    from shardscribe.pipeline.packing import plan_sequences
 
     audios = [sample_audio[m["id"]] for m in sample_manifest][:4]
     clip, others = audios[0], audios[1:]
@@ -133,8 +133,8 @@ def test_encoder_micro_batches_give_the_whole_batch_states(head_adapter, sample_
 
 
 def test_encoder_micro_batch_defaults_to_two_on_cpu_and_is_validated(model_cache):
-    from pipeline.models import load_model
-    from pipeline.models.whisper import CPU_ENCODER_MICRO_BATCH
+    from shardscribe.pipeline.models import load_model
+    from shardscribe.pipeline.models.whisper import CPU_ENCODER_MICRO_BATCH
 
     assert load_config("ctc_greedy").model.encoder_micro_batch is None
     adapter = load_model(load_config("ctc_greedy", ["model.device=cpu", f"model.cache_dir={model_cache}"]).model)

@@ -13,13 +13,13 @@ import soundfile as sf
 import torch
 
 from conftest import ROOT
-from pipeline.output import SUMMARY_NAME
+from shardscribe.pipeline.output import SUMMARY_NAME
 
 
 @pytest.fixture(scope="module")
 def varied_manifest(tmp_path_factory, samples_dir, sample_manifest):
     """Bundled clips plus noisy copies, so drafts range from confident to doubtful."""
-    from pipeline.audio import decode_audio
+    from shardscribe.pipeline.audio import decode_audio
 
     root = tmp_path_factory.mktemp("varied")
     rng = np.random.default_rng(0)
@@ -47,8 +47,8 @@ def _midpoint_between(values, q):
 
 
 def test_ssd_two_pool_ray_plan_takes_all_three_stages(ssd_adapter, varied_manifest, tmp_path, model_cache):
-    from pipeline.audio import decode_audio
-    from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
+    from shardscribe.pipeline.audio import decode_audio
+    from shardscribe.pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
 
     manifest, lines = varied_manifest
     audios = [decode_audio(open(x["audio"], "rb").read())[0] for x in lines]
@@ -71,7 +71,7 @@ def test_ssd_two_pool_ray_plan_takes_all_three_stages(ssd_adapter, varied_manife
 
     dst = tmp_path / "ssd"
     proc = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(manifest), "--output", str(dst),
+        [sys.executable, "-m", "shardscribe.jobs.cli", "transcribe", "--input", str(manifest), "--output", str(dst),
          "--config", "ssd", "--set", f"ssd.tau_ctc={tau_ctc}", "--set", f"ssd.tau_slm={tau_slm}",
          "--set", f"model.cache_dir={model_cache}", "--set", "batching.recordings_per_batch=4",
          "--set", "model.encoder_dtype=float32", "--set", "model.quantize=none",  # ssd_adapter's model,
@@ -92,9 +92,9 @@ def test_ssd_two_pool_ray_plan_takes_all_three_stages(ssd_adapter, varied_manife
 
 
 def test_ctc_greedy_and_beam_configs_run_in_process(ssd_adapter, samples_dir, tmp_path, model_cache):
-    from pipeline.config import load_config
-    from actors.local_runner import run_local
-    from pipeline.sources import read_source
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.actors.local_runner import run_local
+    from shardscribe.pipeline.sources import read_source
 
     rows = read_source(str(samples_dir / "samples.jsonl"))
     cache = f"model.cache_dir={model_cache}"
@@ -120,13 +120,13 @@ def test_ssd_fallback_starts_from_the_verification_cache_in_and_across_processes
     the rows of reuse off, and so does that pool with greedy speculative rounds
     (ssd.lookahead) over the drafts that travel in the rows, and behind a packed gate that
     gates nothing (ssd.pack_gate with tau_ctc 0)."""
-    from actors.audio_prep import AudioPrep
-    from actors.finisher import Finisher
-    from actors.transcriber import Transcriber
-    from pipeline.config import load_config
-    from pipeline.decoders.ssd.stages import SSDPending
-    from pipeline.records import INPUT_SCHEMA, table
-    from pipeline.sources import read_source
+    from shardscribe.actors.audio_prep import AudioPrep
+    from shardscribe.actors.finisher import Finisher
+    from shardscribe.actors.transcriber import Transcriber
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.kinds.ssd.stages import SSDPending
+    from shardscribe.pipeline.records import INPUT_SCHEMA, table
+    from shardscribe.pipeline.sources import read_source
 
     manifest, lines = varied_manifest
     rows = read_source(str(manifest))[:9]
@@ -180,8 +180,8 @@ def test_per_row_key_phrases_reach_the_beam_pool(samples_dir, tmp_path, model_ca
     """A row's own key phrases cross from the model pool to the beam pool with its pending
     segments (they used to be dropped there): the same clip, boosted in one row only, is
     spelt as the phrase in that row alone."""
-    from actors.local_runner import run_local
-    from pipeline.config import load_config
+    from shardscribe.actors.local_runner import run_local
+    from shardscribe.pipeline.config import load_config
 
     clip = str(samples_dir / "fox_flite_slt.flac")
     phrase = "quick brown fox jumps over the lazy dog"

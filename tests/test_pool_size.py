@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors.pool_size import plan_pool
-from pipeline.config import load_config
-from pipeline.config_values import ConfigError
+from shardscribe.actors.pool_size import plan_pool
+from shardscribe.pipeline.config import load_config
+from shardscribe.pipeline.config_values import ConfigError
 
 
 def _nodes(*shapes):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipeline.prefetch import prefetched
+from shardscribe.pipeline.prefetch import prefetched
 
 
 def test_order_and_exactly_once():
@@ -73,10 +73,10 @@ def test_closing_the_consumer_stops_the_producer():
 @pytest.mark.slow
 def test_local_runner_writes_each_row_once_with_a_bad_file(tmp_path, samples_dir, sample_manifest, model_cache):
     """Batches of 2 prepared ahead: 7 rows in, 7 out, the unreadable one an error row."""
-    from actors.local_runner import run_local
-    from pipeline.config import load_config
-    from pipeline.output import read_output
-    from pipeline.sources import read_source
+    from shardscribe.actors.local_runner import run_local
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.output import read_output
+    from shardscribe.pipeline.sources import read_source
 
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"RIFF not audio at all")

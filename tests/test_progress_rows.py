@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import sample_copies
-from pipeline.batching import slow_start
+from shardscribe.pipeline.batching import slow_start
 
 
 @pytest.mark.parametrize("first, full, sizes", [
@@ -22,7 +22,7 @@ def test_the_slow_start_is_a_few_growing_batches_of_the_first_full_one(first, fu
 
 
 def test_input_batches_grow_and_keep_every_row_in_order(tmp_path):
-    from pipeline.sources import input_batches, open_source, scan
+    from shardscribe.pipeline.sources import input_batches, open_source, scan
 
     rows = [{"id": f"r{i}", "audio": f"/nowhere/r{i}.flac"} for i in range(40)]
     batches = list(input_batches(rows, 16, first_batch=1))
@@ -41,7 +41,7 @@ def test_input_batches_grow_and_keep_every_row_in_order(tmp_path):
 def _job(tmp_path, runner: str, overrides: list[str], with_summary: bool = False) -> tuple:
     """A job over 16 copies of the bundled samples, batching.recordings_per_batch=16; its
     progress reports with the time each came, and the time it started."""
-    from actors.job import JobSpec, run_job
+    from shardscribe.actors.job import JobSpec, run_job
 
     clips = tmp_path / "clips"
     clips.mkdir()

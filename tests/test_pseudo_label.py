@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from pipeline import output
-from pipeline import pseudo_label as pl
+from shardscribe.pipeline import output
+from shardscribe.pipeline import pseudo_label as pl
 
 
 def _stats(*rows):
@@ -135,7 +135,7 @@ def test_curve_and_reliability_by_hand(tmp_path):
 
 
 def test_cli_checks_the_rule_before_running(capsys):
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     for bad in (["--min-confidence", "1.5"], ["--keep-fraction", "0"],
                 ["--min-confidence", "0.5", "--keep-fraction", "0.5"]):
@@ -149,7 +149,7 @@ def test_cli_checks_the_rule_before_running(capsys):
 def job(tmp_path_factory, samples_dir, sample_manifest, model_cache):
     """One pseudo-label job over three samples, a NeMo span of a fourth, silence and broken
     files (the set of tests/test_broken_inputs.py, a missing file among them)."""
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     root = tmp_path_factory.mktemp("plabel")
     by_id = {m["id"]: m for m in sample_manifest}
@@ -260,8 +260,8 @@ def test_export_streams_an_output_folder_written_by_hand(tmp_path, capsys):
 
     import pyarrow as pa
 
-    from jobs.pseudo_label import export
-    from pipeline.records import OUTPUT_SCHEMA, table
+    from shardscribe.jobs.pseudo_label import export
+    from shardscribe.pipeline.records import OUTPUT_SCHEMA, table
 
     def row(rid, audio, conf=0.9, offset=None, error=None, reasons=()):
         seg = {"start": 0.5, "end": 1.5, "text": "hello there", "error": None, "filter_reasons": list(reasons),

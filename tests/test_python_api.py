@@ -52,7 +52,7 @@ def test_the_readme_python_example_runs_as_written(tmp_path, model_cache):
 
 
 def test_a_bad_config_raises_job_error_and_writes_nothing(tmp_path):
-    from jobs.api import JobError, transcribe
+    from shardscribe.jobs.api import JobError, transcribe
 
     dst = tmp_path / "out"
     with pytest.raises(JobError, match=r"decoder\.max_new_tokenz: unknown key") as info:
@@ -67,7 +67,7 @@ def test_a_bad_config_raises_job_error_and_writes_nothing(tmp_path):
 def test_the_facade_transcribes_as_the_cli_with_the_same_set(tmp_path, model_cache):
     """runner="local" and decoder.max_new_tokens as a keyword: the same config (hash) and
     the same texts as a separate `shardscribe transcribe --set` process."""
-    from jobs.api import transcribe
+    from shardscribe.jobs.api import transcribe
 
     lines = (SAMPLES / "samples.jsonl").read_text().splitlines()[:3]
     manifest = tmp_path / "m.jsonl"
@@ -77,7 +77,7 @@ def test_the_facade_transcribes_as_the_cli_with_the_same_set(tmp_path, model_cac
     api_out, cli_out = tmp_path / "api", tmp_path / "cli"
     summary = transcribe(str(manifest), str(api_out), config="ar", runner="local",
                          set={"model.cache_dir": str(model_cache)}, decoder__max_new_tokens=6)
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(manifest), "--output",
+    proc = subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "transcribe", "--input", str(manifest), "--output",
                            str(cli_out), "--config", "ar", "--runner", "local",
                            *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -100,7 +100,7 @@ AUDIT = {"decoder.kind": "audit", "model.device": "cpu"}    # every step of a jo
 def test_run_job_reports_through_its_callbacks(tmp_path):
     """actors.job.run_job with a callable for its lines and one for its progress: no
     console of the command line's, the summary returned is summary.json's."""
-    from actors.job import JobProgress, JobSpec, run_job
+    from shardscribe.actors.job import JobProgress, JobSpec, run_job
 
     lines, progress = [], []
     dst = tmp_path / "out"
@@ -117,7 +117,7 @@ def test_run_job_reports_through_its_callbacks(tmp_path):
 
 
 def test_the_pseudo_label_facade_runs_the_job_and_the_exports(tmp_path):
-    from jobs.api import JobError, pseudo_label
+    from shardscribe.jobs.api import JobError, pseudo_label
 
     pytest.importorskip("matplotlib")
     dst = tmp_path / "out"

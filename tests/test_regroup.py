@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pipeline.regroup import joined_blocks
+from shardscribe.pipeline.regroup import joined_blocks
 
 
 def _blocks(sizes: list[int]) -> list[tuple[int, pa.Table]]:
@@ -59,10 +59,10 @@ def test_a_long_recordings_piece_is_not_held_for_company():
 
 @pytest.mark.slow
 def test_joined_blocks_keep_each_recordings_text(tmp_path, samples_dir, sample_manifest, model_cache, monkeypatch):
-    import actors.local_runner as local_runner
-    from pipeline.config import load_config
-    from pipeline.output import read_output
-    from pipeline.sources import read_source
+    import shardscribe.actors.local_runner as local_runner
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.output import read_output
+    from shardscribe.pipeline.sources import read_source
 
     rows = read_source(str(samples_dir / "samples.jsonl"))[:5]
     cfg = load_config("ctc_greedy", [f"model.cache_dir={model_cache}", "batching.recordings_per_batch=1",

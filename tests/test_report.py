@@ -14,10 +14,10 @@ import jiwer
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.cli import main
-from pipeline.output import SIDECAR_DIR
-from pipeline.records import OUTPUT_SCHEMA, table
-from pipeline.report_plots import duration_text, spread_finishes
+from shardscribe.jobs.cli import main
+from shardscribe.pipeline.output import SIDECAR_DIR
+from shardscribe.pipeline.records import OUTPUT_SCHEMA, table
+from shardscribe.pipeline.report_plots import duration_text, spread_finishes
 
 VOCAB = "the pump valve tank was checked drained cleaned before after lunch".split()
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -180,7 +180,7 @@ def test_report_of_an_output_on_an_s3_compatible_store(s3_endpoint, capsys):
     `report` takes the job's --config/--set like the job did."""
     import fsspec
 
-    from pipeline.output import write_part
+    from shardscribe.pipeline.output import write_part
 
     options = {"endpoint_url": s3_endpoint}
     fs = fsspec.filesystem("s3", skip_instance_cache=True, **options)

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from pipeline.decoders.base import PENDING, SegmentResult
-from pipeline.segment_runner import complete_pending, decode_segments
+from shardscribe.pipeline.kinds.base import PENDING, SegmentResult
+from shardscribe.pipeline.segment_runner import complete_pending, decode_segments
 
 
 class Fragile:

@@ -1,4 +1,4 @@
-"""The screened argmax (pipeline.decoding.screened_argmax), bfloat16 and int8, against the
+"""The screened argmax (pipeline.models.screened_argmax), bfloat16 and int8, against the
 float32 product's argmax: on near-ties that the low precision alone gets wrong, on
 heavy-tailed hidden rows like Whisper's (the int8 radius must hold there and still rule
 out nearly every token), with suppressed tokens, and inside greedy decoding of the
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.decoding import screened_argmax
-from pipeline.decoding.screened_argmax import INT8_ENGINES, Int8ScreenedArgmax, ScreenedArgmax
+from shardscribe.pipeline.models import screened_argmax
+from shardscribe.pipeline.models.screened_argmax import INT8_ENGINES, Int8ScreenedArgmax, ScreenedArgmax
 
 
 needs_fbgemm = pytest.mark.skipif(torch.backends.quantized.engine not in INT8_ENGINES,
@@ -136,7 +136,7 @@ def test_float32_weights_only(screen):
 
 @pytest.mark.parametrize("kind", [pytest.param(ScreenedArgmax, id="bfloat16"), INT8])
 def test_greedy_decoding_with_the_screen_equals_the_full_logits(whisper_adapter, sample_audio, kind):
-    from pipeline.decoding.ar_greedy import greedy_decode
+    from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
 
     adapter = whisper_adapter
     screen = kind(adapter.model.proj_out.weight, adapter.suppress_mask)
@@ -160,8 +160,8 @@ def test_greedy_decoding_with_the_screen_equals_the_full_logits(whisper_adapter,
 
 
 def test_the_screen_is_built_on_first_use_chosen_by_the_cpu_and_switched_off_by_config(monkeypatch, model_cache):
-    from pipeline import device
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline import device
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
 
     monkeypatch.setattr(device, "cpu_bf16_native", lambda: True)
     on = load_whisper_adapter("embedded", cache_dir=model_cache)

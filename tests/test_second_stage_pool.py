@@ -9,7 +9,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.pending_pool import PendingPool, SecondStageStats
+from shardscribe.pipeline.pending_pool import PendingPool, SecondStageStats
 
 
 class Clock:
@@ -95,8 +95,8 @@ def test_stats_count_calls_segments_waits_and_the_budget_share():
 
 
 def test_second_stage_keys_do_not_enter_the_config_hash():
-    from pipeline.config import config_hash, load_config
-    from pipeline.config_values import ConfigError
+    from shardscribe.pipeline.config import config_hash, load_config
+    from shardscribe.pipeline.config_values import ConfigError
 
     base = load_config("ssd")
     other = load_config("ssd", ["second_stage.pooled=false", "second_stage.max_wait_s=1",
@@ -120,7 +120,7 @@ BUDGET_SEGMENTS = 4
 
 
 def _manifest(samples_dir, tmp_path, copies: int = 2):
-    from pipeline.sources import read_source
+    from shardscribe.pipeline.sources import read_source
 
     lines = [json.loads(x) for x in (samples_dir / "samples.jsonl").read_text().splitlines()]
     path = tmp_path / "mixed.jsonl"
@@ -148,9 +148,9 @@ def test_pooled_and_unpooled_transcripts_and_batches_in_both_runners(samples_dir
     unpooled calls get one block's rejected rows, pooled calls fill the budget."""
     import ray
 
-    from actors.local_runner import build_stages, run_local
-    from actors.plan import init_ray, run_ray
-    from pipeline.config import load_config
+    from shardscribe.actors.local_runner import build_stages, run_local
+    from shardscribe.actors.plan import init_ray, run_ray
+    from shardscribe.pipeline.config import load_config
 
     rows = _manifest(samples_dir, tmp_path)
     cache = f"model.cache_dir={model_cache}"
@@ -184,7 +184,7 @@ def test_pooled_and_unpooled_transcripts_and_batches_in_both_runners(samples_dir
 
 
 def test_the_closing_table_shows_the_second_stage_mean_batch():
-    from jobs.console import summary_table
+    from shardscribe.jobs.console import summary_table
 
     summary = {"rows_in": 2, "rows_out": 2, "errors": 0, "stages": {}, "audio_seconds": 1.0, "wall_seconds": 1.0,
                "second_stage": {"calls": 3, "segments": 40, "mean_segments_per_call": 13.333,
@@ -203,8 +203,8 @@ def toy_two_stage():
     import sys
     from pathlib import Path
 
-    from pipeline.decoders import DECODER_KINDS
-    from pipeline.models import FAMILIES
+    from shardscribe.pipeline.kinds import DECODER_KINDS
+    from shardscribe.pipeline.models import FAMILIES
 
     sys.path.insert(0, str(Path(__file__).resolve().parent / "faults"))
     import fault_toy
@@ -222,8 +222,8 @@ def toy_two_stage():
 def test_the_local_buffer_is_bounded_and_drops_nothing(toy_two_stage, samples_dir, tmp_path, extra, trigger):
     """A budget the pool never fills: the bound (or a wait of 0) empties the buffer
     before the next batch is read; every row comes out once, the pending ones finished."""
-    from actors.local_runner import run_local
-    from pipeline.config import load_config
+    from shardscribe.actors.local_runner import run_local
+    from shardscribe.pipeline.config import load_config
 
     rows = _manifest(samples_dir, tmp_path, copies=3)
     cfg = load_config("ar", ["decoder.kind=fault_toy2", "model.family=fault_family", "batching.recordings_per_batch=2",

@@ -4,8 +4,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.batching import pack_by_budget
-from pipeline.segment import Segment, pack_spans
+from shardscribe.pipeline.batching import pack_by_budget
+from shardscribe.pipeline.segment import Segment, pack_spans
 
 
 @st.composite

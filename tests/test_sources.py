@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.sources import SourceError, read_bytes, read_source
+from shardscribe.pipeline.sources import SourceError, read_bytes, read_source
 
 
 def test_folder_and_glob(samples_dir):
@@ -139,7 +139,7 @@ def test_tables_in_split_folders_get_distinct_ids(tmp_path, samples_dir):
 def test_a_lone_surrogate_in_a_manifest_is_refused_naming_the_line(tmp_path):
     """JSON can escape a lone UTF-16 surrogate, which no Arrow string or Parquet output can
     hold: the scan refuses the line instead of raising UnicodeEncodeError."""
-    from pipeline.sources import open_source, scan
+    from shardscribe.pipeline.sources import open_source, scan
 
     man = tmp_path / "m.jsonl"
     for line in ('{"id": "x\\ud800", "audio": "a.wav"}', '{"audio": "a.wav", "text": "t\\udcff"}',

@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 
 from conftest import ROOT, ray_job_rows
-from pipeline.sources import SourceError, iter_input_batches, open_source, read_source, scan
+from shardscribe.pipeline.sources import SourceError, iter_input_batches, open_source, read_source, scan
 
 
 def tone(seconds: float, rate: int = 16000, channels: int = 1, fmt: str = "WAV", seed: int | None = None) -> bytes:
@@ -33,7 +33,7 @@ def tone(seconds: float, rate: int = 16000, channels: int = 1, fmt: str = "WAV",
 
 
 def test_nemo_spans_are_their_own_recordings(tmp_path):
-    from pipeline.prepare import prepare_row
+    from shardscribe.pipeline.prepare import prepare_row
 
     (tmp_path / "long.wav").write_bytes(tone(10.0, rate=22050, channels=2))
     lines = [{"audio_filepath": "long.wav", "offset": 0, "duration": 2.5, "text": "a"},
@@ -51,9 +51,9 @@ def test_nemo_spans_are_their_own_recordings(tmp_path):
     assert "past the end" in prepare_row(rows[3], segmenter=lambda a: [])["error"]
     # Each output row says where its span starts in the file (NeMo's offset), so the Parquet
     # and the NeMo manifest written from it point at the right audio.
-    from actors.local_runner import run_local
-    from pipeline.config import load_config
-    from pipeline.formats import format_file, write_formats
+    from shardscribe.actors.local_runner import run_local
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.formats import format_file, write_formats
 
     dst = tmp_path / "out"
     run_local(rows, load_config("ar", ["decoder.kind=audit"]), str(dst), progress=False)
@@ -126,7 +126,7 @@ def test_duplicate_span_ids_fail_before_any_worker(tmp_path):
 def test_a_table_through_the_ray_plan_with_a_resume(tmp_path):
     """Inline audio in two Parquet files, read by Ray tasks, under the audit kind; ids
     already done are left out. Reference durations: the encoder's own lengths."""
-    from pipeline.config import load_config
+    from shardscribe.pipeline.config import load_config
 
     lengths = [0.5 + 0.25 * i for i in range(9)]
     for f, part in (("a", lengths[:5]), ("b", lengths[5:])):
@@ -153,8 +153,8 @@ GROWTH = """
 import json, sys, threading, time, tracemalloc
 import pyarrow as pa
 import torch
-from pipeline.segment import VadSegmenter
-from jobs.cli import main
+from shardscribe.pipeline.segment import VadSegmenter
+from shardscribe.jobs.cli import main
 VadSegmenter()
 tracemalloc.start()
 base_py, base_arrow, peak_arrow, done = tracemalloc.get_traced_memory()[0], pa.total_allocated_bytes(), [0], []
@@ -202,7 +202,7 @@ def test_driver_memory_does_not_grow_with_the_rows(tmp_path):
 def test_validate_reports_only_its_own_source(tmp_path, capsys):
     """One --output audited twice, for two sources: the second report holds the second
     source alone, and an audit (no transcript) prints no WER."""
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     (tmp_path / "bad.wav").write_bytes(b"not audio at all")
     (tmp_path / "good.wav").write_bytes(tone(1.0, seed=1))

@@ -6,12 +6,12 @@ import math
 import pytest
 import torch
 
-from pipeline.decoding.ar_greedy import greedy_decode
-from pipeline.decoding.ssd.decoder import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
+from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
+from shardscribe.pipeline.decoding.ssd.decoder import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
 from ar_reference import next_token_probs, uncached_greedy
-from pipeline.decoders.ctc_greedy.stage import CTCGreedySegmentDecoder
-from pipeline.decoders.ssd.stages import SSDFirstPassDecoder
-from pipeline.decoding.ssd.verify import verify_drafts
+from shardscribe.pipeline.kinds.ctc_greedy.stage import CTCGreedySegmentDecoder
+from shardscribe.pipeline.kinds.ssd.stages import SSDFirstPassDecoder
+from shardscribe.pipeline.decoding.ssd.verify import verify_drafts
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def _texts(adapter, full):
 @pytest.fixture(scope="module")
 def ctc_adapter(model_cache):
     """Whisper with the embedded CTC head (the drafts come from it)."""
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
 
     return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
 
@@ -244,8 +244,8 @@ def test_greedy_verify_rule_accepts_ars_own_text_whatever_its_probabilities(whis
 
 
 def test_greedy_verify_rule_refuses_gates_that_accept_other_text():
-    from pipeline.config import load_config
-    from pipeline.config_values import ConfigError
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.config_values import ConfigError
 
     assert load_config(None, ["ssd.verify_rule=greedy"]).ssd.verify_rule == "greedy"
     for extra in ("ssd.max_draft_error=0.1", "ssd.pack_gate=true", "ssd.lookahead_rule=tau_slm"):
@@ -303,7 +303,7 @@ def _fallback_rows(adapter, enc, drafts, reuse_kv, drop_cross=False):
 def test_verification_seed_equals_prefill_over_prompt_and_prefix(whisper_adapter, encoded):
     """The cropped verification cache is the cache a prefill over prompt + prefix builds,
     and its next token is the one greedy decoding picks first after that prefix."""
-    from pipeline.decoding.ar_greedy import seeds_from_cache
+    from shardscribe.pipeline.decoding.ar.greedy import seeds_from_cache
 
     enc, full = encoded
     drafts = [f[:min(len(f), 4)] + [whisper_adapter.tokenize("zebra")[0]] for f in full]
@@ -358,7 +358,7 @@ def test_fallback_from_reused_cache_is_exact(whisper_adapter, encoded, single):
 
 
 def test_seeded_decode_rejects_mismatched_seeds(whisper_adapter, encoded):
-    from pipeline.decoding.ar_greedy import DecodeSeed
+    from shardscribe.pipeline.decoding.ar.greedy import DecodeSeed
 
     enc, _ = encoded
     kv = [(torch.zeros(6, 5, 64), torch.zeros(6, 5, 64))] * 4
@@ -389,7 +389,7 @@ def test_verify_max_entropy_sends_uncertain_rows_straight_to_ar(whisper_adapter,
 
 
 def test_ssd_config_keys_are_validated():
-    from pipeline.config import ConfigError, load_config
+    from shardscribe.pipeline.config import ConfigError, load_config
 
     cfg = load_config("ssd")
     assert cfg.ssd.reuse_kv is True and cfg.ssd.verify_max_entropy is None

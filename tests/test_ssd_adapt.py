@@ -27,10 +27,10 @@ def _rows(dst) -> dict[str, dict]:
 
 
 def _draft_cer(adapter, audios, texts, head_dir) -> float:
-    from pipeline.metrics import corpus_cer
-    from pipeline.models.whisper.ctc_head import load_ctc_head
+    from shardscribe.pipeline.metrics import corpus_cer
+    from shardscribe.pipeline.models.whisper.ctc_head import load_ctc_head
 
-    from pipeline.text import charset
+    from shardscribe.pipeline.text import charset
 
     saved = adapter.ctc_head, adapter.ctc_decode
     try:
@@ -44,9 +44,9 @@ def _draft_cer(adapter, audios, texts, head_dir) -> float:
 @pytest.mark.slow
 def test_the_first_slice_is_ar_then_a_head_fitted_on_it_drafts(samples_dir, sample_audio, tmp_path, model_cache,
                                                                 whisper_adapter):
-    from jobs.api import transcribe
+    from shardscribe.jobs.api import transcribe
 
-    from pipeline.models.whisper.ctc_head import embedded_head_dir
+    from shardscribe.pipeline.models.whisper.ctc_head import embedded_head_dir
 
     manifest = _manifest(samples_dir, tmp_path, copies=2)
     common = {**COMMON, "model.cache_dir": str(model_cache)}
@@ -91,8 +91,8 @@ def test_the_first_slice_is_ar_then_a_head_fitted_on_it_drafts(samples_dir, samp
 
 
 def test_adapt_is_refused_for_a_family_without_the_whisper_head():
-    from pipeline.config import ConfigError, load_config
-    from pipeline.decoders import decoder_kind
+    from shardscribe.pipeline.config import ConfigError, load_config
+    from shardscribe.pipeline.kinds import decoder_kind
 
     granite = ["model.family=granite_speech", "model.source=/nonexistent", 'model.ctc_vocab=["<b>", "a"]']
     decoder_kind("ssd").check(load_config("ssd", granite))          # its own CTC drafts: fine
@@ -101,7 +101,7 @@ def test_adapt_is_refused_for_a_family_without_the_whisper_head():
 
 
 def test_adapt_keys_are_validated_and_hashed_only_when_set():
-    from pipeline.config import ConfigError, config_hash, load_config
+    from shardscribe.pipeline.config import ConfigError, config_hash, load_config
 
     with pytest.raises(ConfigError, match="ssd.adapt_epochs"):
         load_config("ssd", ["ssd.adapt_epochs=0"])

@@ -8,7 +8,7 @@ import json
 
 
 def test_quick_ssd_bench_runs_end_to_end_with_the_contract_keys(tmp_path, capsys, model_cache):
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     out = tmp_path / "ssd.json"
     assert main(["bench", "ssd", "--quick", "--sweep", "0.3,6.0", "--lookahead", "4", "--threads", "1",

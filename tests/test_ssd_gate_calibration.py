@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.config import ConfigError, load_config
-from pipeline.decoding.ssd.gate_calibration import GateCalibration
+from shardscribe.pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.decoding.ssd.gate_calibration import GateCalibration
 
 
 def p_wrong(h):
@@ -88,7 +88,7 @@ def test_on_real_clips_the_gate_learns_from_verification(ssd_adapter, audios):
     0.1 (docs/ssd.md): the calibrated gate must stay shut and decode exactly as a gate
     that accepts nothing. With tau_slm 0 verification accepts every draft: the gate must
     open on that evidence, and what it accepts is the CTC draft."""
-    from pipeline.decoders.ssd.stages import SSDFallback, SSDFirstPassDecoder
+    from shardscribe.pipeline.kinds.ssd.stages import SSDFallback, SSDFirstPassDecoder
 
     adapter = ssd_adapter
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import ConfigError, load_config
-from pipeline.models.whisper.adapter import WhisperAdapter
+from shardscribe.pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.models.whisper.adapter import WhisperAdapter
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +29,13 @@ def audios(sample_audio, sample_manifest):
 
 
 def _decoder(adapter, tau_ctc, tau_slm, pack_gate=True):
-    from pipeline.decoders.ssd.stages import SSDFirstPassDecoder
+    from shardscribe.pipeline.kinds.ssd.stages import SSDFirstPassDecoder
 
     return SSDFirstPassDecoder(adapter, tau_ctc, tau_slm, pack_gate=pack_gate)
 
 
 def _finish(dec, results):
-    from pipeline.decoders.ssd.stages import SSDFallback
+    from shardscribe.pipeline.kinds.ssd.stages import SSDFallback
 
     pending = [r for r in results if r.stage == "pending"]
     if pending:
@@ -62,7 +62,7 @@ def test_infinite_tau_ctc_gives_the_packed_ctc_greedy_text(adapter, audios):
 
 
 def test_zero_tau_ctc_and_unit_tau_slm_give_full_ar(adapter, audios):
-    from pipeline.decoders.ar.stage import ARSegmentDecoder
+    from shardscribe.pipeline.kinds.ar.stage import ARSegmentDecoder
 
     ar = ARSegmentDecoder(adapter).decode(audios)
     dec = _decoder(adapter, 0.0, 1.0)
@@ -73,7 +73,7 @@ def test_zero_tau_ctc_and_unit_tau_slm_give_full_ar(adapter, audios):
 
 
 def test_rows_the_packed_gate_rejects_are_decoded_as_unpacked_ssd_decodes_them(adapter, audios):
-    from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
+    from shardscribe.pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
 
     packed_entropy = [r.max_entropy for r in _decoder(adapter, float("inf"), 0.1).decode(audios)]
     tau_ctc = sorted(packed_entropy)[len(audios) // 2]   # gates the clips below the median
@@ -96,9 +96,9 @@ def test_rows_the_packed_gate_rejects_are_decoded_as_unpacked_ssd_decodes_them(a
 
 
 def test_clips_longer_than_a_third_of_the_window_skip_the_packed_gate(adapter, audios):
-    from pipeline.decoders.ar.stage import ARSegmentDecoder
-    from pipeline.decoders.ctc_greedy.stage import CTCGreedySegmentDecoder
-    from pipeline.decoders.ssd.stages import SSDFirstPassDecoder
+    from shardscribe.pipeline.kinds.ar.stage import ARSegmentDecoder
+    from shardscribe.pipeline.kinds.ctc_greedy.stage import CTCGreedySegmentDecoder
+    from shardscribe.pipeline.kinds.ssd.stages import SSDFirstPassDecoder
 
     gap = np.zeros(8000, np.float32)
     long_clip = np.concatenate([audios[0], gap, audios[1], gap, audios[2]])
@@ -137,7 +137,7 @@ def test_pack_gate_config_comes_from_the_preset_and_is_validated():
 
 
 def test_the_registry_builds_the_adaptive_policy_only_where_the_gate_packs(adapter):
-    from pipeline.decoders import decoder_kind
+    from shardscribe.pipeline.kinds import decoder_kind
 
     def policy(*overrides):
         return decoder_kind("ssd").build_first_stage(adapter, load_config("ssd", list(overrides))).pack_policy
@@ -151,7 +151,7 @@ def test_the_registry_builds_the_adaptive_policy_only_where_the_gate_packs(adapt
 
 
 def test_pack_gate_needs_an_adapter_that_packs():
-    from pipeline.decoders.ssd.stages import SSDFirstPassDecoder
+    from shardscribe.pipeline.kinds.ssd.stages import SSDFirstPassDecoder
 
     class NoPacking:
         capabilities = frozenset({"ctc", "attention_decoder"})
@@ -174,7 +174,7 @@ def _count_packed_encodes(adapter, monkeypatch) -> list[int]:
 
 
 def test_the_adaptive_packed_gate_stops_packing_when_nothing_passes(adapter, audios, monkeypatch):
-    from pipeline.decoding.ssd.pack_gate_policy import PackGatePolicy
+    from shardscribe.pipeline.decoding.ssd.pack_gate_policy import PackGatePolicy
 
     calls = _count_packed_encodes(adapter, monkeypatch)
     windows = 1 + max(p.window for p in adapter.plan_packing([len(a) for a in audios]))
@@ -196,7 +196,7 @@ def test_the_adaptive_packed_gate_stops_packing_when_nothing_passes(adapter, aud
 
 
 def test_the_adaptive_packed_gate_keeps_packing_while_drafts_pass(adapter, audios, monkeypatch):
-    from pipeline.decoding.ssd.pack_gate_policy import PackGatePolicy
+    from shardscribe.pipeline.decoding.ssd.pack_gate_policy import PackGatePolicy
 
     calls = _count_packed_encodes(adapter, monkeypatch)
     dec = _decoder(adapter, float("inf"), 0.1)

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.config import ConfigError, load_config
-from pipeline.decoding.ssd.packed_verify import joined_transcript, verify_packed_drafts
+from shardscribe.pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.decoding.ssd.packed_verify import joined_transcript, verify_packed_drafts
 
 
 @pytest.fixture(scope="module")
 def adapter(model_cache):
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
 
     torch.set_num_threads(1)
     return load_whisper_adapter("embedded", cache_dir=model_cache, ctc_head="embedded")
@@ -24,7 +24,7 @@ def adapter(model_cache):
 def packed(adapter, sample_audio, sample_manifest):
     """Packed windows of the bundled clips, each window's clips in order, and drafts: the
     solo AR tokens (mostly accepted) for even clips, the packed CTC drafts for odd ones."""
-    from pipeline.decoding.ar_greedy import greedy_decode
+    from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
 
     audios = [sample_audio[m["id"]] for m in sample_manifest]
     enc = adapter.encode_packed(audios, keep_windows=True)
@@ -112,7 +112,7 @@ def test_joined_transcript_leaves_out_the_clips_that_do_not_fit():
 
 
 def _decode(adapter, audios, tau_ctc, gate_verify_tau, pack_gate=True):
-    from pipeline.decoders.ssd.stages import SSDFallback, SSDFirstPassDecoder
+    from shardscribe.pipeline.kinds.ssd.stages import SSDFallback, SSDFirstPassDecoder
 
     dec = SSDFirstPassDecoder(adapter, tau_ctc, 0.1, pack_gate=pack_gate, gate_verify_tau=gate_verify_tau)
     fallback = SSDFallback(dec.ssd, dec.share_seeds())
@@ -152,8 +152,8 @@ def test_unpacked_gate_verification_is_eq5_at_its_tau_then_the_usual_ssd(adapter
     """Without packing, a gated draft stays final exactly when eq. 5 at gate_verify_tau
     accepts it (on its own window); every other row is decoded as the plain SSD decoder
     decodes a row its gate rejected."""
-    from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
-    from pipeline.decoding.ssd.verify import verify_drafts
+    from shardscribe.pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
+    from shardscribe.pipeline.decoding.ssd.verify import verify_drafts
 
     audios = packed[0]
     enc = adapter.encode(audios)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from pipeline.training.tdt_loss import tdt_loss
+from shardscribe.pipeline.training.tdt_loss import tdt_loss
 
 
 @pytest.mark.parametrize("blank,durations", [(0, [0, 1, 2, 3, 4]), (0, [0, 1, 2]), (6, [0, 1, 2, 3]), (6, [0, 2, 4])])

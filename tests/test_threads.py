@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.device import torch_threads, worker_threads
+from shardscribe.pipeline.device import torch_threads, worker_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,11 +44,11 @@ def test_building_the_vad_keeps_the_process_thread_count():
 
 
 def test_in_process_stages_each_run_on_their_own_thread_count(monkeypatch, samples_dir, tmp_path, model_cache):
-    import actors.audio_prep as audio_prep
-    import actors.transcriber as transcriber
-    from actors.local_runner import run_local
-    from pipeline.config import load_config
-    from pipeline.sources import read_source
+    import shardscribe.actors.audio_prep as audio_prep
+    import shardscribe.actors.transcriber as transcriber
+    from shardscribe.actors.local_runner import run_local
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.sources import read_source
 
     seen = {"prep": set(), "model": set()}
 

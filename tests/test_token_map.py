@@ -14,13 +14,13 @@ from collections import Counter
 import pytest
 import torch
 
-from pipeline.config import ConfigError, load_config
-from pipeline.decoding.ar_greedy import greedy_decode
-from pipeline.decoding.drafters import TokenMapDrafter
-from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
-from pipeline.decoding.token_map import END, TokenMap, build_token_map
-from pipeline.decoding.token_map_replay import oracle, replay_drafting
-from pipeline.decoding.token_map_policy import DraftPolicy
+from shardscribe.pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
+from shardscribe.pipeline.decoding.drafting.drafters import TokenMapDrafter
+from shardscribe.pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
+from shardscribe.pipeline.decoding.drafting.token_map import END, TokenMap, build_token_map
+from shardscribe.pipeline.decoding.drafting.token_map_replay import oracle, replay_drafting
+from shardscribe.pipeline.decoding.drafting.token_map_policy import DraftPolicy
 from conftest import full_product_greedy
 from test_granite_adapter import MAX_NEW as GRANITE_MAX_NEW
 from test_granite_adapter import setup  # noqa: F401 - the tiny granite fixture
@@ -79,7 +79,7 @@ def test_min_share_prunes_rare_followers():
 
 
 def test_build_token_map_cli_writes_a_loadable_map(tmp_path):
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     text = tmp_path / "domain.txt"
     text.write_text("Replace the pump filter.\nReplace the pump belt.\nReplace the pump filter.\n\n")
@@ -88,7 +88,7 @@ def test_build_token_map_cli_writes_a_loadable_map(tmp_path):
                  "--output", str(out)]) == 0
     m = TokenMap.load(out)
     assert m.order == 2 and m.meta["sentences"] == 3
-    from pipeline.text.transcript_tokens import load_transcript_tokenizer
+    from shardscribe.pipeline.models.transcript_tokens import load_transcript_tokenizer
 
     ids = load_transcript_tokenizer("embedded").encode("Replace the pump filter.")
     assert m.candidates(ids[:2], 1, 16, eot=-7)[0] == ids[2:] + [-7]
@@ -134,8 +134,8 @@ def test_policy_drafts_first_stops_below_break_even_and_probes():
 def whisper_set(whisper_adapter, sample_audio, sample_manifest):
     """The bundled samples and held-out TTS speech (maintenance sentences and prose, voices
     the CTC head never heard), encoded; plain greedy tokens; texts to build maps from."""
-    from jobs.bench.data import heldout_voice_speech
-    from pipeline.training.tts.domain_text import domain_sentences
+    from shardscribe.jobs.bench.data import heldout_voice_speech
+    from shardscribe.pipeline.training.tts.domain_text import domain_sentences
 
     ad = whisper_adapter
     domain = domain_sentences(300, 5)
@@ -177,7 +177,7 @@ def test_random_and_oracle_maps_and_token_limits_on_whisper(whisper_set):
 
 @pytest.mark.parametrize("order,k,max_draft,batch,limit", [(2, 4, 6, 4, 224), (1, 2, 8, 5, 7)])
 def test_replay_predicts_the_decoders_passes_and_acceptance(whisper_set, order, k, max_draft, batch, limit):
-    """The replay (pipeline.decoding.token_map_replay) works from plain AR's tokens alone;
+    """The replay (pipeline.decoding.drafting.token_map_replay) works from plain AR's tokens alone;
     its pass and acceptance counts must be the ones the decoder's tree walk records,
     batch by batch, token limit included."""
     ad, states, plain, tokenised = whisper_set
@@ -248,7 +248,7 @@ def test_drafted_greedy_equals_plain_greedy_on_granite(setup):  # noqa: F811
 
 
 def test_ar_decoder_kind_drafts_from_the_configured_map(tmp_path, whisper_adapter, sample_audio):
-    from pipeline.decoders.ar.stage import build
+    from shardscribe.pipeline.kinds.ar.stage import build
 
     path = tmp_path / "m.safetensors"
     build_token_map([whisper_adapter.tokenize("The quick brown fox jumps over the lazy dog.")] * 2).save(path)
@@ -275,7 +275,7 @@ def test_bench_reports_the_replay_bounds_beside_the_measured_rows(tmp_path, caps
     """`bench token-map` on a few domain clips: every drafted row equals AR, and the bound
     rows order as they must (the right map's >= the best map's >= the main map's >= 1).
     No timing is asserted."""
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     out = tmp_path / "tm.json"
     assert main(["bench", "token-map", "--domain", "6", "--sets", "domain", "--map-sentences", "400",

@@ -12,11 +12,11 @@ import random
 import pytest
 
 from conftest import SAMPLES, transcribe_in_process
-from pipeline.config import ConfigError, load_config
-from pipeline.decoding.ar_greedy import greedy_decode
-from pipeline.decoding.drafters import TokenMapDrafter
-from pipeline.decoding.token_map import END, TokenMap, build_token_map
-from pipeline.decoding.token_map_online import NODES_PER_KEY, OnlineTokenMap, replay_online
+from shardscribe.pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
+from shardscribe.pipeline.decoding.drafting.drafters import TokenMapDrafter
+from shardscribe.pipeline.decoding.drafting.token_map import END, TokenMap, build_token_map
+from shardscribe.pipeline.decoding.drafting.token_map_online import NODES_PER_KEY, OnlineTokenMap, replay_online
 
 COPIES = 2      # a second saying drafts from the first's transcripts
 
@@ -32,7 +32,7 @@ def _sentences(seed: int, n: int) -> list[list[int]]:
 def test_learning_in_batches_gives_the_offline_map_of_the_same_text(order, max_len, min_share, monkeypatch):
     """Algorithm 1 run incrementally equals it run once over everything (min_count 1), as
     long as no key forgets (its node bound is tested below)."""
-    monkeypatch.setattr("pipeline.decoding.token_map_online.NODES_PER_KEY", 10**9)
+    monkeypatch.setattr("shardscribe.pipeline.decoding.drafting.token_map_online.NODES_PER_KEY", 10**9)
     sents = _sentences(order, 120)
     online = OnlineTokenMap(max_len=max_len, order=order, min_share=min_share)
     for i in range(0, len(sents), 7):
@@ -86,7 +86,7 @@ def test_config_key_is_typed_validated_and_listed():
         load_config("ctc_greedy", ["token_map.online=true"])
     with pytest.raises(ConfigError, match="token_map.online: token-map drafting does not apply"):
         load_config("ar", ["token_map.online=true", "model.timestamps=true"])
-    from pipeline.config_keys import config_keys
+    from shardscribe.pipeline.config_keys import config_keys
 
     keys = {k.key: k for k in config_keys()}
     assert keys["token_map.online"].type == "bool" and keys["token_map.online"].comment
@@ -124,7 +124,7 @@ def test_replay_predicts_the_online_decoders_counts(repeated):
 
 @pytest.mark.slow   # three passes over 14 clips: about 30 s
 def test_ar_kind_with_an_online_map_drafts_from_earlier_batches_and_equals_plain_ar(repeated):
-    from pipeline.decoders.ar.stage import build
+    from shardscribe.pipeline.kinds.ar.stage import build
 
     ad, audios, _, _ = repeated
     plain = [r.text for r in build(ad, load_config("ar")).decode(audios)]
@@ -143,7 +143,7 @@ def test_ar_kind_with_an_online_map_drafts_from_earlier_batches_and_equals_plain
 @pytest.mark.slow   # two SSD passes over 14 clips, every row falling back: about 20 s
 def test_ssd_fallback_learns_and_stays_exact(ssd_adapter, sample_audio, sample_manifest):
     """SSD's fallback drafts from the online map too; the texts are the plain fallback's."""
-    from pipeline.decoders.ssd.stages import build_fallback, build_first_pass
+    from shardscribe.pipeline.kinds.ssd.stages import build_fallback, build_first_pass
 
     audios = [sample_audio[m["id"]] for m in sample_manifest] * 2
     n = len(audios) // 2
@@ -191,7 +191,7 @@ def test_bench_online_rows_equal_ar_and_report_the_online_bound(tmp_path, model_
     """`bench token-map --online` on the samples said twice: the online rows' tokens equal
     plain AR's, drafts are accepted, and the online map's bound is reported (>= 1, at most
     the always-right map's). No timing is asserted."""
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     out = tmp_path / "tm.json"
     assert main(["bench", "token-map", "--sets", "samples", "--copies", "2", "--online", "--map-sentences", "200",

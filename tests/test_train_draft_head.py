@@ -23,7 +23,7 @@ ROWS = len((SAMPLES / "samples.jsonl").read_text().splitlines())
 
 
 def _cli(*args: str) -> int:
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     return main(["train-draft-head", *args])
 
@@ -47,7 +47,7 @@ def trained(tmp_path_factory):
 
 
 def test_the_head_directory_and_its_card(trained):
-    from pipeline.models.whisper.ctc_head import load_ctc_head
+    from shardscribe.pipeline.models.whisper.ctc_head import load_ctc_head
 
     ckpt, head = trained
     assert {p.name for p in head.iterdir()} >= {"head.safetensors", "config.json", "metrics.json", "MODEL_CARD.md"}
@@ -74,7 +74,7 @@ def _ssd_matches_ar(trained, tmp_path, runner: str) -> None:
     """--config ssd with the head: rows in = rows out, no error, every segment drafted
     (it has a max entropy), and the texts of --config ar on the same checkpoint (the AR
     pass train-draft-head made, same keys)."""
-    from jobs.api import transcribe
+    from shardscribe.jobs.api import transcribe
 
     ckpt, head = trained
     dst = tmp_path / f"ssd-{runner}"

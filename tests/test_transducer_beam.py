@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from beam_reference import BigramTable
-from pipeline.decoding.transducer.greedy import transducer_greedy
-from pipeline.decoding.transducer.search import TransducerBeamSearch
-from pipeline.lm.boosting import BoostingTree
-from pipeline.models.transducer.adapter import load_transducer_adapter
+from shardscribe.pipeline.decoding.transducer.greedy import transducer_greedy
+from shardscribe.pipeline.decoding.transducer.search import TransducerBeamSearch
+from shardscribe.pipeline.lm.boosting import BoostingTree
+from shardscribe.pipeline.models.transducer.adapter import load_transducer_adapter
 from transducer_reference import TINY, brute_force, build, reference_search
 
 
@@ -139,7 +139,7 @@ def test_refuses_what_it_cannot_search(small):
 
 
 def test_word_timestamps_follow_the_best_path(small):
-    from pipeline.decoding.transducer.words import word_timestamps
+    from shardscribe.pipeline.decoding.transducer.words import word_timestamps
 
     model = small["rnnt"]
     frames, lengths = _frames(1, 12, 24, seed=4), torch.tensor([12])
@@ -157,7 +157,7 @@ def test_word_timestamps_follow_the_best_path(small):
 def test_the_per_utterance_alsd_baseline_is_exact_where_it_must_be(tiny, small, kind):
     """The bench's per-utterance ALSD (pipeline.training.references.transducer_alsd): as wide
     as the space it finds the brute-force best; at beam 1 it is greedy decoding."""
-    from pipeline.training.references.transducer_alsd import per_utterance_alsd
+    from shardscribe.pipeline.training.references.transducer_alsd import per_utterance_alsd
 
     model = tiny[kind]
     for seed in (0, 6):

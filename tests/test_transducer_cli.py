@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT, manifest_with_random_bytes, transcribe_cli
-from pipeline.config import load_config
+from shardscribe.pipeline.config import load_config
 from transducer_reference import build
 
 
@@ -26,13 +26,13 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lm_dir(checkpoint, tmp_path_factory):
-    from pipeline.lm.build import find_lmplz
-    from pipeline.training.sample_text import pydoc_sentences
+    from shardscribe.pipeline.lm.build import find_lmplz
+    from shardscribe.pipeline.training.sample_text import pydoc_sentences
 
     find_lmplz(build=False)
     tmp = tmp_path_factory.mktemp("lm")
     (tmp / "text.txt").write_text("\n".join(pydoc_sentences()[:800]) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "build-lm", "--tokenizer", str(checkpoint),
+    proc = subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "build-lm", "--tokenizer", str(checkpoint),
                            "--text", str(tmp / "text.txt"), "--order", "3", "--output", str(tmp / "out")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -59,9 +59,9 @@ def test_transcribe_transducer_beam_with_lm_phrases_and_a_broken_file(checkpoint
             assert row["error"] is None and row["decoder"] == "transducer_beam", row
             assert all(seg["stage"] == "beam" for seg in row["segments"]), row["segments"]
     # the pool's text for the last clip (no key phrases) equals the search run here
-    from pipeline.audio import decode_audio
-    from pipeline.decoders.transducer_beam.stages import build_search
-    from pipeline.models import load_model
+    from shardscribe.pipeline.audio import decode_audio
+    from shardscribe.pipeline.kinds.transducer_beam.stages import build_search
+    from shardscribe.pipeline.models import load_model
 
     cfg = load_config("transducer_beam", sets)
     adapter = load_model(cfg.model)
@@ -78,7 +78,7 @@ def test_transcribe_transducer_beam_with_lm_phrases_and_a_broken_file(checkpoint
 def test_config_validation():
     cfg = load_config("transducer_beam", ["model.source=/x"])
     assert (cfg.model.family, cfg.decoder.kind, cfg.transducer.algorithm) == ("transducer", "transducer_beam", "alsd")
-    from pipeline.config import ConfigError
+    from shardscribe.pipeline.config import ConfigError
 
     with pytest.raises(ConfigError, match="transducer.pruning"):
         load_config("transducer_beam", ["transducer.pruning=middle"])
@@ -90,8 +90,8 @@ def test_aes_on_a_tdt_fails_before_any_worker_starts(tmp_path, checkpoint):
     """AES++ is defined for RNN-T: a TDT (the embedded default, a Parakeet TDT directory)
     under transducer.algorithm=aes is one line and exit 2 from the driver, and the shipped
     RNN-T twin passes the same check."""
-    from pipeline.decoders import decoder_kind
-    from pipeline.models.preflight import ModelError, check_model
+    from shardscribe.pipeline.kinds import decoder_kind
+    from shardscribe.pipeline.models.preflight import ModelError, check_model
 
     check_transducer_search = decoder_kind("transducer_beam").check
 
@@ -104,7 +104,7 @@ def test_aes_on_a_tdt_fails_before_any_worker_starts(tmp_path, checkpoint):
     check_transducer_search(rnnt)
     with pytest.raises(ModelError, match="model.source=embedded_rnnt: .*model.family=transducer"):
         check_model(load_config("ar", ["model.source=embedded_rnnt"]).model)
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(tmp_path / "none.jsonl"),
+    proc = subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "transcribe", "--input", str(tmp_path / "none.jsonl"),
                            "--output", str(tmp_path / "out"), "--config", "transducer_beam",
                            "--set", "transducer.algorithm=aes"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from conftest import ROOT, manifest_with_random_bytes, transcribe_cli
-from pipeline.metrics import corpus_cer
+from shardscribe.pipeline.metrics import corpus_cer
 
 
 @pytest.fixture(scope="module")
 def adapter(ssd_adapter):
-    from pipeline.models.transducer.embedded import EmbeddedTransducerAdapter, load_embedded_transducer
+    from shardscribe.pipeline.models.transducer.embedded import EmbeddedTransducerAdapter, load_embedded_transducer
 
     return EmbeddedTransducerAdapter(load_embedded_transducer(), ssd_adapter)
 
@@ -31,7 +31,7 @@ def encoded(adapter, sample_manifest, sample_audio):
 
 
 def test_greedy_reads_the_bundled_samples_and_a_batch_equals_each_clip_alone(adapter, encoded, sample_manifest):
-    from pipeline.decoding.transducer.greedy import transducer_greedy
+    from shardscribe.pipeline.decoding.transducer.greedy import transducer_greedy
 
     enc, audios = encoded
     out = transducer_greedy(adapter, enc.states, enc.valid_frames)
@@ -47,8 +47,8 @@ def test_greedy_reads_the_bundled_samples_and_a_batch_equals_each_clip_alone(ada
 
 
 def test_beam_one_is_greedy_and_a_wider_beam_scores_no_lower(adapter, encoded):
-    from pipeline.decoding.transducer.greedy import transducer_greedy
-    from pipeline.decoding.transducer.search import TransducerBeamSearch
+    from shardscribe.pipeline.decoding.transducer.greedy import transducer_greedy
+    from shardscribe.pipeline.decoding.transducer.search import TransducerBeamSearch
 
     enc, _ = encoded
     greedy = transducer_greedy(adapter, enc.states, enc.valid_frames)
@@ -61,13 +61,13 @@ def test_beam_one_is_greedy_and_a_wider_beam_scores_no_lower(adapter, encoded):
 
 @pytest.fixture(scope="module")
 def char_lm(tmp_path_factory):
-    from pipeline.lm.build import find_lmplz
-    from pipeline.training.sample_text import pydoc_sentences
+    from shardscribe.pipeline.lm.build import find_lmplz
+    from shardscribe.pipeline.training.sample_text import pydoc_sentences
 
     find_lmplz(build=False)
     tmp = tmp_path_factory.mktemp("lm")
     (tmp / "text.txt").write_text("\n".join(pydoc_sentences()[:800]) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "build-lm", "--tokenizer", "chars", "--text",
+    proc = subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "build-lm", "--tokenizer", "chars", "--text",
                            str(tmp / "text.txt"), "--order", "4", "--output", str(tmp / "out")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -79,9 +79,9 @@ def test_the_shipped_rnnt_twin_reads_the_samples_with_aes(ssd_adapter, encoded, 
     encoder side; greedy reads the bundled samples, AES++ at beam 1 is greedy, and AES++
     and ALSD++ at beam 4 read them within 2 CER points of greedy (no LM: a wider beam may
     trade a character or two either way)."""
-    from pipeline.decoding.transducer.greedy import transducer_greedy
-    from pipeline.decoding.transducer.search import TransducerBeamSearch
-    from pipeline.models.transducer.embedded import EMBEDDED_RNNT, EmbeddedTransducerAdapter, load_embedded_transducer
+    from shardscribe.pipeline.decoding.transducer.greedy import transducer_greedy
+    from shardscribe.pipeline.decoding.transducer.search import TransducerBeamSearch
+    from shardscribe.pipeline.models.transducer.embedded import EMBEDDED_RNNT, EmbeddedTransducerAdapter, load_embedded_transducer
 
     rnnt = EmbeddedTransducerAdapter(load_embedded_transducer(EMBEDDED_RNNT), ssd_adapter)
     assert rnnt.durations is None
@@ -122,8 +122,8 @@ def test_transducer_beam_on_ray_with_an_lm_key_phrases_and_a_broken_file(char_lm
 def test_words_follow_the_best_path(adapter, encoded):
     """Word timestamps from the tokens' frames: the words spell the text, in order, inside
     the clip; a word starts at its first letter, not at the space before it."""
-    from pipeline.decoders.transducer_greedy.stage import TransducerGreedyDecoder
-    from pipeline.decoding.transducer.greedy import transducer_greedy
+    from shardscribe.pipeline.kinds.transducer_greedy.stage import TransducerGreedyDecoder
+    from shardscribe.pipeline.decoding.transducer.greedy import transducer_greedy
 
     enc, audios = encoded
     results = TransducerGreedyDecoder(adapter).decode(audios[:3])
@@ -140,9 +140,9 @@ def test_words_follow_the_best_path(adapter, encoded):
 def test_build_lm_spells_a_transducer_directory_with_characters():
     """``build-lm --tokenizer DIR`` on the embedded format: the LM's tokens are the
     characters the beam search feeds it (the char set less the blank)."""
-    from pipeline.lm.build import load_tokenizer
-    from pipeline.models.transducer.embedded import embedded_transducer_dir
-    from pipeline.text import charset
+    from shardscribe.pipeline.lm.build import load_tokenizer
+    from shardscribe.pipeline.models.transducer.embedded import embedded_transducer_dir
+    from shardscribe.pipeline.text import charset
 
     tok = load_tokenizer(str(embedded_transducer_dir()))
     assert tok.vocab_size == charset.NUM_CLASSES - 1

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.decoding.transducer.greedy import transducer_greedy
-from pipeline.models.transducer.adapter import load_transducer_adapter
+from shardscribe.pipeline.decoding.transducer.greedy import transducer_greedy
+from shardscribe.pipeline.models.transducer.adapter import load_transducer_adapter
 from transducer_reference import build
 
 
@@ -97,8 +97,8 @@ def test_preflight_names_a_missing_tokenizer_before_any_worker(tmp_path):
     a ModelError naming the folder from the loader."""
     import shutil
 
-    from pipeline.config import load_config
-    from pipeline.models.preflight import ModelError, check_model
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.models.preflight import ModelError, check_model
 
     build("tdt", tmp_path / "tdt")
     shutil.copytree(tmp_path / "tdt", tmp_path / "bad", ignore=shutil.ignore_patterns("tokenizer*"))
@@ -115,8 +115,8 @@ def test_greedy_decoder_honours_the_configured_max_symbols(tmp_path, sample_audi
     """``transducer.max_symbols`` bounds the tokens per frame of ``transducer_greedy``, as it
     does the beam search's: on an RNN-T biased against blank, which emits several tokens per
     frame by default, a cap of 1 leaves at most one token on each frame it read."""
-    from pipeline.config import load_config
-    from pipeline.decoders.transducer_greedy.stage import build as build_greedy
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.kinds.transducer_greedy.stage import build as build_greedy
 
     build("rnnt", tmp_path, max_symbols=3, blank_bias=-3.0)
     adapter = load_transducer_adapter(str(tmp_path))

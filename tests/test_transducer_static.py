@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from beam_reference import BigramTable
-from pipeline.decoding.transducer.greedy import transducer_greedy
-from pipeline.decoding.transducer.label_looping import LabelLoopingGreedy
-from pipeline.decoding.transducer.loop_graphs import GraphCache
-from pipeline.decoding.transducer.search import TransducerBeamSearch
-from pipeline.decoding.transducer.static_state import frame_bucket
-from pipeline.lm.boosting import BoostingTree
-from pipeline.models.transducer.adapter import load_transducer_adapter
+from shardscribe.pipeline.decoding.transducer.greedy import transducer_greedy
+from shardscribe.pipeline.decoding.transducer.label_looping import LabelLoopingGreedy
+from shardscribe.pipeline.decoding.transducer.loop_graphs import GraphCache
+from shardscribe.pipeline.decoding.transducer.search import TransducerBeamSearch
+from shardscribe.pipeline.decoding.transducer.static_state import frame_bucket
+from shardscribe.pipeline.lm.boosting import BoostingTree
+from shardscribe.pipeline.models.transducer.adapter import load_transducer_adapter
 from transducer_reference import build
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -155,8 +155,8 @@ def test_buckets_and_capture_failure(caplog):
 
 
 def test_use_cuda_graphs_is_an_execution_key(models):
-    from pipeline.config import config_hash, load_config
-    from pipeline.decoders.transducer_greedy.stage import build as build_greedy
+    from shardscribe.pipeline.config import config_hash, load_config
+    from shardscribe.pipeline.kinds.transducer_greedy.stage import build as build_greedy
 
     cfg = load_config("transducer_greedy")
     before = config_hash(cfg)

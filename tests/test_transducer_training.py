@@ -9,11 +9,11 @@ import random
 import pytest
 import torch
 
-from pipeline.metrics import corpus_cer
-from pipeline.models.transducer.embedded import (EmbeddedTransducer, EmbeddedTransducerConfig,
+from shardscribe.pipeline.metrics import corpus_cer
+from shardscribe.pipeline.models.transducer.embedded import (EmbeddedTransducer, EmbeddedTransducerConfig,
                                                  load_embedded_transducer, save_embedded_transducer)
-from pipeline.training.transducer_train import greedy_texts, train
-from pipeline.text import charset
+from shardscribe.pipeline.training.transducer_train import greedy_texts, train
+from shardscribe.pipeline.text import charset
 
 LETTERS = "abcdefgh "
 

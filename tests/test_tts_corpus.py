@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from pipeline.training.tts import augment, corpus, domain_text, engines, text_sources
+from shardscribe.pipeline.training.tts import augment, corpus, domain_text, engines, text_sources
 
 # Independent reference values for the number reader.
 KNOWN_NUMBERS = {

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ar_reference import uncached_greedy
-from pipeline.config import ConfigError, load_config
-from pipeline.decoding.ssd.verify_policy import VerifyPolicy
+from shardscribe.pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.decoding.ssd.verify_policy import VerifyPolicy
 
 
 def test_the_prior_drafts_the_first_batch():
@@ -105,7 +105,7 @@ def test_a_skipped_batch_is_plain_greedy_ar_without_a_draft(ssd_adapter, audios,
     prefix: exactly an uncached greedy decoder's tokens. For a fallback pool it leaves the
     first pass pending; with the fallback in the same process it leaves it final. Its
     segments say so (stage ``ar``, no entropy) and their words get no draft agreement."""
-    from pipeline.decoders.ssd.stages import SSDFallback, SSDFirstPassDecoder
+    from shardscribe.pipeline.kinds.ssd.stages import SSDFallback, SSDFirstPassDecoder
 
     adapter = ssd_adapter
     dec = SSDFirstPassDecoder(adapter, 0.6, 0.1, adaptive_verify=True, confidence=True)
@@ -144,7 +144,7 @@ def test_a_first_pool_samples_skipped_batches_to_learn_the_fallback_cost(ssd_ada
     here would serialise what that pool does beside this one) but for one in
     ``probe_every``. No verification cache is kept for a fallback that is not here. The
     in-process runner's second stage decodes every skipped batch in place."""
-    from pipeline.decoders import decoder_kind
+    from shardscribe.pipeline.kinds import decoder_kind
 
     cfg = load_config("ssd", ["ssd.preset=high_rtfx", "ssd.max_draft_error=0.05"])
     kind = decoder_kind("ssd")
@@ -178,7 +178,7 @@ def test_a_first_pool_samples_skipped_batches_to_learn_the_fallback_cost(ssd_ada
 def test_a_drafted_batch_reports_the_tokens_it_decided(ssd_adapter, audios):
     """With tau_slm 0 verification accepts every non-empty draft whole: the first pass
     decides every draft token, and the policy is told exactly that many."""
-    from pipeline.decoders.ssd.stages import SSDFirstPassDecoder
+    from shardscribe.pipeline.kinds.ssd.stages import SSDFirstPassDecoder
 
     dec = SSDFirstPassDecoder(ssd_adapter, 0.0, 0.0, adaptive_verify=True)
     res = dec.decode(audios)
@@ -191,9 +191,9 @@ def test_a_drafted_batch_reports_the_tokens_it_decided(ssd_adapter, audios):
 
 
 def test_skipped_segments_take_the_ar_kind_calibration():
-    from pipeline.confidence.apply import ConfidenceScorer
-    from pipeline.confidence.calibration import Calibration, EMBEDDED_PATH
-    from pipeline.decoders import decoder_kind
+    from shardscribe.pipeline.confidence.apply import ConfidenceScorer
+    from shardscribe.pipeline.confidence.calibration import Calibration, EMBEDDED_PATH
+    from shardscribe.pipeline.kinds import decoder_kind
 
     cal = Calibration.load(EMBEDDED_PATH)
     feats = [{"prob_mean": 0.9, "prob_min": 0.8, "n_tokens": 1}, {"prob_mean": 0.2, "prob_min": 0.1, "n_tokens": 2}]

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import espeak
-from pipeline.decoding.ar_greedy import greedy_decode
-from pipeline.models.whisper.loader import EMBEDDED_BASE, embedded_base_ct2_dir, embedded_base_files
+from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
+from shardscribe.pipeline.models.whisper.loader import EMBEDDED_BASE, embedded_base_ct2_dir, embedded_base_files
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def base_adapter(model_cache):
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from shardscribe.pipeline.models.whisper.adapter import load_whisper_adapter
 
     return load_whisper_adapter(EMBEDDED_BASE, device="cpu", cache_dir=model_cache)
 
@@ -60,7 +60,7 @@ def test_greedy_tokens_match_ctranslate2(base_adapter, base_ct2, encoded):
 def test_language_detection_matches_ctranslate2(base_adapter, base_ct2, encoded):
     """model.language=auto's detection (the language token after <|startoftranscript|>)
     picks ctranslate2's most probable language, with its probability among the languages."""
-    from pipeline.models.whisper.prompting import detect_language
+    from shardscribe.pipeline.models.whisper.prompting import detect_language
 
     _, states, ct2_states = encoded
     ref = base_ct2.detect_language(ct2_states)
@@ -75,7 +75,7 @@ def test_generation_config_is_multilingual_and_preflight_reads_the_same(base_ada
     """The converted generation config names the package's languages, both tasks,
     <|notimestamps|> and alignment heads; the preflight, which reads the package's files
     without converting, sees the same."""
-    from pipeline.models.whisper.preflight import shipped_generation
+    from shardscribe.pipeline.models.whisper.preflight import shipped_generation
 
     gen = base_adapter.model.generation_config
     side_dir, _ = embedded_base_files()
@@ -95,7 +95,7 @@ def test_generation_config_is_multilingual_and_preflight_reads_the_same(base_ada
 
 def test_cache_keys(base_adapter, model_cache, monkeypatch):
     """Each embedded model is cached under its own key; tiny.en's key is the one it always had."""
-    from pipeline.models.whisper import loader
+    from shardscribe.pipeline.models.whisper import loader
 
     base = Path(loader.resolve_checkpoint(EMBEDDED_BASE, model_cache))
     assert base.parent == model_cache / "whisper-base" and (base / "model.safetensors").is_file()
@@ -110,10 +110,10 @@ def test_cache_keys(base_adapter, model_cache, monkeypatch):
 def test_missing_packages_are_one_line(monkeypatch, tmp_path):
     import importlib.util
 
-    from pipeline.config import load_config
-    from pipeline.models.errors import ModelError
-    from pipeline.models.preflight import check_model
-    from pipeline.models.whisper.loader import resolve_checkpoint
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.models.errors import ModelError
+    from shardscribe.pipeline.models.preflight import check_model
+    from shardscribe.pipeline.models.whisper.loader import resolve_checkpoint
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -129,10 +129,10 @@ def test_missing_packages_are_one_line(monkeypatch, tmp_path):
 
 
 def test_preflight_takes_multilingual_options_and_refuses_the_tiny_en_head(samples_dir, tmp_path, capsys):
-    from jobs.cli import main
-    from pipeline.config import load_config
-    from pipeline.models.errors import ModelError
-    from pipeline.models.preflight import check_model
+    from shardscribe.jobs.cli import main
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.models.errors import ModelError
+    from shardscribe.pipeline.models.preflight import check_model
 
     for extra in ([], ["model.language=fr"], ["model.language=auto"], ["model.language=de", "model.task=translate"],
                   ["model.timestamps=true", "model.word_timestamps=true"]):
@@ -162,8 +162,8 @@ def test_detected_language_lands_on_the_row(tmp_path, model_cache):
     each row names its language, and its text is in that language (not translated)."""
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed")
-    from actors.local_runner import run_local
-    from pipeline.config import load_config
+    from shardscribe.actors.local_runner import run_local
+    from shardscribe.pipeline.config import load_config
 
     rows = [{"id": voice, "audio": str(espeak(text, tmp_path / f"{voice}.wav", voice=voice, speed=150)),
              "audio_bytes": None, "reference": None} for voice, (text, _) in CLIPS.items()]

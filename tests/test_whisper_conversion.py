@@ -5,8 +5,8 @@ from pathlib import Path
 
 import ctranslate2
 
-from pipeline.decoding.ar_greedy import greedy_decode
-from pipeline.models.whisper.loader import embedded_ct2_dir
+from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
+from shardscribe.pipeline.models.whisper.loader import embedded_ct2_dir
 
 
 def test_greedy_tokens_match_ctranslate2(whisper_adapter, sample_audio):
@@ -42,7 +42,7 @@ def test_batched_equals_single(whisper_adapter, sample_audio):
 
 
 def test_converted_checkpoint_is_cached(model_cache, whisper_adapter):
-    from pipeline.models.whisper.loader import resolve_checkpoint
+    from shardscribe.pipeline.models.whisper.loader import resolve_checkpoint
 
     path = resolve_checkpoint("embedded", model_cache)
     assert path.startswith(str(model_cache))

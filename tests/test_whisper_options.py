@@ -24,7 +24,7 @@ def multilingual_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def multilingual(multilingual_dir):
-    from pipeline.models.whisper.loader import load_whisper
+    from shardscribe.pipeline.models.whisper.loader import load_whisper
 
     return load_whisper(str(multilingual_dir))
 
@@ -32,7 +32,7 @@ def multilingual(multilingual_dir):
 @pytest.fixture(scope="module")
 def mel128(tmp_path_factory):
     # turbo / large-v3 shape: 128 mel bins; distil-whisper's: 2 decoder layers
-    from pipeline.models.whisper.loader import load_whisper
+    from shardscribe.pipeline.models.whisper.loader import load_whisper
 
     return load_whisper(str(build_tiny_whisper(tmp_path_factory.mktemp("tiny-128"), n_mels=128, seed=1)))
 
@@ -48,9 +48,9 @@ def audios():
 
 
 def _decoder(model_processor, **options):
-    from pipeline.decoders.ar.stage import ARSegmentDecoder
-    from pipeline.models.whisper.adapter import WhisperAdapter
-    from pipeline.models.whisper.prompting import WhisperOptions
+    from shardscribe.pipeline.kinds.ar.stage import ARSegmentDecoder
+    from shardscribe.pipeline.models.whisper.adapter import WhisperAdapter
+    from shardscribe.pipeline.models.whisper.prompting import WhisperOptions
 
     adapter = WhisperAdapter(*model_processor, options=WhisperOptions(**options))
     return ARSegmentDecoder(adapter, max_new_tokens=MAX_NEW)
@@ -58,7 +58,7 @@ def _decoder(model_processor, **options):
 
 def _ours(dec, audios):
     """Our token ids per segment, re-tokenised from nothing: the decoder's own loop."""
-    from pipeline.decoding.ar_greedy import TokenRules, greedy_decode
+    from shardscribe.pipeline.decoding.ar.greedy import TokenRules, greedy_decode
 
     adapter = dec.adapter
     enc = adapter.encode(audios)
@@ -129,7 +129,7 @@ def test_128_mel_model_equals_generate(mel128, audios):
 
 
 def test_timestamps_equal_generate_and_split_the_text(multilingual, audios):
-    from pipeline.models.whisper.prompting import split_timestamps
+    from shardscribe.pipeline.models.whisper.prompting import split_timestamps
 
     dec = _decoder(multilingual, language="de", timestamps=True)
     ours = _ours(dec, audios)
@@ -163,7 +163,7 @@ def test_timestamps_equal_generate_and_split_the_text(multilingual, audios):
 
 
 def test_word_times_equal_generate_token_timestamps(multilingual, audios):
-    from pipeline.models.whisper.alignment import token_times
+    from shardscribe.pipeline.models.whisper.alignment import token_times
 
     dec = _decoder(multilingual, language="de", word_timestamps=True)
     adapter, model = dec.adapter, dec.adapter.model
@@ -201,8 +201,8 @@ def test_word_times_equal_generate_token_timestamps(multilingual, audios):
 
 
 def test_english_only_model_refuses_language_and_translate():
-    from pipeline.config import load_config
-    from pipeline.models.preflight import ModelError, check_model
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.models.preflight import ModelError, check_model
 
     check_model(load_config("ar", ["model.language=en", "model.word_timestamps=true"]).model)
     for override, message in (("model.language=de", "model.language=de: an English-only model"),
@@ -213,7 +213,7 @@ def test_english_only_model_refuses_language_and_translate():
 
 
 def test_options_that_need_the_ar_loop_are_config_errors():
-    from pipeline.config import ConfigError, load_config
+    from shardscribe.pipeline.config import ConfigError, load_config
 
     for overrides, message in ((["model.language=auto"], "model.language=auto: only decoder.kind=ar"),
                                (["model.timestamps=true"], "model.timestamps: only decoder.kind=ar"),
@@ -229,7 +229,7 @@ def test_options_that_need_the_ar_loop_are_config_errors():
 def test_embedded_head_on_another_model_fails_up_front(tmp_path, samples_dir, multilingual_dir, capsys):
     """A 384-wide model that is not tiny.en (tiny multilingual), and a tiny random one
     through --model: one line naming model.ctc_head, exit 2, before any worker."""
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     tiny = tmp_path / "whisper-tiny"
     tiny.mkdir()
@@ -257,9 +257,9 @@ def test_preflight_names_a_missing_tokenizer_or_feature_extractor(multilingual_d
     one-token tokenizer instead of failing: every transcript would be empty)."""
     import shutil
 
-    from pipeline.config import load_config
-    from pipeline.models.preflight import ModelError, check_model
-    from pipeline.models.whisper.loader import load_whisper
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.models.preflight import ModelError, check_model
+    from shardscribe.pipeline.models.whisper.loader import load_whisper
 
     bad = tmp_path / "bad"
     shutil.copytree(multilingual_dir, bad, ignore=shutil.ignore_patterns(*removed))
@@ -277,8 +277,8 @@ def test_preflight_refuses_a_feature_extractor_of_other_mel_bins(multilingual_di
     one line before any worker, not a shape error in every one."""
     import shutil
 
-    from pipeline.config import load_config
-    from pipeline.models.preflight import ModelError, check_model
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.models.preflight import ModelError, check_model
 
     bad = tmp_path / "bad"
     shutil.copytree(multilingual_dir, bad)
@@ -294,7 +294,7 @@ def test_the_cli_refuses_a_whisper_checkpoint_without_its_feature_extractor(mult
                                                                            samples_dir, capsys):
     import shutil
 
-    from jobs.cli import main
+    from shardscribe.jobs.cli import main
 
     bad = tmp_path / "bad"
     shutil.copytree(multilingual_dir, bad, ignore=shutil.ignore_patterns("processor_config.json"))
@@ -306,8 +306,8 @@ def test_the_cli_refuses_a_whisper_checkpoint_without_its_feature_extractor(mult
 
 
 def test_row_language_is_the_one_decoded_longest():
-    from pipeline.decoders.base import SegmentResult
-    from pipeline.records import OUTPUT_SCHEMA, finalize_row, segment_dict, table
+    from shardscribe.pipeline.kinds.base import SegmentResult
+    from shardscribe.pipeline.records import OUTPUT_SCHEMA, finalize_row, segment_dict, table
 
     segs = [segment_dict(0.0, 1.0, SegmentResult("a", "ar", language="en", language_prob=0.5)),
             segment_dict(1.0, 3.0, SegmentResult("b", "ar", language="de", language_prob=0.9,
@@ -323,12 +323,12 @@ def test_row_language_is_the_one_decoded_longest():
 def test_word_times_on_tiny_en_equal_generate(whisper_adapter, samples_dir):
     """The embedded tiny.en with its real alignment heads: word times that follow the
     speech, token for token generate's ``return_token_timestamps``."""
-    from pipeline.audio import decode_audio
-    from pipeline.decoding.ar_greedy import greedy_decode
-    from pipeline.models.whisper.adapter import WhisperAdapter
-    from pipeline.decoders.ar.stage import ARSegmentDecoder
-    from pipeline.models.whisper.alignment import token_times
-    from pipeline.models.whisper.prompting import WhisperOptions
+    from shardscribe.pipeline.audio import decode_audio
+    from shardscribe.pipeline.decoding.ar.greedy import greedy_decode
+    from shardscribe.pipeline.models.whisper.adapter import WhisperAdapter
+    from shardscribe.pipeline.kinds.ar.stage import ARSegmentDecoder
+    from shardscribe.pipeline.models.whisper.alignment import token_times
+    from shardscribe.pipeline.models.whisper.prompting import WhisperOptions
 
     adapter = WhisperAdapter(whisper_adapter.model, whisper_adapter.processor,
                              options=WhisperOptions(word_timestamps=True))

@@ -23,7 +23,7 @@ def build_tiny_whisper(out_dir: Path, multilingual: bool = True, n_mels: int = 8
     from transformers import (GenerationConfig, WhisperConfig, WhisperFeatureExtractor,
                               WhisperForConditionalGeneration, WhisperProcessor, WhisperTokenizerFast)
 
-    from pipeline.models.whisper.loader import embedded_ct2_dir
+    from shardscribe.pipeline.models.whisper.loader import embedded_ct2_dir
 
     tokenizer = WhisperTokenizerFast(tokenizer_file=str(embedded_ct2_dir() / "tokenizer.json"),
                                      unk_token="<|endoftext|>", bos_token="<|endoftext|>",

@@ -5,9 +5,9 @@ Refusals and failures are JobError (one line each). The display is the caller's:
 command line (jobs/) passes its console in as ``log`` and ``on_progress``."""
 from __future__ import annotations
 
-from actors.job.pseudo_label import export_pseudo_labels, pseudo_label_spec, run_pseudo_label
-from actors.job.run import run_job
-from actors.job.spec import (JobConsole, JobError, JobFailed, JobIncomplete, JobInterrupted, JobProgress, JobSpec,
+from .pseudo_label import export_pseudo_labels, pseudo_label_spec, run_pseudo_label
+from .run import run_job
+from .spec import (JobConsole, JobError, JobFailed, JobIncomplete, JobInterrupted, JobProgress, JobSpec,
                              JobSummary)
 
 __all__ = ["JobConsole", "JobError", "JobFailed", "JobIncomplete", "JobInterrupted", "JobProgress", "JobSpec",

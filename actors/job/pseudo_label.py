@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from actors.job.spec import JobError, JobSpec
+from .spec import JobError, JobSpec
 
 
 def check_rule(min_confidence: float | None, keep_fraction: float | None) -> None:
@@ -39,7 +39,7 @@ def run_pseudo_label(spec: JobSpec, min_confidence: float | None = None, keep_fr
     """The job (``run_job`` of ``spec`` with confidence on), then the exports; returns
     ``{"summary": the job's summary, "report": the export's report, "written": its URLs}``
     (a dry run: ``{"summary": what the job would do}``, nothing exported)."""
-    from actors.job.run import run_job
+    from .run import run_job
 
     check_rule(min_confidence, keep_fraction)
     check_plotting()
@@ -56,9 +56,9 @@ def export_pseudo_labels(spec: JobSpec, min_confidence: float | None, keep_fract
     """The keep rule and the exports over DST's rows (the job committed them), in two
     streamed passes: the rows' statistics to rank them, then the kept rows' segments into
     utterances, a batch at a time. Returns the report and the URLs written."""
-    from pipeline.config import load_config
-    from pipeline.output import iter_output
-    from pipeline.pseudo_label import ExportWriter, UtteranceTally, keep_flags, report_data, row_stat, utterances
+    from ...pipeline.config import load_config
+    from ...pipeline.output import iter_output
+    from ...pipeline.pseudo_label import ExportWriter, UtteranceTally, keep_flags, report_data, row_stat, utterances
 
     cfg = load_config(spec.config, list(spec.overrides), model=spec.model)
     pl = cfg.pseudo_label
@@ -100,8 +100,8 @@ class _SourceSpans:
     point at). Reads no audio; the input is listed once."""
 
     def __init__(self, spec: JobSpec):
-        from pipeline.sources import open_source
-        from pipeline.storage import redact_uri
+        from ...pipeline.sources import open_source
+        from ...pipeline.storage import redact_uri
 
         self._spec = spec
         source = open_source(spec.input, spec.audio_column, spec.text_column)
@@ -120,7 +120,7 @@ class _SourceSpans:
             return None
         # A part written before the output had offset_s: the manifest says (it holds no audio).
         if self._manifest_offsets is None:
-            from pipeline.sources import read_source
+            from ...pipeline.sources import read_source
 
             self._manifest_offsets = {r["id"]: r["offset_s"] for r in read_source(
                 self._spec.input, self._spec.audio_column, self._spec.text_column) if r.get("offset_s")}

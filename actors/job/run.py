@@ -14,8 +14,8 @@ import sys
 import threading
 import time
 
-from actors.job.signals import deferred, describe, interrupts
-from actors.job.spec import (RUNNERS, JobConsole, JobError, JobFailed, JobIncomplete, JobInterrupted, JobProgress,
+from .signals import deferred, describe, interrupts
+from .spec import (RUNNERS, JobConsole, JobError, JobFailed, JobIncomplete, JobInterrupted, JobProgress,
                              JobSpec, JobSummary, console_of)
 
 
@@ -37,21 +37,21 @@ def run_job(spec: JobSpec, on_progress=None, log=None) -> dict:
         except KeyboardInterrupt as exc:
             if isinstance(exc, JobInterrupted):
                 raise
-            from pipeline.storage import redact_uri
+            from ...pipeline.storage import redact_uri
 
             raise JobInterrupted(f"{describe(exc)}: the job stopped before it finished; the same command runs it "
                                  f"again, after the rows already in {redact_uri(spec.output)}") from exc
 
 
 def _run_job(spec: JobSpec, on_progress, log) -> dict:
-    from pipeline.config import ConfigError, load_config
-    from pipeline.decoders import decoder_kind
-    from pipeline.formats import FormatError, parse_formats
-    from pipeline.models.errors import ModelError
-    from pipeline.models.preflight import check_model
-    from pipeline.output import OutputBusy
-    from pipeline.sources import SourceError, open_source, scan
-    from pipeline.storage import StorageError
+    from ...pipeline.config import ConfigError, load_config
+    from ...pipeline.kinds import decoder_kind
+    from ...pipeline.formats import FormatError, parse_formats
+    from ...pipeline.models.errors import ModelError
+    from ...pipeline.models.preflight import check_model
+    from ...pipeline.output import OutputBusy
+    from ...pipeline.sources import SourceError, open_source, scan
+    from ...pipeline.storage import StorageError
 
     console = console_of(log)
     _check_spec(spec)
@@ -86,7 +86,7 @@ def _run_job(spec: JobSpec, on_progress, log) -> dict:
             scanned.close()
         raise JobError(str(exc)) from exc
     except OSError as exc:  # the filesystem behind SRC or DST (permissions, credentials, network)
-        from pipeline.storage import redact_uri
+        from ...pipeline.storage import redact_uri
 
         side, _, url = where.partition(" ")
         raise JobError(f"{side} {redact_uri(url)}: {type(exc).__name__}: {exc}") from exc
@@ -115,8 +115,8 @@ def check_apart(source, dst: str) -> None:
     would be read back as input rows by the next run."""
     import posixpath
 
-    from pipeline.sources import SourceError
-    from pipeline.storage import redact_uri, url_to_fs
+    from ...pipeline.sources import SourceError
+    from ...pipeline.storage import redact_uri, url_to_fs
 
     if source.kind != "table":
         return
@@ -139,7 +139,7 @@ def check_apart(source, dst: str) -> None:
 def use_storage(cfg, spec: JobSpec) -> None:
     """storage.options for the input and output protocols; a missing backend (s3fs,
     gcsfs) or an unreachable store is one line here, before any worker starts."""
-    from pipeline.storage import check_reachable, use_options
+    from ...pipeline.storage import check_reachable, use_options
 
     use_options(cfg.storage.options, [spec.input, spec.output])
     for url in (spec.input, spec.output):
@@ -152,7 +152,7 @@ def _connected(cfg):
     unless a caller had connected."""
     import ray
 
-    from actors.plan import init_ray
+    from ..plan import init_ray
 
     was_up = ray.is_initialized()
     init_ray(cfg)
@@ -175,7 +175,7 @@ def _check_pool_on_cluster(spec: JobSpec, cfg) -> None:
     naming the key. A local instance's numbers were checked with the config."""
     if spec.runner != "ray" or not cfg.ray.address:
         return
-    from actors.plan import pool_plan
+    from ..plan import pool_plan
 
     with _connected(cfg):
         pool_plan(cfg)
@@ -193,7 +193,7 @@ def _model_checks_on_cluster(spec: JobSpec, cfg) -> str | None:
 
     if torch.cuda.is_available():
         return None
-    from actors.device_probe import check_model_on_cluster
+    from ..device_probe import check_model_on_cluster
 
     with _connected(cfg):
         return check_model_on_cluster(cfg)
@@ -204,10 +204,10 @@ def dry_run_report(spec: JobSpec, cfg, scanned, device_node: str | None = None) 
     reads alone: OutputBusy where a live job holds the folder; JobError where the folder's
     rows were made by another config and neither overwrite nor resume says what to do.
     ``message`` says it in one line."""
-    from pipeline.config import config_hash
-    from pipeline.output import OutputLock, new_job_id, scan_output
-    from pipeline.resume import plan_resume
-    from pipeline.storage import redact_uri
+    from ...pipeline.config import config_hash
+    from ...pipeline.output import OutputLock, new_job_id, scan_output
+    from ...pipeline.resume import plan_resume
+    from ...pipeline.storage import redact_uri
 
     OutputLock(spec.output, new_job_id(), cfg.storage.options).check_free()
     job_hash = config_hash(cfg)
@@ -250,7 +250,7 @@ def _conflict_refusal(plan, spec: JobSpec) -> str | None:
     neither --resume nor --overwrite says what to do."""
     if not plan.conflicts or spec.resume or spec.overwrite:
         return None
-    from pipeline.storage import redact_uri
+    from ...pipeline.storage import redact_uri
 
     return (f"{redact_uri(spec.output)} already holds {plan.conflicts} of this input's ids from another source "
             f"(e.g. {plan.example}); pass --resume to keep those rows and add these recordings under distinct ids "
@@ -260,8 +260,8 @@ def _conflict_refusal(plan, spec: JobSpec) -> str | None:
 def hold_output(dst: str, cfg):
     """Take the output folder's lock (pipeline.output); the job opens the folder once it
     knows it will change it (begin_job)."""
-    from actors.ray_local import reap
-    from pipeline.output import OutputLock, new_job_id
+    from ..ray_local import reap
+    from ...pipeline.output import OutputLock, new_job_id
 
     lock = OutputLock(dst, new_job_id(), cfg.storage.options).acquire()
     try:
@@ -276,8 +276,8 @@ def hold_output(dst: str, cfg):
 
 def commit(dst: str, cfg, summary: dict) -> bool:
     """The job commit: the summary, then the success marker when rows in == rows out."""
-    from pipeline.config_record import record_config
-    from pipeline.output import commit_job
+    from ...pipeline.config_record import record_config
+    from ...pipeline.output import commit_job
 
     ok = summary["rows_out"] == summary["rows_in"] and not summary["duplicate_rows"]
     # The config beside its rows: a later job with another config is refused naming the keys.
@@ -288,12 +288,12 @@ def commit(dst: str, cfg, summary: dict) -> bool:
 
 def _run_locked(spec: JobSpec, cfg, source, scanned, job_id: str, formats: list[str], on_progress,
                 console: JobConsole) -> dict:
-    from pipeline.config import config_hash
-    from pipeline.formats import export_dirs
-    from pipeline.output import begin_job, clear_output, drop_rows, quarantine_unreadable, scan_output
-    from pipeline.resume import plan_resume
-    from pipeline.sources import skipped_line
-    from pipeline.storage import redact_uri
+    from ...pipeline.config import config_hash
+    from ...pipeline.formats import export_dirs
+    from ...pipeline.output import begin_job, clear_output, drop_rows, quarantine_unreadable, scan_output
+    from ...pipeline.resume import plan_resume
+    from ...pipeline.sources import skipped_line
+    from ...pipeline.storage import redact_uri
 
     job_hash = config_hash(cfg)
     found = None
@@ -345,9 +345,9 @@ def _other_config(hashes: dict, job_hash: str, spec: JobSpec, cfg) -> str | None
     other = {h: n for h, n in hashes.items() if h != job_hash}
     if not other or spec.resume:
         return None
-    from pipeline.config import config_differences, hashed_config
-    from pipeline.config_record import recorded_config
-    from pipeline.storage import redact_uri
+    from ...pipeline.config import config_differences, hashed_config
+    from ...pipeline.config_record import recorded_config
+    from ...pipeline.storage import redact_uri
 
     mine = hashed_config(cfg)
     made_by = []
@@ -375,11 +375,11 @@ def _transcribe(spec: JobSpec, cfg, scanned, plan, rows, items, job_hash, format
                 on_progress, console: JobConsole) -> dict:
     """Run the job over the work ``items`` of the source ``rows`` (each carrying its
     share of the resume ``plan``: pipeline.resume), summarize and commit."""
-    from actors.plan import JobStalled
-    from pipeline.decoders import decoder_kind
-    from pipeline.decoders.registry import untranscribed_stages
-    from pipeline.output import SUMMARY_NAME, LockLost, summarize
-    from pipeline.storage import redact_uri
+    from ..plan import JobStalled
+    from ...pipeline.kinds import decoder_kind
+    from ...pipeline.kinds.registry import untranscribed_stages
+    from ...pipeline.output import SUMMARY_NAME, LockLost, summarize
+    from ...pipeline.storage import redact_uri
 
     dst = redact_uri(spec.output)
     todo = plan.todo
@@ -458,7 +458,7 @@ def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_s
     """The workers: the in-process runner or the Ray runner; ``report(rows, audio_s,
     errors, partial)`` gets the running totals as rows (and pieces of long ones) finish, and every half second between (the
     console's elapsed time, the log's heartbeat, while a batch runs or no event arrives)."""
-    from actors.progress import block_counts
+    from ..progress import block_counts
 
     totals = [(0, 0.0, 0, 0.0)]   # rows, audio seconds, errors, partial recordings: one tuple, replaced whole
     # The runner's thread and the heartbeat both report: one at a time, so the console's
@@ -476,7 +476,7 @@ def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_s
                 report(*totals[0])
 
     if runner == "ray":
-        from actors.plan import init_ray
+        from ..plan import init_ray
 
         init_ray(cfg)
     stop = threading.Event()
@@ -484,12 +484,12 @@ def _dispatch(runner: str, rows, items, cfg, dst: str, report, job_id: str, on_s
     watcher.start()
     try:
         if runner == "local":
-            from actors.local_runner import run_local
+            from ..local_runner import run_local
 
             run_local(rows, cfg, dst, progress=False, on_batch=lambda out: add(*block_counts(out)), job_id=job_id,
                       items=items, on_second_stage=on_second_stage, on_progress=lambda counts: add(*counts))
         else:
-            from actors.plan import run_ray
+            from ..plan import run_ray
 
             run_ray(rows, cfg, dst, items=items, on_counts=add, job_id=job_id, on_second_stage=on_second_stage,
                     on_cluster=on_cluster)
@@ -503,13 +503,13 @@ def _release_ray(runner: str, was_up: bool) -> None:
     instance it started runs, agents and workers included (actors.ray_local); a driver
     that was already connected (a caller's session, a test's cluster) stays connected."""
     if runner == "ray" and not was_up:
-        from actors.ray_local import stop
+        from ..ray_local import stop
 
         stop()
 
 
 def _write_formats(dst: str, formats: list[str], options: dict) -> list[str]:
-    from pipeline.formats import write_formats
+    from ...pipeline.formats import write_formats
 
     return write_formats(dst, formats, options)
 

@@ -7,8 +7,8 @@ the share of our time spent in the encoder's fixed 30-s window.
 """
 from __future__ import annotations
 
-from jobs.bench.data import flat_segments, join_by_recording, load_recordings
-from pipeline.timing import timed
+from .data import flat_segments, join_by_recording, load_recordings
+from ...pipeline.timing import timed
 
 
 def add_arguments(parser) -> None:
@@ -20,10 +20,10 @@ def run(args) -> dict:
     import ctranslate2
     import torch
 
-    from pipeline.decoding.ar_greedy import greedy_decode
-    from pipeline.metrics import corpus_wer
-    from pipeline.models.whisper.adapter import load_whisper_adapter
-    from pipeline.models.whisper.loader import embedded_ct2_dir
+    from ...pipeline.decoding.ar.greedy import greedy_decode
+    from ...pipeline.metrics import corpus_wer
+    from ...pipeline.models.whisper.adapter import load_whisper_adapter
+    from ...pipeline.models.whisper.loader import embedded_ct2_dir
 
     if args.threads:
         torch.set_num_threads(args.threads)

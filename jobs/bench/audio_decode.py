@@ -63,8 +63,8 @@ def run(args) -> dict:
 
     from unittest import mock
 
-    from pipeline import audio as decoders
-    from pipeline.audio_av import iter_av_blocks
+    from ...pipeline import audio as decoders
+    from ...pipeline.audio_av import iter_av_blocks
 
     def sndfile(data: bytes) -> None:
         # pipeline.audio's own path, with its FFmpeg-first rule off: libsndfile decodes

@@ -45,15 +45,15 @@ def add_arguments(parser) -> None:
 
 
 def _odd(text: str) -> bool:
-    from pipeline.metrics import normalize
+    from ...pipeline.metrics import normalize
 
     return hashlib.sha256(normalize(text).encode()).digest()[0] % 2 == 1
 
 
 def splits(args):
     """(fit, test) lists of (recording segments, reference, subset name)."""
-    from jobs.bench.data import DEFAULT_MANIFEST, load_recordings
-    from pipeline.metrics import normalize
+    from .data import DEFAULT_MANIFEST, load_recordings
+    from ...pipeline.metrics import normalize
 
     def load(path, tag):
         recs, refs = load_recordings(str(path))
@@ -92,12 +92,12 @@ def evaluate(cfg, cal, test) -> tuple[dict, dict]:
     """Rows of metrics and the curves for the plot of one kind on the test split."""
     import numpy as np
 
-    from jobs.calibrate import labelled_words
-    from pipeline.confidence.apply import ConfidenceScorer
-    from pipeline.decoders import decoder_kind
-    from pipeline.confidence.evaluation import scores, utterance_correct
-    from pipeline.metrics import corpus_wer
-    from pipeline.pseudo_label import excess_errors, expected_errors, row_errors
+    from ..calibrate import labelled_words
+    from ...pipeline.confidence.apply import ConfidenceScorer
+    from ...pipeline.kinds import decoder_kind
+    from ...pipeline.confidence.evaluation import scores, utterance_correct
+    from ...pipeline.metrics import corpus_wer
+    from ...pipeline.pseudo_label import excess_errors, expected_errors, row_errors
 
     kind = cfg.decoder.kind
     scorer = ConfidenceScorer(cal, decoder_kind(kind))
@@ -171,7 +171,7 @@ def plot(path: str, curves: dict) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from jobs.bench.data import save_figure
+    from .data import save_figure
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     ax1.plot([0, 1], [0, 1], color="grey", lw=0.8)
@@ -202,13 +202,13 @@ def cost(recordings: list[list], kinds=("ar", "ssd"), rounds: int = 2) -> dict:
     after a warm-up round, fastest kept."""
     import numpy as np
 
-    from pipeline.batching import pack_by_budget
-    from pipeline.config import load_config
-    from pipeline.decoders import decoder_kind
-    from pipeline.decoders.base import PENDING
-    from pipeline.models import load_model
-    from pipeline.segment_runner import decode_segments
-    from pipeline.timing import timed
+    from ...pipeline.batching import pack_by_budget
+    from ...pipeline.config import load_config
+    from ...pipeline.kinds import decoder_kind
+    from ...pipeline.kinds.base import PENDING
+    from ...pipeline.models import load_model
+    from ...pipeline.segment_runner import decode_segments
+    from ...pipeline.timing import timed
 
     audios = [np.asarray(a, dtype=np.float32) for segs in recordings for a in segs]
     out = {}
@@ -239,9 +239,9 @@ def cost(recordings: list[list], kinds=("ar", "ssd"), rounds: int = 2) -> dict:
 
 
 def run(args) -> dict:
-    from jobs.calibrate import Recording, decode_recordings, fit_calibration
-    from pipeline.confidence.calibration import Calibration
-    from pipeline.config import load_config
+    from ..calibrate import Recording, decode_recordings, fit_calibration
+    from ...pipeline.confidence.calibration import Calibration
+    from ...pipeline.config import load_config
 
     fit, test = splits(args)
     rows, curves, merged = [], {}, None

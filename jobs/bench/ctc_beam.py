@@ -31,11 +31,11 @@ import json
 import tempfile
 from pathlib import Path
 
-from jobs.bench.ctc_beam_runs import FLTOP_PAPER, decode_ours, utterance_rows
-from jobs.bench.data import (best_of, domain_phrases, interleaved_ms_per_utt, key_phrases, pad_log_probs,
+from .ctc_beam_runs import FLTOP_PAPER, decode_ours, utterance_rows
+from .data import (best_of, domain_phrases, interleaved_ms_per_utt, key_phrases, pad_log_probs,
                              read_lm_text, simulate_log_probs, simulate_token_log_probs, split_text)
-from pipeline.metrics import corpus_wer_lowercase, phrase_fscore
-from pipeline.timing import timed
+from ...pipeline.metrics import corpus_wer_lowercase, phrase_fscore
+from ...pipeline.timing import timed
 
 SUMMARY_BEAM = 8
 SUMMARY_BATCH = 32
@@ -76,9 +76,9 @@ def add_arguments(parser) -> None:
 def manifest_log_probs(manifest: str, head: str, device: str | None, limit: int, batch: int = 8):
     """Real encoder outputs: the embedded Whisper encoder + CTC head over the first ``limit``
     rows (with references) of a manifest."""
-    from pipeline.audio import decode_audio
-    from pipeline.models.whisper.adapter import load_whisper_adapter
-    from pipeline.sources import read_bytes, read_source
+    from ...pipeline.audio import decode_audio
+    from ...pipeline.models.whisper.adapter import load_whisper_adapter
+    from ...pipeline.sources import read_bytes, read_source
 
     rows = [r for r in read_source(manifest) if r.get("reference")][:limit]
     adapter = load_whisper_adapter("embedded", device=device or "cpu", ctc_head=head)
@@ -112,7 +112,7 @@ def load_log_probs(path: str):
 # ------------------------------------------------------------------- decoders
 def build_lms(train: list[str], workdir: Path):
     """Token-level char 6-gram (ours + flashlight) and word 4-gram (pyctcdecode), same text."""
-    from pipeline.lm.build import build_lm, run_lmplz
+    from ...pipeline.lm.build import build_lm, run_lmplz
 
     text = workdir / "train.txt"
     text.write_text("\n".join(train) + "\n")
@@ -134,12 +134,12 @@ def run(args) -> dict:
 def _run(args, work: Path) -> dict:
     import torch
 
-    from pipeline.decoding.ctc_beam import CTCBeamSearch
-    from pipeline.decoding.ctc_greedy import ctc_greedy
-    from pipeline.decoding.flop import surviving_tokens
-    from pipeline.lm.boosting import BoostingTree, case_variants
-    from pipeline.lm.ngpu_lm import NGramLM
-    from pipeline.text import charset
+    from ...pipeline.decoding.ctc_beam import CTCBeamSearch
+    from ...pipeline.models.ctc_greedy import ctc_greedy
+    from ...pipeline.decoding.ctc_beam.flop import surviving_tokens
+    from ...pipeline.lm.boosting import BoostingTree, case_variants
+    from ...pipeline.lm.ngpu_lm import NGramLM
+    from ...pipeline.text import charset
 
     torch.set_num_threads(1)
     quick = bool(getattr(args, "quick", False))
@@ -262,7 +262,7 @@ def _run(args, work: Path) -> dict:
                      "ms_per_utt": 1000.0 * secs / len(big_len), "utts": len(big_len), "avg_beams": beams})
 
     # flashlight-text: same token ARPA, same weight, one utterance at a time
-    from pipeline.training.references.ctc_decoders import FlashlightCTC, PyCTCDecode
+    from ...pipeline.training.references.ctc_decoders import FlashlightCTC, PyCTCDecode
 
     np_lp = [cpu_lp[i, : int(lengths[i])].numpy() for i in range(n)]
     views = utterance_rows(log_probs, lengths) if log_probs.device.type == "cpu" else None
@@ -323,7 +323,7 @@ def _run(args, work: Path) -> dict:
         summary["native_same_wer"] = (torch_step[False]["wer"] == flop_off["wer"]
                                               and torch_step[True]["wer"] == flop_on["wer"])
     if getattr(args, "model", None):
-        from jobs.bench.ctc_beam_model import run_model
+        from .ctc_beam_model import run_model
 
         summary.update(run_model(args, train, phrases[100], held, work))
     _plot(rows, args)
@@ -389,7 +389,7 @@ def _plot(rows, args) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from jobs.bench.data import save_figure
+    from .data import save_figure
 
     path = args.plot or (str(Path(args.out).with_suffix(".png")) if getattr(args, "out", None) else "ctc_beam.png")
     fig, (ax_t, ax_w) = plt.subplots(1, 2, figsize=(11, 4))

@@ -85,7 +85,7 @@ def resolve_model(spec: str, text: list[str], work: Path) -> str:
 
 # --------------------------------------------------------------------- speed
 def _encode_all(adapter, audios, batch: int):
-    from pipeline.timing import timed
+    from ...pipeline.timing import timed
 
     def run():
         out = []
@@ -105,7 +105,7 @@ def simulate_in_vocabulary(texts: list[str], vocab, seed: int):
     model's are, and the decoders' speeds depend on that shape."""
     import torch
 
-    from jobs.bench.data import _ctc_alignment, pad_log_probs
+    from .data import _ctc_alignment, pad_log_probs
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -128,12 +128,12 @@ def compare_decoders(lp, lengths, vocab, lms: dict, tree, beam_cfg, alpha: float
                      refs: list[str] | None = None) -> dict:
     """ms/utterance (and WER against ``refs``) of ours, flashlight-text and pyctcdecode at
     beam 8 with the token LM (pyctcdecode: the word LM), timed in turn."""
-    from jobs.bench.ctc_beam_runs import FLTOP_PAPER, decode_ours, utterance_rows
-    from jobs.bench.data import interleaved_ms_per_utt
-    from pipeline.decoding.ctc_beam import CTCBeamSearch
-    from pipeline.decoding.ctc_greedy import ctc_greedy
-    from pipeline.training.references.ctc_decoders import FlashlightCTC, PyCTCDecode
-    from pipeline.metrics import corpus_wer_lowercase
+    from .ctc_beam_runs import FLTOP_PAPER, decode_ours, utterance_rows
+    from .data import interleaved_ms_per_utt
+    from ...pipeline.decoding.ctc_beam import CTCBeamSearch
+    from ...pipeline.models.ctc_greedy import ctc_greedy
+    from ...pipeline.training.references.ctc_decoders import FlashlightCTC, PyCTCDecode
+    from ...pipeline.metrics import corpus_wer_lowercase
 
     n = len(lengths)
     views = utterance_rows(lp, lengths)
@@ -199,11 +199,11 @@ def model_speed(model: str, audios: list[np.ndarray], lm_text: list[str], heldou
                 decoder_rounds: int | None = None) -> dict:
     import torch
 
-    from pipeline.lm.boosting import BoostingTree
-    from pipeline.lm.build import build_lm, run_lmplz
-    from pipeline.lm.ngpu_lm import NGramLM
-    from pipeline.models.ctc.adapter import load_ctc_adapter
-    from pipeline.text.ctc_vocabulary import TokenizerVocabulary
+    from ...pipeline.lm.boosting import BoostingTree
+    from ...pipeline.lm.build import build_lm, run_lmplz
+    from ...pipeline.lm.ngpu_lm import NGramLM
+    from ...pipeline.models.ctc.adapter import load_ctc_adapter
+    from ...pipeline.text.ctc_vocabulary import TokenizerVocabulary
 
     adapter = load_ctc_adapter(model)
     vocab = TokenizerVocabulary.from_pretrained(model)
@@ -220,7 +220,7 @@ def model_speed(model: str, audios: list[np.ndarray], lm_text: list[str], heldou
     for _ in range(rounds - 1):
         encoded, t = _encode_all(adapter, audios, 8)
         t_enc = min(t_enc, t)
-    from jobs.bench.data import pad_log_probs
+    from .data import pad_log_probs
 
     lp, lengths = pad_log_probs(encoded)
     n, audio_s = len(encoded), sum(len(a) for a in audios) / 16000
@@ -258,7 +258,7 @@ def speech_span(audio: np.ndarray, frame: int = 160, rel: float = 0.02) -> tuple
 def timed_word_clips(sentences: list[str], voices, seed: int):
     """Clips of separately rendered words joined by 0.1-0.5 s of silence: (audio, [(word,
     start_s, end_s)]) with the boundaries known to the sample."""
-    from pipeline.training.tts.engines import synthesize
+    from ...pipeline.training.tts.engines import synthesize
 
     rng = np.random.default_rng(seed)
     clips = []
@@ -300,11 +300,11 @@ def boundary_errors(predicted: list[dict], truth: list[tuple[str, float, float]]
 
 def word_timing(sentences: list[str], seed: int) -> dict:
     """Word-boundary error of greedy and beam (beam 8, no LM) on the embedded model."""
-    from pipeline.config import load_config
-    from pipeline.decoders.ctc_beam.stages import CTCLogProbsDecoder, build_search
-    from pipeline.decoders.ctc_greedy.stage import build
-    from pipeline.models import load_model
-    from pipeline.training.tts.engines import Voice
+    from ...pipeline.config import load_config
+    from ...pipeline.kinds.ctc_beam.stages import CTCLogProbsDecoder, build_search
+    from ...pipeline.kinds.ctc_greedy.stage import build
+    from ...pipeline.models import load_model
+    from ...pipeline.training.tts.engines import Voice
 
     voices = [Voice("espeak-ng", "en-us"), Voice("flite", "slt"), Voice("espeak-ng", "en-gb+m3", rate=0.9),
               Voice("flite", "rms")]
@@ -326,8 +326,8 @@ def word_timing(sentences: list[str], seed: int) -> dict:
 def run_model(args, lm_text: list[str], phrases: list[str], heldout: list[str], work: Path) -> dict:
     """The checkpoint's speed rows and the embedded model's word timing (files under
     ``work``, the caller's run directory)."""
-    from jobs.bench.data import flat_segments, load_recordings
-    from pipeline.config import load_config
+    from .data import flat_segments, load_recordings
+    from ...pipeline.config import load_config
 
     quick = bool(getattr(args, "quick", False))
     model = resolve_model(args.model, lm_text, work)

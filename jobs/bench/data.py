@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.heldout import DEFAULT_MANIFEST, load_recordings  # noqa: F401 (the benchmarks' held-out audio)
+from ...pipeline.heldout import DEFAULT_MANIFEST, load_recordings  # noqa: F401 (the benchmarks' held-out audio)
 
 
 def flat_segments(recordings: list[list]) -> tuple[list[tuple[int, object]], float]:
     """Every segment as (recording index, 16-kHz audio), in order, and their total seconds."""
-    from pipeline.audio import SAMPLE_RATE
+    from ...pipeline.audio import SAMPLE_RATE
 
     flat = [(r, a) for r, segs in enumerate(recordings) for a in segs]
     return flat, sum(len(a) for _, a in flat) / SAMPLE_RATE
@@ -42,7 +42,7 @@ def concat_long_form(recordings: list[list], refs: list[str], target_s: float, g
     decoder's share of the work is what it is on near-30-s segments."""
     import numpy as np
 
-    from pipeline.audio import SAMPLE_RATE
+    from ...pipeline.audio import SAMPLE_RATE
 
     gap = np.zeros(int(gap_s * SAMPLE_RATE), dtype=np.float32)
     limit = int(target_s * SAMPLE_RATE)
@@ -71,7 +71,7 @@ def write_long_form(manifest: str, target_s: float, folder: str, limit: int = 0)
 
     import soundfile as sf
 
-    from pipeline.audio import SAMPLE_RATE
+    from ...pipeline.audio import SAMPLE_RATE
 
     recordings, refs = load_recordings(manifest, limit)
     audio, joined = concat_long_form(recordings, refs, target_s)
@@ -92,7 +92,7 @@ def read_lm_text(path: str) -> list[str]:
     """LM training sentences: a text file's lines, or the ``text`` of a JSONL manifest's rows."""
     import json
 
-    from pipeline.lm.build import read_lines
+    from ...pipeline.lm.build import read_lines
 
     lines = read_lines([path])
     if path.endswith(".jsonl"):
@@ -102,7 +102,7 @@ def read_lm_text(path: str) -> list[str]:
 
 def split_text(seed: int):
     """Held-out and LM-training sentences (every 10th sentence is held out)."""
-    from pipeline.training.sample_text import pydoc_sentences
+    from ...pipeline.training.sample_text import pydoc_sentences
 
     sentences = [s for s in pydoc_sentences(min_chars=20, max_chars=110)]
     held = [s for i, s in enumerate(sentences) if i % 10 == seed % 10]
@@ -141,7 +141,7 @@ def simulate_log_probs(texts: list[str], seed: int):
     import numpy as np
     import torch
 
-    from pipeline.text import charset
+    from ...pipeline.text import charset
 
     rng = np.random.default_rng(seed)
     v1 = charset.NUM_CLASSES
@@ -211,7 +211,7 @@ def key_phrases(held: list[str], train: list[str], count: int) -> list[str]:
 def domain_phrases(count: int = 100) -> list[str]:
     """Key phrases of the maintenance domain (pipeline.training.tts.domain_text): equipment, places,
     people, days, actions, faults, measured quantities and units."""
-    from pipeline.training.tts import domain_text as d
+    from ...pipeline.training.tts import domain_text as d
 
     out = d.EQUIPMENT + d.PLACES + d.PEOPLE + d.DAYS + d.ACTIONS + d.FAULTS
     out += sorted({m[0] for m in d.MEASURES} | {m[1] for m in d.MEASURES if m[1] != "%"})
@@ -221,7 +221,7 @@ def domain_phrases(count: int = 100) -> list[str]:
 # ------------------------------------------------------------------------------ timing
 def best_of(reps: int, fn):
     """Output and the fastest of ``reps`` timed runs (other jobs share this machine)."""
-    from pipeline.timing import timed
+    from ...pipeline.timing import timed
 
     best = None
     for _ in range(reps):
@@ -233,7 +233,7 @@ def best_of(reps: int, fn):
 def interleaved_ms_per_utt(contenders: dict, rounds: int) -> dict:
     """Fastest ms/utterance of each ``name: (utterances, fn)``, the contenders run in turn
     for ``rounds`` rounds after one warm-up round."""
-    from pipeline.timing import timed
+    from ...pipeline.timing import timed
 
     best = {}
     for r in range(rounds + 1):
@@ -253,8 +253,8 @@ def heldout_voice_speech(items: list[dict], seed: int) -> list:
     import random
     import subprocess
 
-    from pipeline.training.tts.corpus import sample_voice
-    from pipeline.training.tts.engines import synthesize
+    from ...pipeline.training.tts.corpus import sample_voice
+    from ...pipeline.training.tts.engines import synthesize
 
     rng = random.Random(seed)
     out = []

@@ -108,8 +108,8 @@ class ModelCalls:
         """Seconds of every recorded call, on the job's intra-op threads (its model
         stages': pipeline.device.worker_threads); a second stage's items are copied before
         the clock starts (it writes its results into them)."""
-        from pipeline.device import torch_threads
-        from pipeline.timing import synchronize
+        from ...pipeline.device import torch_threads
+        from ...pipeline.timing import synchronize
 
         spent = 0.0
         # No inference_mode here: the job's model stages do not run under it either.
@@ -136,8 +136,8 @@ class ModelCalls:
 
 def _file_seconds(rows: list[dict]) -> tuple[float, float]:
     """(audio seconds of the files at 16 kHz, seconds spent decoding and resampling them)."""
-    from pipeline.audio import SAMPLE_RATE, decode_stream
-    from pipeline.sources import open_audio
+    from ...pipeline.audio import SAMPLE_RATE, decode_stream
+    from ...pipeline.sources import open_audio
 
     total, t0 = 0.0, time.perf_counter()
     for r in rows:
@@ -151,8 +151,8 @@ def _copy_seconds(adapter, batches: list[list], device) -> float:
     import numpy as np
     import torch
 
-    from pipeline.device import is_cuda
-    from pipeline.timing import timed
+    from ...pipeline.device import is_cuda
+    from ...pipeline.timing import timed
 
     if not is_cuda(str(device)):
         return 0.0
@@ -177,7 +177,7 @@ def _ray_job(args, rows: list[dict], workdir: Path) -> dict | None:
     out = workdir / "ray_out"
     manifest = workdir / "clips.jsonl"
     manifest.write_text("".join(json.dumps({"id": r["id"], "audio": r["audio"]}) + "\n" for r in rows))
-    cmd = [sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(manifest), "--output", str(out),
+    cmd = [sys.executable, "-m", "shardscribe.jobs.cli", "transcribe", "--input", str(manifest), "--output", str(out),
            "--config", args.config, "--runner", "ray", "--progress-interval", "0"]
     if args.model:
         cmd += ["--model", args.model]
@@ -203,12 +203,12 @@ def _overrides(args) -> list[str]:
 def run(args) -> dict:
     import torch
 
-    from actors.local_runner import build_stages, run_local
-    from pipeline.config import load_config
-    from pipeline.device import torch_threads
-    from pipeline.output import read_output
-    from pipeline.sources import read_source
-    from pipeline.timing import timed
+    from ...actors.local_runner import build_stages, run_local
+    from ...pipeline.config import load_config
+    from ...pipeline.device import torch_threads
+    from ...pipeline.output import read_output
+    from ...pipeline.sources import read_source
+    from ...pipeline.timing import timed
 
     rounds = args.rounds or (1 if args.quick else 3)
     limit = args.limit or (12 if args.quick else 0)

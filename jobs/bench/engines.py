@@ -56,7 +56,7 @@ class FasterWhisper:
     """faster-whisper (or its engine alone where the package is missing), file by file."""
 
     def __init__(self, compute_type: str, threads: int):
-        from pipeline.models.whisper.loader import embedded_ct2_dir
+        from ...pipeline.models.whisper.loader import embedded_ct2_dir
 
         self.compute_type = compute_type
         path = str(embedded_ct2_dir())
@@ -81,8 +81,8 @@ class FasterWhisper:
             self.prompt = self.tokenizer.convert_tokens_to_ids(["<|startoftranscript|>", "<|notimestamps|>"])
 
     def transcribe(self, row: dict) -> str:
-        from pipeline.audio import SAMPLE_RATE, decode_stream
-        from pipeline.sources import open_audio
+        from ...pipeline.audio import SAMPLE_RATE, decode_stream
+        from ...pipeline.sources import open_audio
 
         with open_audio(row) as fh:
             samples, _, _ = decode_stream(fh)
@@ -112,8 +112,8 @@ class Ours:
     """A config of ours end to end through actors.local_runner, actors built once."""
 
     def __init__(self, spec: str, device: str | None, common: list[str]):
-        from actors.local_runner import build_stages
-        from pipeline.config import load_config
+        from ...actors.local_runner import build_stages
+        from ...pipeline.config import load_config
 
         name, overrides = parse_spec(spec)
         overrides = [*common, *overrides]
@@ -135,8 +135,8 @@ class Ours:
         return self.stages[1].adapter
 
     def run(self, rows: list[dict], workdir: Path) -> dict:
-        from actors.local_runner import run_local
-        from pipeline.output import read_output
+        from ...actors.local_runner import run_local
+        from ...pipeline.output import read_output
 
         self.runs += 1
         dst = workdir / f"{self.name.replace(' ', '_').replace('/', '_')}-{self.runs}"
@@ -173,7 +173,7 @@ def segment_counts(segments: list[dict]) -> dict:
 def feature_seconds(adapter, recordings: list[list]) -> float:
     """Seconds of the log-mel features of every segment, in batches of FEATURE_BATCH (the
     fastest of two passes)."""
-    from jobs.bench.data import best_of
+    from .data import best_of
 
     segs = [a for rec in recordings for a in rec]
     batches = [segs[i:i + FEATURE_BATCH] for i in range(0, len(segs), FEATURE_BATCH)]
@@ -186,8 +186,8 @@ def run(args) -> dict:
 
     import torch
 
-    from jobs.bench.data import DEFAULT_MANIFEST, write_long_form
-    from pipeline.device import worker_threads
+    from .data import DEFAULT_MANIFEST, write_long_form
+    from ...pipeline.device import worker_threads
 
     # Every engine gets the same threads: faster-whisper's cpu_threads, and our model
     # stages' model.num_threads (pipeline.device.worker_threads, which they default to).
@@ -210,12 +210,12 @@ def _run(args, source: str, manifest: str, limit: int, rounds: int, threads: int
 
     import torch
 
-    from jobs.bench.data import load_recordings
-    from pipeline.audio import SAMPLE_RATE, decode_stream
-    from pipeline.device import cpu_bf16_native
-    from pipeline.metrics import corpus_wer
-    from pipeline.sources import open_audio, read_source
-    from pipeline.timing import timed
+    from .data import load_recordings
+    from ...pipeline.audio import SAMPLE_RATE, decode_stream
+    from ...pipeline.device import cpu_bf16_native
+    from ...pipeline.metrics import corpus_wer
+    from ...pipeline.sources import open_audio, read_source
+    from ...pipeline.timing import timed
 
     rows = read_source(manifest)[:limit or None]
     recordings, _ = load_recordings(manifest, limit)
@@ -280,7 +280,7 @@ def _plot(rows: list[dict], path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from jobs.bench.data import save_figure
+    from .data import save_figure
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     names = [r["engine"] for r in rows]

@@ -21,7 +21,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from pipeline.timing import timed
+from ...pipeline.timing import timed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,10 +86,10 @@ def _raw_kenlm_loop(ref, states) -> float:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from pipeline.lm.build import build_lm
-    from pipeline.training.references.kenlm_ref import KenLMReference
-    from pipeline.lm.ngpu_lm import NGramLM
-    from pipeline.training.sample_text import pydoc_sentences
+    from ...pipeline.lm.build import build_lm
+    from ...pipeline.training.references.kenlm_ref import KenLMReference
+    from ...pipeline.lm.ngpu_lm import NGramLM
+    from ...pipeline.training.sample_text import pydoc_sentences
 
     torch.set_num_threads(args.threads)
     quick = bool(getattr(args, "quick", False))

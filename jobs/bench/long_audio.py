@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from pipeline.audio import MAX_SECONDS
+from ...pipeline.audio import MAX_SECONDS
 
 SAMPLE = Path(__file__).resolve().parents[2] / "pipeline" / "assets" / "samples" / "beckett_human.flac"
 WRITE_BLOCK_S = 60
@@ -78,7 +78,7 @@ def transcribe_command(audio: Path, dst: Path, config: str, runner: str, seconds
     """The job over ``audio``, with audio.max_seconds raised to its length where the
     default (4 hours) would refuse it, and ``sets`` (``KEY=VALUE``)."""
     cap = max(MAX_SECONDS, seconds + 60)
-    cmd = [sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(audio), "--output", str(dst),
+    cmd = [sys.executable, "-m", "shardscribe.jobs.cli", "transcribe", "--input", str(audio), "--output", str(dst),
            "--config", config, "--runner", runner, "--set", f"audio.max_seconds={cap:g}"]
     return cmd + [a for kv in sets for a in ("--set", kv)]
 

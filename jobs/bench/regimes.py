@@ -122,7 +122,7 @@ def _clips(n: int, seconds: float, seed: int) -> list[np.ndarray]:
 
 
 def _best(fn, device, rounds: int):
-    from pipeline.timing import timed
+    from ...pipeline.timing import timed
 
     out, _ = timed(fn, device=device)      # warm-up (and the result)
     return out, min(timed(fn, device=device)[1] for _ in range(rounds))
@@ -137,7 +137,7 @@ def whisper_parts(directory: str | None):
     if directory and (Path(directory) / "config.json").is_file():
         return (WhisperProcessor.from_pretrained(directory), GenerationConfig.from_pretrained(directory),
                 WhisperConfig.from_pretrained(directory))
-    from pipeline.models.whisper.loader import load_whisper
+    from ...pipeline.models.whisper.loader import load_whisper
 
     tiny, processor = load_whisper("embedded")
     if directory:
@@ -154,9 +154,9 @@ def random_whisper(dims: dict, device, dtype, processor_dir: str | None = None, 
     import torch
     from transformers import WhisperForConditionalGeneration
 
-    from pipeline.models.whisper.adapter import WhisperAdapter
-    from pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig
-    from pipeline.text import charset
+    from ...pipeline.models.whisper.adapter import WhisperAdapter
+    from ...pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig
+    from ...pipeline.text import charset
 
     processor, generation, base = whisper_parts(processor_dir)
     config = base.__class__(**{**base.to_dict(), **dims})
@@ -177,7 +177,7 @@ def random_granite(dims: dict, device, dtype):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GraniteSpeechConfig, GraniteSpeechForConditionalGeneration, PreTrainedTokenizerFast
 
-    from pipeline.models.granite_speech.adapter import GraniteSpeechAdapter
+    from ...pipeline.models.granite_speech.adapter import GraniteSpeechAdapter
 
     text = dict(dims["text"])
     vocab = text.pop("vocab")
@@ -246,9 +246,9 @@ def _ssd_on(adapter, label: str, encode, o) -> tuple[list[dict], dict]:
     """Full AR and SSD at the paper's rates on one model (see the module docstring)."""
     import torch
 
-    from pipeline.decoding.ar_greedy import greedy_decode, seeds_from_cache
-    from pipeline.decoding.ssd.decoder import VERIFY_HEAD_CHUNK
-    from pipeline.decoding.ssd.verify import verify_drafts
+    from ...pipeline.decoding.ar.greedy import greedy_decode, seeds_from_cache
+    from ...pipeline.decoding.ssd.decoder import VERIFY_HEAD_CHUNK
+    from ...pipeline.decoding.ssd.verify import verify_drafts
 
     audio_s = o.seconds * o.batch
     enc, t_enc = _best(encode, o.device, o.rounds)
@@ -265,7 +265,7 @@ def _ssd_on(adapter, label: str, encode, o) -> tuple[list[dict], dict]:
     summary.update(static)
     static_loop = None
     if static_fields.get("static_s") is not None:
-        from pipeline.decoding.ar_static_graphs import StaticDecoding
+        from ...pipeline.decoding.ar.graphs import StaticDecoding
 
         # the fallback's static loop: CUDA graphs on a GPU, uncaptured on the CPU
         static_loop = StaticDecoding() if o.device.type == "cuda" else StaticDecoding(cpu_static=True)
@@ -340,7 +340,7 @@ def _ssd_on(adapter, label: str, encode, o) -> tuple[list[dict], dict]:
 
 
 def _static_ar(adapter, states, ar, t_ar: float, o) -> tuple[dict, dict]:
-    """Full AR's greedy loop over a static KV cache (pipeline.decoding.ar_static) next to
+    """Full AR's greedy loop over a static KV cache (pipeline.decoding.ar.static) next to
     the eager loop's ``ar`` (``t_ar`` s): uncaptured (``static_*``), and on CUDA replayed as
     CUDA graphs (``graphs_*``; the bucket's capture happens in the untimed warm-up). Fields
     for the full-AR row: the loop's seconds, its speed ratio to eager (``*_vs_eager``) and
@@ -349,8 +349,8 @@ def _static_ar(adapter, states, ar, t_ar: float, o) -> tuple[dict, dict]:
     static step (the eager loop decodes it)."""
     import torch
 
-    from pipeline.decoding.ar_greedy import greedy_decode
-    from pipeline.decoding.ar_static_graphs import StaticDecoding
+    from ...pipeline.decoding.ar.greedy import greedy_decode
+    from ...pipeline.decoding.ar.graphs import StaticDecoding
 
     if adapter.static_step() is None:
         return {"static_s": None}, {}
@@ -384,7 +384,7 @@ def _decoder_row(section: str, regime: str, t_enc: float, t_dec: float, t_greedy
 def random_arpa(vocab: int, order: int, seed: int, per_order: int) -> str:
     """A back-off n-gram over token ids ``0..vocab-1`` in ARPA form, random but well formed
     (every prefix of an n-gram is listed): an LM of a realistic shape for speed only."""
-    from pipeline.lm.arpa import token_word
+    from ...pipeline.lm.arpa import token_word
 
     rng = np.random.default_rng(seed)
     words = [token_word(i) for i in range(vocab)]
@@ -429,10 +429,10 @@ def ctc_beam_regime(o) -> tuple[list[dict], dict]:
     import torch
     from transformers import ParakeetCTCConfig, ParakeetFeatureExtractor, ParakeetForCTC
 
-    from pipeline.decoding.ctc_beam import CTCBeamSearch
-    from pipeline.decoding.ctc_greedy import ctc_greedy
-    from pipeline.lm.boosting import BoostingTree
-    from pipeline.lm.ngpu_lm import NGramLM
+    from ...pipeline.decoding.ctc_beam import CTCBeamSearch
+    from ...pipeline.models.ctc_greedy import ctc_greedy
+    from ...pipeline.lm.boosting import BoostingTree
+    from ...pipeline.lm.ngpu_lm import NGramLM
 
     vocab = 64 if o.quick else 1024
     cfg = ParakeetCTCConfig(vocab_size=vocab + 1, pad_token_id=vocab,
@@ -499,10 +499,10 @@ def transducer_regime(o) -> tuple[list[dict], dict]:
     from transformers import (ParakeetFeatureExtractor, ParakeetForRNNT, ParakeetForTDT, ParakeetRNNTConfig,
                               ParakeetTDTConfig)
 
-    from pipeline.decoding.transducer.greedy import transducer_greedy
-    from pipeline.decoding.transducer.label_looping import LabelLoopingGreedy
-    from pipeline.decoding.transducer.search import TransducerBeamSearch
-    from pipeline.models.transducer.adapter import TransducerAdapter
+    from ...pipeline.decoding.transducer.greedy import transducer_greedy
+    from ...pipeline.decoding.transducer.label_looping import LabelLoopingGreedy
+    from ...pipeline.decoding.transducer.search import TransducerBeamSearch
+    from ...pipeline.models.transducer.adapter import TransducerAdapter
 
     toy = {"vocab_size": 257, "blank_token_id": 256, "decoder_hidden_size": 64} if o.quick else {}
     cfg = ParakeetTDTConfig(**({"encoder_config": TOY_PARAKEET} if o.quick else {}), **toy)
@@ -566,7 +566,7 @@ def _plot(rows, args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jobs.bench.data import save_figure
+    from .data import save_figure
 
     if not getattr(args, "out", None):
         return

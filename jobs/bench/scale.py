@@ -13,7 +13,7 @@ figures measure the plan and the driver, not a model or this machine's cores:
   segment, Whisper's padded window) by sleeping, so it uses no CPU, and returns a text.
 - ``scale_bench_pending``: its first stage sleeps the same and leaves every segment pending
   with a real two-stage kind's payload (a 1500 x 384 float32 "encoder state", Whisper
-  tiny's, packed as SSD's pending state is: pipeline.decoders.base.PendingState); its
+  tiny's, packed as SSD's pending state is: pipeline.kinds.base.PendingState); its
   second stage sleeps ``--latency`` per batch and finishes the text.
 
 The defaults (0.2 s per batch of 4) make one GPU 20 rows/s, so eight GPUs' 160 rows/s
@@ -69,8 +69,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.decoders.base import PENDING, PendingState, SegmentResult
-from pipeline.decoders.registry import DECODER_KINDS, DecoderKind, register_decoder_kind
+from ...pipeline.kinds.base import PENDING, PendingState, SegmentResult
+from ...pipeline.kinds.registry import DECODER_KINDS, DecoderKind, register_decoder_kind
 
 KIND = "scale_bench"
 PENDING_KIND = "scale_bench_pending"
@@ -104,7 +104,7 @@ class ScaleOptions:
 
     def validate(self, key: str) -> None:
         if self.latency_s < 0 or self.frames < 1 or self.dim < 1:
-            from pipeline.config_values import ConfigError
+            from ...pipeline.config_values import ConfigError
 
             raise ConfigError(f"{key}: latency_s >= 0, frames >= 1 and dim >= 1, got {self}")
 
@@ -441,8 +441,8 @@ def steady_rate(records: list[dict]) -> float | None:
 def run_one(sim: SimCluster, work: Path, name: str, rows: int, latency_s: float, batch: int,
             extra: list[str], kind: str = KIND) -> dict:
     """One job of ``rows`` rows on the cluster as laid out; its counts, timings and bytes."""
-    from actors.job import run_job
-    from actors.job.spec import JobSpec
+    from ...actors.job import run_job
+    from ...actors.job.spec import JobSpec
 
     record_dir = work / "records" / name
     record_dir.mkdir(parents=True)

@@ -46,10 +46,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.bench.data import concat_long_form, flat_segments, join_by_recording, load_recordings
-from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
-from pipeline.models.base import PACKABLE
-from pipeline.timing import timed
+from .data import concat_long_form, flat_segments, join_by_recording, load_recordings
+from ...pipeline.decoding.drafting.draft_sync import LOOKAHEAD_RULES
+from ...pipeline.models.base import PACKABLE
+from ...pipeline.timing import timed
 
 PAPER_GATE_ROW = "SSD high_rtfx, paper gate"
 UNVERIFIED_PACKED_ROW = "SSD high_rtfx, pipeline, packed gate, gate unverified"
@@ -89,15 +89,15 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> dict:
-    from pipeline.config import load_config
-    from pipeline.decoding.ar_greedy import greedy_decode
-    from pipeline.decoding.ssd.decoder import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
-    from pipeline.metrics import corpus_wer
-    from pipeline.decoders.base import PENDING
-    from pipeline.decoders.ctc_greedy.stage import CTCGreedySegmentDecoder
-    from pipeline.decoders.ssd.stages import SSDFallback, SSDFirstPassDecoder
-    from pipeline.models import load_model
-    from pipeline.segment_runner import decode_segments
+    from ...pipeline.config import load_config
+    from ...pipeline.decoding.ar.greedy import greedy_decode
+    from ...pipeline.decoding.ssd.decoder import AR_FALLBACK, CTC_GATE, LLM_VERIFY, SelfSpeculativeDecoder
+    from ...pipeline.metrics import corpus_wer
+    from ...pipeline.kinds.base import PENDING
+    from ...pipeline.kinds.ctc_greedy.stage import CTCGreedySegmentDecoder
+    from ...pipeline.kinds.ssd.stages import SSDFallback, SSDFirstPassDecoder
+    from ...pipeline.models import load_model
+    from ...pipeline.segment_runner import decode_segments
 
     import torch
 
@@ -421,7 +421,7 @@ def _plot(rows, path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from jobs.bench.data import save_figure
+    from .data import save_figure
 
     fig, ax = plt.subplots(figsize=(6, 4))
     sweep = [r for r in rows if r["config"] == "SSD sweep" and r["wer"] is not None]

@@ -20,11 +20,11 @@ Clock: with ``--threads 1`` on CPU (the default here) every time is this process
 time (``time.process_time``), and the adaptive rows' policy times passes with it too: on
 a 2-core machine shared with other jobs, wall time moved 2-3x between identical runs,
 while one thread's CPU time is what its wall time is on an idle core. Otherwise wall time
-(device synchronised). ``adaptive`` rows switch drafting off where it does not pay (pipeline.decoding.token_map_policy, as
+(device synchronised). ``adaptive`` rows switch drafting off where it does not pay (pipeline.decoding.drafting.token_map_policy, as
 ``token_map.adaptive`` does); the others draft on every pass. On the domain set a sweep
 over K (candidates) at the main N and over N (map order) at the main K (every pair with
 ``--full-grid``) draws decode time against K (--plot). Per set, ``bound`` rows give the
-ceiling (pipeline.decoding.token_map_replay): plain AR's tokens replayed through the
+ceiling (pipeline.decoding.drafting.token_map_replay): plain AR's tokens replayed through the
 lookup give drafting's passes exactly, and priced with this machine's plain-step cost
 (per pass and per alive row, fitted from AR batched and AR one segment at a time) they
 bound the decoder-time speedup of any tree pass that costs at least a plain step; for the
@@ -34,7 +34,7 @@ sources, the rest of the CTC draft (``ssd.lookahead``) and the token map, alone 
 both orders; those rows time the fallback only.
 
 With ``--online`` every set also gets the rows of a map built online
-(``token_map.online``, pipeline.decoding.token_map_online): empty at the start of each
+(``token_map.online``, pipeline.decoding.drafting.token_map_online): empty at the start of each
 run, it learns each batch's tokens once the batch is decoded (learning is timed with the
 decode), adaptive and always drafting, and its bound row (the same replay, the map
 growing batch by batch). Set (d) ``samples``: the bundled samples, said ``--copies`` times
@@ -48,8 +48,8 @@ from pathlib import Path
 
 import time
 
-from jobs.bench.data import heldout_voice_speech, load_recordings
-from pipeline.timing import synchronize
+from .data import heldout_voice_speech, load_recordings
+from ...pipeline.timing import synchronize
 
 ALSA_DIR = Path("/usr/share/sounds/alsa")
 SAMPLES = Path(__file__).resolve().parents[2] / "pipeline/assets/samples"
@@ -82,14 +82,14 @@ def add_arguments(parser) -> None:
 
 
 def _domain_split(n_test: int, n_map: int, seed: int):
-    from pipeline.training.tts.domain_text import domain_sentences
+    from ...pipeline.training.tts.domain_text import domain_sentences
 
     sents = domain_sentences(n_test + n_map, seed)
     return sents[:n_test], [s["text"] for s in sents[n_test:]]
 
 
 def _general(n: int) -> list[dict]:
-    from pipeline.training.tts.text_sources import prose_sentences
+    from ...pipeline.training.tts.text_sources import prose_sentences
 
     pool = [s for sents in prose_sentences().values() for s in sents]
     step = max(1, len(pool) // max(1, n))
@@ -114,14 +114,14 @@ def _real_manifest(path: str | None, tmp: Path) -> str:
 def run(args) -> dict:
     import torch
 
-    from pipeline.audio import SAMPLE_RATE
-    from pipeline.config import load_config
-    from pipeline.decoding.ar_greedy import greedy_decode
-    from pipeline.decoding.drafters import NO_DRAFT, TokenMapDrafter
-    from pipeline.decoding.token_map import build_token_map
-    from pipeline.decoding.token_map_online import OnlineTokenMap
-    from pipeline.decoding.token_map_policy import DraftPolicy
-    from pipeline.models import load_model
+    from ...pipeline.audio import SAMPLE_RATE
+    from ...pipeline.config import load_config
+    from ...pipeline.decoding.ar.greedy import greedy_decode
+    from ...pipeline.decoding.drafting.drafters import NO_DRAFT, TokenMapDrafter
+    from ...pipeline.decoding.drafting.token_map import build_token_map
+    from ...pipeline.decoding.drafting.token_map_online import OnlineTokenMap
+    from ...pipeline.decoding.drafting.token_map_policy import DraftPolicy
+    from ...pipeline.models import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -281,7 +281,7 @@ def _step_seconds(timer: dict, seconds: float) -> float:
 def _grid_maps(tokenised, args) -> dict:
     """The bound grid's maps, keyed (order, min count, min share): every order, pruned as
     the bench's maps are or far less, eight candidates kept per key."""
-    from pipeline.decoding.token_map import DEFAULT_MIN_SHARE, build_token_map
+    from ...pipeline.decoding.drafting.token_map import DEFAULT_MIN_SHARE, build_token_map
 
     share = DEFAULT_MIN_SHARE if args.min_share is None else args.min_share
     return {(n, c, sh): build_token_map(tokenised, order=n, min_count=c, min_share=sh, keep=8)
@@ -289,7 +289,7 @@ def _grid_maps(tokenised, args) -> dict:
 
 
 def _replay(ar_tokens, grid_maps, maps, args, K, N, D, limit, eot, always_speedup, t_ar, steps):
-    """The set's drafting bounds from plain AR's tokens (pipeline.decoding.token_map_replay):
+    """The set's drafting bounds from plain AR's tokens (pipeline.decoding.drafting.token_map_replay):
     the main rows' map, K and draft length; the best over orders 1-4, K 1, 2, 4, 8, drafts
     of 4, 8 and 16 tokens, and maps pruned as the bench's or keeping every follower seen
     twice or once; a map that is always right. Each bound gives a candidate-tree pass the cost of a
@@ -298,9 +298,9 @@ def _replay(ar_tokens, grid_maps, maps, args, K, N, D, limit, eot, always_speedu
     from plain AR's step seconds batched and alone (``steps``), the prefill pass (the same
     in both) included: the decoder-time speedup no tree pass that costs more than a
     plain step can beat."""
-    from pipeline.decoding.drafters import TokenMapDrafter
-    from pipeline.decoding.token_map_online import OnlineTokenMap, replay_online
-    from pipeline.decoding.token_map_replay import oracle, replay_drafting
+    from ...pipeline.decoding.drafting.drafters import TokenMapDrafter
+    from ...pipeline.decoding.drafting.token_map_online import OnlineTokenMap, replay_online
+    from ...pipeline.decoding.drafting.token_map_replay import oracle, replay_drafting
 
     def bound(m, k, d):
         md = TokenMapDrafter(m, k, d)
@@ -353,8 +353,8 @@ def _ssd_rows(adapter, cfg, batches, token_map, k, max_draft, repeat, timed) -> 
     """The SSD fallback (high_accuracy thresholds) with each draft-source arrangement; the
     first pass runs untimed before every timed fallback (it makes the rows and seeds the
     fallback consumes)."""
-    from pipeline.decoding.drafters import TokenMapDrafter
-    from pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
+    from ...pipeline.decoding.drafting.drafters import TokenMapDrafter
+    from ...pipeline.decoding.ssd.decoder import SelfSpeculativeDecoder
 
     tau_ctc, tau_slm = cfg.ssd.presets["high_accuracy"]["tau_ctc"], cfg.ssd.presets["high_accuracy"]["tau_slm"]
     drafts = [adapter.ctc_draft(enc) for enc in batches]
@@ -390,7 +390,7 @@ def _plot(rows: list[dict], path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from jobs.bench.data import save_figure
+    from .data import save_figure
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ar = next(r for r in rows if r["config"] == "AR")

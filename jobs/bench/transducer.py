@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _clips(seconds: float, batch: int):
     import numpy as np
 
-    from pipeline.audio import decode_audio
-    from pipeline.models.transducer.adapter import SAMPLE_RATE
+    from ...pipeline.audio import decode_audio
+    from ...pipeline.models.transducer.adapter import SAMPLE_RATE
 
     root = Path(__file__).resolve().parents[1] / "pipeline" / "assets" / "samples"
     audio = [decode_audio(p.read_bytes())[0] for p in sorted(root.glob("*.flac"))]
@@ -62,9 +62,9 @@ def run(args) -> dict:
 
 
 def _lm(paths: list[str], workdir: Path):
-    from jobs.bench.data import read_lm_text
-    from pipeline.lm.build import build_lm
-    from pipeline.lm.ngpu_lm import NGramLM
+    from .data import read_lm_text
+    from ...pipeline.lm.build import build_lm
+    from ...pipeline.lm.ngpu_lm import NGramLM
 
     lines = [s for path in paths for s in read_lm_text(path)]
     text = workdir / "lm.txt"
@@ -78,12 +78,12 @@ def run_wer(args) -> dict:
 
     import torch
 
-    from jobs.bench.data import flat_segments, join_by_recording, load_recordings
-    from pipeline.decoding.transducer.greedy import transducer_greedy
-    from pipeline.decoding.transducer.search import TransducerBeamSearch
-    from pipeline.metrics import corpus_cer, corpus_wer
-    from pipeline.models.transducer.embedded import load_embedded_transducer_adapter
-    from pipeline.timing import timed
+    from .data import flat_segments, join_by_recording, load_recordings
+    from ...pipeline.decoding.transducer.greedy import transducer_greedy
+    from ...pipeline.decoding.transducer.search import TransducerBeamSearch
+    from ...pipeline.metrics import corpus_cer, corpus_wer
+    from ...pipeline.models.transducer.embedded import load_embedded_transducer_adapter
+    from ...pipeline.timing import timed
 
     torch.set_num_threads(args.threads)
     adapter = load_embedded_transducer_adapter(args.model)
@@ -113,7 +113,7 @@ def run_wer(args) -> dict:
     beams = [int(b) for b in args.beams.split(",")]
     from types import SimpleNamespace
 
-    from pipeline.training.references.transducer_alsd import per_utterance_alsd
+    from ...pipeline.training.references.transducer_alsd import per_utterance_alsd
 
     for k in beams:
         one_by_one = lambda f, n, k=k: SimpleNamespace(tokens=[per_utterance_alsd(adapter, f[i], int(n[i]), k)[0]
@@ -169,10 +169,10 @@ def run_speed(args) -> dict:
     import torch
     from transformers import ParakeetFeatureExtractor, ParakeetForTDT, ParakeetTDTConfig
 
-    from pipeline.decoding.transducer.greedy import transducer_greedy
-    from pipeline.decoding.transducer.search import TransducerBeamSearch
-    from pipeline.models.transducer.adapter import TransducerAdapter
-    from pipeline.timing import timed
+    from ...pipeline.decoding.transducer.greedy import transducer_greedy
+    from ...pipeline.decoding.transducer.search import TransducerBeamSearch
+    from ...pipeline.models.transducer.adapter import TransducerAdapter
+    from ...pipeline.timing import timed
 
     torch.set_num_threads(args.threads)
     seconds = args.seconds or (2.0 if args.quick else 5.0)
@@ -235,7 +235,7 @@ def run_speed(args) -> dict:
     seq_s = best(lambda: [wide(f, n) for f, n in part], reps=1)
     batched_part = best(lambda: wide(frames[:sequential], lengths[:sequential]), reps=1)
     row("alsd++ sequential", max(beams), seq_s, seconds * sequential, t_enc * sequential / len(clips))
-    from pipeline.training.references.transducer_alsd import per_utterance_alsd
+    from ...pipeline.training.references.transducer_alsd import per_utterance_alsd
 
     base_s = best(lambda: [per_utterance_alsd(adapter, frames[i], int(lengths[i]), max(beams))
                            for i in range(sequential)], reps=1)
@@ -265,7 +265,7 @@ def _plot(rows, args) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from jobs.bench.data import save_figure
+    from .data import save_figure
 
     path = args.plot or (str(Path(args.out).with_suffix(".png")) if getattr(args, "out", None) else "transducer.png")
     shown = [r for r in rows if r["decoder"] != "encoder"]

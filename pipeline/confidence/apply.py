@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.confidence.calibration import Calibration, load_for, utterance_features
+from .calibration import Calibration, load_for, utterance_features
 
 
 class ConfidenceScorer:

@@ -23,7 +23,7 @@ def word_labels(words: list[str], reference: str) -> list[bool | None]:
     """Correctness of each hypothesis word against ``reference`` (None: no label)."""
     import jiwer
 
-    from pipeline.metrics import normalize
+    from ..metrics import normalize
 
     pieces = [normalize(w).split() for w in words]
     hyp = [p for ps in pieces for p in ps]
@@ -43,7 +43,7 @@ def word_labels(words: list[str], reference: str) -> list[bool | None]:
 
 
 def utterance_correct(text: str, reference: str) -> bool:
-    from pipeline.metrics import normalize
+    from ..metrics import normalize
 
     return normalize(text).split() == normalize(reference).split()
 

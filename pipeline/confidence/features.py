@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.confidence.scores import ctc_token_scores, decoder_token_scores, transducer_token_scores
-from pipeline.confidence.words import agreement, aggregate, nbest_posterior, segment_words, token_word_index
+from .scores import ctc_token_scores, decoder_token_scores, transducer_token_scores
+from .words import agreement, aggregate, nbest_posterior, segment_words, token_word_index
 
 if TYPE_CHECKING:
-    from pipeline.models.base import ARDecoderModel, TransducerModel
+    from ..models.base import ARDecoderModel, TransducerModel
 
 
 def _with(features: list[dict], name: str, values: list[float] | None) -> list[dict]:
@@ -57,7 +57,7 @@ def ctc_words(log_probs: torch.Tensor, path: list[int], blank: int, vocabulary, 
     ``greedy_text``: the greedy path's text to agree with (a beam decoder); ``nbest``:
     (texts, scores) of the beam's hypotheses, best first. Without a word vocabulary there
     are no words: (None, None)."""
-    from pipeline.decoding.ctc_words import words_and_tokens
+    from ..decoding.ctc_words import words_and_tokens
 
     if vocabulary is None:
         return None, None

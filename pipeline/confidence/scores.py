@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from pipeline.confidence.measures import token_measures
-from pipeline.models.teacher_forcing import teacher_forced_logprobs
+from .measures import token_measures
+from ..models.teacher_forcing import teacher_forced_logprobs
 
 if TYPE_CHECKING:
-    from pipeline.models.base import ARDecoderModel, TransducerModel
+    from ..models.base import ARDecoderModel, TransducerModel
 
 
 def _numpy(measures: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:

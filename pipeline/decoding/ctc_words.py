@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pipeline.text.ctc_vocabulary import SEPARATOR, WORD_START
+from ..text.ctc_vocabulary import SEPARATOR, WORD_START
 
 
 def token_runs(path: Sequence[int], blank: int) -> tuple[list[int], list[int], list[int]]:

@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from pipeline.cache import cache_dir
+from ..cache import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from collections import deque
 
 import torch
 
-from pipeline.lm.backoff_graph import BackoffGraph, GraphScorer
+from .backoff_graph import BackoffGraph, GraphScorer
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.lm import TENSORS_NAME
-from pipeline.lm.arpa import MAX_VOCAB, tokens_line
-from pipeline.lm.ngpu_lm import NGramLM
+from . import TENSORS_NAME
+from .arpa import MAX_VOCAB, tokens_line
+from .ngpu_lm import NGramLM
 
 ARPA_NAME = "lm.arpa"
 INFO_NAME = "lm.json"
@@ -54,15 +54,15 @@ class TextTokenizer:
 
 def load_tokenizer(spec: str) -> TextTokenizer:
     if spec == "chars":
-        from pipeline.text import charset
+        from ..text import charset
 
         return TextTokenizer("chars", len(charset.CHARS), charset.lm_token_ids)
     path = Path(spec)
-    from pipeline.models.transducer.embedded import is_embedded_transducer_dir
+    from ..models.transducer.embedded import is_embedded_transducer_dir
 
     if is_embedded_transducer_dir(path):       # a train-transducer directory: its tokens are the characters
         return load_tokenizer("chars")
-    from pipeline.text.ctc_vocabulary import TokenizerVocabulary, is_ctc_checkpoint
+    from ..text.ctc_vocabulary import TokenizerVocabulary, is_ctc_checkpoint
 
     if is_ctc_checkpoint(path):
         # Checked before tokenizer.json: a Parakeet directory holds one too, but its raw ids
@@ -92,7 +92,7 @@ def load_tokenizer(spec: str) -> TextTokenizer:
 def kenlm_bin_dir() -> Path:
     if os.environ.get("SHARDSCRIBE_KENLM_DIR"):
         return Path(os.environ["SHARDSCRIBE_KENLM_DIR"]) / "bin"
-    from pipeline.cache import cache_dir
+    from ..cache import cache_dir
 
     return cache_dir() / "kenlm" / "bin"
 

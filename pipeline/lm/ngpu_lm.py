@@ -21,8 +21,8 @@ import json
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipeline.lm.arpa import BOS, EOS, UNK, Arpa, read_arpa, word_token
-from pipeline.lm.backoff_graph import BackoffGraph, GraphScorer
+from .arpa import BOS, EOS, UNK, Arpa, read_arpa, word_token
+from .backoff_graph import BackoffGraph, GraphScorer
 
 FORMAT = "shardscribe-ngpu-lm/1"
 KENLM_MISSING_UNK_LOG10 = -100.0  # KenLM's probability for <unk> when an ARPA omits it

@@ -9,8 +9,8 @@ one factory the actors, runners and benchmarks call.
 """
 from __future__ import annotations
 
-from pipeline.models.registry import FAMILIES, ModelFamily, load_model, model_family, register_family
-from pipeline.models import whisper, granite_speech, ctc, transducer  # noqa: F401,E402
+from .registry import FAMILIES, ModelFamily, load_model, model_family, register_family
+from . import whisper, granite_speech, ctc, transducer  # noqa: F401,E402
 
 # The family a config that names none loads (model.family): Whisper, tiny.en embedded.
 DEFAULT_FAMILY = whisper.FAMILY.name

@@ -67,7 +67,7 @@ class CTCDraftBatch:
 
 @runtime_checkable
 class EncoderModel(Protocol):
-    """Every adapter: audio in, encoder states out (pipeline.decoders.base.encode_then)."""
+    """Every adapter: audio in, encoder states out (pipeline.kinds.base.encode_then)."""
 
     capabilities: frozenset[str]
     device: torch.device
@@ -97,7 +97,7 @@ class CTCModel(EncoderModel, Protocol):
 
     frame_stride_s: float | None    # seconds per CTC frame, for word times; None: not known
     # The CTC head as a module of its own, which ssd.adapt fits and swaps in place
-    # (pipeline.decoders.ssd.adapt); None where the CTC output is part of the model's forward.
+    # (pipeline.kinds.ssd.adapt); None where the CTC output is part of the model's forward.
     ctc_head: Any | None
 
     def ctc_draft(self, enc: EncoderBatch) -> CTCDraftBatch: ...
@@ -106,7 +106,7 @@ class CTCModel(EncoderModel, Protocol):
 @runtime_checkable
 class ARDecoderModel(EncoderModel, Protocol):
     """``attention_decoder``: an autoregressive decoder over the encoder states, driven
-    token by token with a KV cache (pipeline.decoding.ar_greedy, SSD's verification and
+    token by token with a KV cache (pipeline.decoding.ar.greedy, SSD's verification and
     fallback, the confidence's teacher-forced pass)."""
 
     eot_id: int
@@ -114,7 +114,7 @@ class ARDecoderModel(EncoderModel, Protocol):
     max_positions: int              # prompt + generated tokens the decoder can hold
     suppress_mask: torch.Tensor     # [V] bool: never emitted
     begin_suppress_ids: torch.Tensor  # never a transcript's first token
-    # Greedy steps' token choice without the logits (pipeline.decoding.screened_argmax);
+    # Greedy steps' token choice without the logits (pipeline.models.screened_argmax);
     # None: the argmax of the masked logits.
     next_tokens: Callable[[torch.Tensor], torch.Tensor] | None
     prompt_language: str | None     # the language every row is decoded in; None: not configured

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.models.errors import ModelError
-from pipeline.models.remote import (cache_root, download_checkpoint, fetch_checkpoint, is_remote, list_checkpoint,
+from .errors import ModelError
+from .remote import (cache_root, download_checkpoint, fetch_checkpoint, is_remote, list_checkpoint,
                                      read_member)
-from pipeline.storage import redact_uri
+from ..storage import redact_uri
 
 
 def check_device(device: str) -> None:
@@ -48,7 +48,7 @@ def checkpoint_json(source: str, name: str) -> dict | None:
 def shipped_model(name: str) -> tuple[str, str] | None:
     """(family, model.source) of a shipped model's short name (``--model tiny.en``, ``base``);
     None for any other name. A local directory of that name wins over the short name."""
-    from pipeline.models.registry import FAMILIES
+    from .registry import FAMILIES
 
     if Path(name).expanduser().is_dir():
         return None
@@ -114,9 +114,9 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 
 def check_model(model_config) -> None:
     """Raise ModelError for a device, source or component problem of ``model_config``."""
-    from pipeline.device import check_dtype
+    from ..device import check_dtype
 
-    from pipeline.models.registry import FAMILIES, model_family
+    from .registry import FAMILIES, model_family
 
     family = model_family(model_config.family)
     check_device(model_config.device)
@@ -176,7 +176,7 @@ def check_family(model_config, config: dict) -> None:
     against what ``model.family`` loads: a family's loader given another family's checkpoint
     fails only in the workers, or (granite_speech) builds a default-sized random model from
     a config it does not understand."""
-    from pipeline.models.registry import FAMILIES, model_family
+    from .registry import FAMILIES, model_family
 
     family = model_family(model_config.family)
     archs = [str(a) for a in config.get("architectures") or []]
@@ -197,7 +197,7 @@ def check_family(model_config, config: dict) -> None:
 def _check_model_type(model_config, family, kind: str | None) -> None:
     """A config that names no architecture, judged by its ``model_type``: the key the
     family's loader goes by (``ModelFamily.model_types``)."""
-    from pipeline.models.registry import FAMILIES
+    from .registry import FAMILIES
 
     if not family.model_types or (kind and family.loads_model_type(kind)) or (kind is None
                                                                              and not family.needs_model_type):
@@ -223,7 +223,7 @@ def _checkpoint_config_for_flag(source: str, allow_download: bool = False) -> di
 def family_of_checkpoint(source: str, allow_download: bool = False) -> str:
     """The registered family whose ``architectures`` name the checkpoint's or, for a config
     that names no architecture, whose ``model_types`` hold its model_type."""
-    from pipeline.models.registry import FAMILIES
+    from .registry import FAMILIES
 
     config = _checkpoint_config_for_flag(source, allow_download)
     archs = [str(a) for a in config.get("architectures") or []]

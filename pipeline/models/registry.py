@@ -121,7 +121,7 @@ class ModelFamily:
     def on_this_node(self, model_config, weights: bool = True):
         """``model_config`` with its checkpoint on this node (pipeline.models.remote: a URL's
         copy in the node's cache; a hub id downloaded under model.allow_download)."""
-        from pipeline.models.remote import local_model_config
+        from .remote import local_model_config
 
         return local_model_config(model_config, weights, shipped=("embedded",) + self.shipped)
 
@@ -171,7 +171,7 @@ def load_model(model_config):
     by the first process on the node that needs it."""
     import torch
 
-    from pipeline.device import load_target
+    from ..device import load_target
 
     model_config = model_family(model_config.family).on_this_node(model_config)
     if model_config.num_threads:
@@ -180,7 +180,7 @@ def load_model(model_config):
     device, dtype = load_target(model_config)
     adapter = model_family(model_config.family).load(model_config, device=device, dtype=dtype)
     if model_config.compile:
-        from pipeline.models.compile import compile_encoder
+        from .compile import compile_encoder
 
         compile_encoder(adapter)
     return adapter

@@ -32,8 +32,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.models.errors import ModelError
-from pipeline.storage import redact_text, redact_uri
+from .errors import ModelError
+from ..storage import redact_text, redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def is_remote(source) -> bool:
 def cache_root(model_config) -> Path:
     """Where this node keeps fetched checkpoints: ``model.cache_dir``, else shardscribe's
     cache (``$SHARDSCRIBE_CACHE``, else ``~/.cache/shardscribe``), under ``models/``."""
-    from pipeline.cache import cache_dir
+    from ..cache import cache_dir
 
     base = Path(model_config.cache_dir).expanduser() if model_config.cache_dir else cache_dir()
     return base / "models"
@@ -150,7 +150,7 @@ def _failure(url: str, what: str, exc: BaseException) -> ModelError:
 
 
 def _filesystem(url: str, options: dict | None):
-    from pipeline.storage import StorageError, url_to_fs
+    from ..storage import StorageError, url_to_fs
 
     try:
         fs, path = url_to_fs(url, options)

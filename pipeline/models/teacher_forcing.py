@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.models.kv_cache import cross_attention_cache
+from .kv_cache import cross_attention_cache
 
 if TYPE_CHECKING:
-    from pipeline.models.base import ARDecoderModel
+    from .base import ARDecoderModel
 
 
 @torch.inference_mode()

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.output.layout import TMP_PREFIX
-from pipeline.output.lock import _fence, _rename_fenced
-from pipeline.output.parts import part_name
-from pipeline.storage import url_to_fs
+from .layout import TMP_PREFIX
+from .lock import _fence, _rename_fenced
+from .parts import part_name
+from ..storage import url_to_fs
 
 
 @dataclass(frozen=True)

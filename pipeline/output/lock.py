@@ -75,8 +75,8 @@ import uuid
 
 from fsspec.implementations.local import LocalFileSystem
 
-from pipeline.output.layout import CLAIM_PREFIX, LOCK_NAME, SIDECAR_DIR, TMP_PREFIX
-from pipeline.storage import redact_uri, url_to_fs
+from .layout import CLAIM_PREFIX, LOCK_NAME, SIDECAR_DIR, TMP_PREFIX
+from ..storage import redact_uri, url_to_fs
 
 log = logging.getLogger(__name__)
 STALE_ENV = "SHARDSCRIBE_LOCK_STALE_S"

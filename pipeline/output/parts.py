@@ -29,10 +29,10 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.output.layout import (CLAIM_PREFIX, LOCK_NAME, PART_PREFIX, SIDECAR_DIR, SUCCESS_NAME,
+from .layout import (CLAIM_PREFIX, LOCK_NAME, PART_PREFIX, SIDECAR_DIR, SUCCESS_NAME,
                                     SUMMARY_NAME, TMP_PREFIX)
-from pipeline.output.lock import _fence, _held_lock, _rename_fenced
-from pipeline.storage import url_to_fs
+from .lock import _fence, _held_lock, _rename_fenced
+from ..storage import url_to_fs
 
 
 def part_name(ids) -> str:

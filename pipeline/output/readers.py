@@ -11,8 +11,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.output.parts import _parts
-from pipeline.storage import url_to_fs
+from .parts import _parts
+from ..storage import url_to_fs
 
 
 def read_part(fs, part: str) -> pa.Table:
@@ -24,7 +24,7 @@ def read_part(fs, part: str) -> pa.Table:
 def _part_tables(dst: str, columns: list[str], options: dict | None, batch_rows: int | None = None):
     """DST's committed rows, part by part (or ``batch_rows`` at a time), as tables of
     ``columns``: a part written before a column was added gets nulls there."""
-    from pipeline.records import OUTPUT_SCHEMA
+    from ..records import OUTPUT_SCHEMA
 
     fs, path = url_to_fs(dst, options)
     for p in _parts(fs, path):

@@ -25,12 +25,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.id_buckets import IdBuckets
-from pipeline.output.layout import QUARANTINE_DIR
-from pipeline.output.lock import _fence
-from pipeline.output.parts import _parts, _put_part
-from pipeline.output.readers import read_part
-from pipeline.storage import url_to_fs
+from ..id_buckets import IdBuckets
+from .layout import QUARANTINE_DIR
+from .lock import _fence
+from .parts import _parts, _put_part
+from .readers import read_part
+from ..storage import url_to_fs
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from typing import Collection
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.id_buckets import IdBuckets
-from pipeline.metrics import word_error_counts
-from pipeline.output.layout import SUMMARY_NAME
-from pipeline.output.readers import _part_tables
-from pipeline.output.resume import wanted_ids
-from pipeline.storage import url_to_fs
+from ..id_buckets import IdBuckets
+from ..metrics import word_error_counts
+from .layout import SUMMARY_NAME
+from .readers import _part_tables
+from .resume import wanted_ids
+from ..storage import url_to_fs
 
 # The kinds of ``error`` a row can have: summary.json's ``errors_by_kind`` and the report's
 # error table have these keys and no others, however many files fail in however many ways.
@@ -100,7 +100,7 @@ def summarize(dst: str, input_ids, run: dict, run_ids: set[str] | None = None,
     an IdBuckets of WANTED_SCHEMA (a job's: pipeline.resume). ``run`` holds this run's
     facts (``wall_seconds`` among them); the RTFx of the run is the audio of the rows it
     read over that wall time. ``untranscribed``: segment stages whose rows carry no
-    transcript (the decoder kinds say which: pipeline.decoders.registry), left out of the
+    transcript (the decoder kinds say which: pipeline.kinds.registry), left out of the
     WER. The output is read a batch at a time and both sides are spilled by bucket
     (pipeline.id_buckets): the driver holds one bucket of ids at a time."""
     wanted = input_ids if isinstance(input_ids, IdBuckets) else wanted_ids(input_ids, run_ids)

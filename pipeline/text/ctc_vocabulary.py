@@ -96,7 +96,7 @@ class CharsetVocabulary:
     cased = True
 
     def __init__(self):
-        from pipeline.text import charset
+        from . import charset
 
         self.blank, self.size = charset.BLANK, charset.NUM_CLASSES
         self.lm_token_ids, self.decode = charset.lm_token_ids, charset.decode

@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.audio import SAMPLE_RATE, decode_audio
-from pipeline.models.whisper.adapter import SAMPLES_PER_STATE, WINDOW_SAMPLES, WhisperAdapter
-from pipeline.packing import pack_signals, plan_windows
-from pipeline.sources import read_bytes, read_jsonl_manifest
-from pipeline.timing import timed
+from ..audio import SAMPLE_RATE, decode_audio
+from ..models.whisper.adapter import SAMPLES_PER_STATE, WINDOW_SAMPLES, WhisperAdapter
+from ..packing import pack_signals, plan_windows
+from ..sources import read_bytes, read_jsonl_manifest
+from ..timing import timed
 
 SHARD_ROWS = 64
 # Silence before a clip that joins a training window, drawn per clip (augmentation;
@@ -150,7 +150,7 @@ def cache_features(manifest: str | Path, cache_dir: str | Path, device: str = "c
         if path.exists():
             continue
         if model is None:
-            from pipeline.models.whisper.loader import load_whisper
+            from ..models.whisper.loader import load_whisper
 
             model, processor = load_whisper(device=device)
         ar = with_ar if with_ar is not None else any(r.get("split", "train") != "train" for r in shard)

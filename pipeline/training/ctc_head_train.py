@@ -12,7 +12,7 @@ import math
 
 # The fitting loop and its helpers are the runtime's (a job may fit a head in its model
 # actor); the lab's tools import them from there.
-from pipeline.models.whisper.ctc_head_fit import (FitOptions, collate, examples, fit_ctc_head,  # noqa: F401
+from ..models.whisper.ctc_head_fit import (FitOptions, collate, examples, fit_ctc_head,  # noqa: F401
                                                   greedy_drafts, length_batches, time_mask)
 
 ENTROPY_EDGES = [0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, math.inf]
@@ -35,7 +35,7 @@ def train_head(head, train_rows: list[dict], eval_rows: list[dict], *, epochs: i
 
 
 def _exact(ref: str, hyp: str) -> bool:
-    from pipeline.metrics import normalize
+    from ..metrics import normalize
 
     return normalize(ref) == normalize(hyp)
 
@@ -44,7 +44,7 @@ def evaluate(rows: list[dict], ctc_texts: list[str], max_entropy: list[float]) -
     """Per split: CER/WER of greedy CTC and Whisper AR (normalised), raw cased CER."""
     import jiwer
 
-    from pipeline.metrics import corpus_cer, corpus_wer
+    from ..metrics import corpus_cer, corpus_wer
 
     result = {}
     for split in sorted({r["split"] for r in rows}):

@@ -11,12 +11,12 @@ retrained in place is not).
 """
 from __future__ import annotations
 
-from pipeline.models.errors import ModelError
+from ..models.errors import ModelError
 
 
 def row_hashes(dst: str, options: dict | None = None) -> set[str]:
     """The config hashes DST's committed rows carry."""
-    from pipeline.output import iter_output
+    from ..output import iter_output
 
     return {r["config_hash"] for rows in iter_output(dst, ["config_hash"], options) for r in rows
             if r.get("config_hash")}
@@ -30,9 +30,9 @@ def _model_of(keys: dict) -> tuple[str | None, str | None, str | None]:
 def check_same_model(dst: str, model_config, options: dict | None = None) -> list[dict]:
     """The config records of DST's rows; ModelError (one line) where DST holds no rows,
     a hash without its record, or a record naming another model than ``model_config``."""
-    from pipeline.config_record import recorded_config
-    from pipeline.file_fingerprint import fingerprint
-    from pipeline.storage import redact_uri
+    from ..config_record import recorded_config
+    from ..file_fingerprint import fingerprint
+    from ..storage import redact_uri
 
     hashes = sorted(row_hashes(dst, options))
     if not hashes:

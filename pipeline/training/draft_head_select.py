@@ -43,7 +43,7 @@ class Selection:
 
 def mean_word_confidence(row: dict) -> float | None:
     """The mean confidence of the row's words in usable segments; None without any."""
-    from pipeline.pseudo_label import word_confidences
+    from ..pseudo_label import word_confidences
 
     conf = word_confidences(row)
     return sum(conf) / len(conf) if conf else None
@@ -51,7 +51,7 @@ def mean_word_confidence(row: dict) -> float | None:
 
 def select_rows(rows: list[dict], min_confidence: float | None) -> tuple[list[dict], Selection]:
     """The rows to learn from (input order), and the tally of the rest."""
-    from pipeline.pseudo_label import eligible, row_stat
+    from ..pseudo_label import eligible, row_stat
 
     stats = [row_stat(r) for r in rows]
     confidence = [mean_word_confidence(r) for r in rows]

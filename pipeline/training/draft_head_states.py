@@ -36,13 +36,13 @@ class StatesTally:
 
 
 def _segmenter(audio: dict):
-    from pipeline.segment import VadSegmenter
+    from ..segment import VadSegmenter
 
     return VadSegmenter(audio["max_segment_s"], audio["vad_threshold"], audio["vad_pad_s"])
 
 
 def _prepared(row: dict, segmenter, audio: dict) -> dict:
-    from pipeline.prepare import prepare_row
+    from ..prepare import prepare_row
 
     # duration_s is the span the job decoded from offset_s: a manifest span's length (a
     # whole file's row is read whole again).
@@ -61,8 +61,8 @@ def segment_audio(rows: list[dict], audio: dict, tally: StatesTally) -> list[dic
     """(``id``, ``row_id``, ``text``, ``audio``) per usable segment of ``rows`` (output rows
     the keep rule kept); ``audio``: the job's audio settings (max_segment_s, vad_threshold,
     vad_pad_s, resample_quality, max_seconds)."""
-    from pipeline.audio import SAMPLE_RATE
-    from pipeline.device import torch_threads
+    from ..audio import SAMPLE_RATE
+    from ..device import torch_threads
 
     with torch_threads(1):
         segmenter = _segmenter(audio)

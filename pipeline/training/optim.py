@@ -7,6 +7,6 @@ decay, and the end of an epoch. Both live in pipeline.fit_schedule, where a job'
 """
 from __future__ import annotations
 
-from pipeline.fit_schedule import end_epoch, warmup_cosine_adamw
+from ..fit_schedule import end_epoch, warmup_cosine_adamw
 
 __all__ = ["end_epoch", "warmup_cosine_adamw"]

@@ -16,16 +16,16 @@ import time
 
 import torch
 
-from pipeline.fit_schedule import descend
-from pipeline.training.optim import end_epoch, warmup_cosine_adamw
-from pipeline.text import charset
+from ..fit_schedule import descend
+from .optim import end_epoch, warmup_cosine_adamw
+from ..text import charset
 
 
 
 @torch.inference_mode()
 def adapter_hidden(ctc_head, rows: list[dict], frame_budget: int = 40000) -> list[dict]:
     """Rows with ``hidden`` [t, d] fp16: the frozen CTC adapter's output over ``states``."""
-    from pipeline.training.ctc_head_train import collate, length_batches
+    from .ctc_head_train import collate, length_batches
 
     ctc_head.eval()
     out = [None] * len(rows)
@@ -85,7 +85,7 @@ def collate(items: list[dict]):
 
 def tdt_batch_loss(model, hidden, lengths, targets, label_lengths) -> torch.Tensor:
     """The batch's mean per-label negative log-likelihood (NeMo's and transformers' "mean")."""
-    from pipeline.training.tdt_loss import tdt_loss
+    from .tdt_loss import tdt_loss
 
     cfg = model.config
     logits = model.all_logits(model.project(hidden), targets)
@@ -97,8 +97,8 @@ def tdt_batch_loss(model, hidden, lengths, targets, label_lengths) -> torch.Tens
 
 @torch.inference_mode()
 def greedy_texts(model, rows: list[dict], batch_size: int = 64) -> list[str]:
-    from pipeline.decoding.transducer.greedy import transducer_greedy
-    from pipeline.models.transducer.embedded import EmbeddedTransducerAdapter
+    from ..decoding.transducer.greedy import transducer_greedy
+    from ..models.transducer.embedded import EmbeddedTransducerAdapter
 
     model.eval()
     adapter = EmbeddedTransducerAdapter(model)
@@ -119,7 +119,7 @@ def train(model, train_rows: list[dict], eval_rows: list[dict], *, epochs: int, 
     """AdamW with linear warm-up and cosine decay over ``epochs``; returns the per-epoch
     curve. ``stop_after_epoch`` ends the run early on the full run's schedule (how the
     shipped weights are reproduced without a wall-clock limit)."""
-    from pipeline.metrics import corpus_cer
+    from ..metrics import corpus_cer
 
     torch.manual_seed(seed)
     rng = random.Random(seed)

@@ -16,11 +16,11 @@ import time
 
 import numpy as np
 
-from pipeline.decoders import DECODER_KINDS, DecoderKind
+from shardscribe.pipeline.kinds import DECODER_KINDS, DecoderKind
 from dataclasses import dataclass
 
-from pipeline.decoders.base import PENDING, PendingState, SegmentResult
-from pipeline.models import FAMILIES, ModelFamily
+from shardscribe.pipeline.kinds.base import PENDING, PendingState, SegmentResult
+from shardscribe.pipeline.models import FAMILIES, ModelFamily
 
 POISON_PEAK = 0.3125
 PID_DIR_ENV = "SHARDSCRIBE_FAULT_PID_DIR"

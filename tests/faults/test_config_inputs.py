@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from pipeline.config import ConfigError, load_config
+from shardscribe.pipeline.config import ConfigError, load_config
 
 SAMPLES = ROOT / "pipeline" / "assets" / "samples" / "samples.jsonl"
 

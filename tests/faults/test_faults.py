@@ -27,7 +27,7 @@ import pytest
 import soundfile as sf
 
 import fault_toy
-from pipeline import output
+from shardscribe.pipeline import output
 from conftest import ROOT, SAMPLES, sigterm_after_progress, wait_for
 
 FAULTS = Path(__file__).resolve().parent
@@ -41,7 +41,7 @@ DELAY_S = "0.4"
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """N_GOOD recordings, a FIFO, a file the model raises on and a name that is not UTF-8."""
-    from pipeline.audio import decode_audio
+    from shardscribe.pipeline.audio import decode_audio
 
     root = tmp_path_factory.mktemp("corpus")
     samples = sorted(SAMPLES.glob("*.flac"))
@@ -63,7 +63,7 @@ def cluster(tmp_path_factory):
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors.plan import _loopback_environment
+    from shardscribe.actors.plan import _loopback_environment
 
     pid_dir = tmp_path_factory.mktemp("pids")
     env = {fault_toy.PID_DIR_ENV: str(pid_dir), fault_toy.DELAY_ENV: DELAY_S,
@@ -90,7 +90,7 @@ def _args(src, dst, *extra) -> list[str]:
 
 def transcribe(src, dst, *extra) -> int:
     """The transcribe job in this process, on the module's cluster."""
-    from jobs.transcribe import add_arguments, run
+    from shardscribe.jobs.transcribe import add_arguments, run
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -253,7 +253,7 @@ def test_parts_committed_by_time_on_ray(cluster, corpus, tmp_path, fault_report)
 TWO_STAGE = ("decoder.kind=fault_toy2",)
 # Recordings the toy first stage leaves pending (longer than fault_toy.PENDING_S).
 def _pending_ids(corpus) -> set[str]:
-    from pipeline.audio import decode_audio
+    from shardscribe.pipeline.audio import decode_audio
 
     return {f"good{i:02d}.flac" for i in range(N_GOOD)
             if decode_audio((corpus / f"good{i:02d}.flac").read_bytes())[0].size / 16000 > fault_toy.PENDING_S}

@@ -29,8 +29,8 @@ import pytest
 
 import fault_toy
 from conftest import ROOT, part_ids, sample_copies, wait_for
-from pipeline import output
-from pipeline.records import OUTPUT_SCHEMA, table
+from shardscribe.pipeline import output
+from shardscribe.pipeline.records import OUTPUT_SCHEMA, table
 
 FAULTS = Path(__file__).resolve().parent
 N = 30

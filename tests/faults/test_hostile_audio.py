@@ -78,13 +78,13 @@ class _PeakRSS:
 
 
 def _whole(frames):
-    from pipeline.segment import Segment
+    from shardscribe.pipeline.segment import Segment
 
     return [Segment(0, len(frames))]
 
 
 def _prepare(path, timeout_s: float = 5.0, **kw) -> dict:
-    from pipeline.prepare import prepare_row_within
+    from shardscribe.pipeline.prepare import prepare_row_within
 
     return prepare_row_within({"id": Path(path).name, "audio": str(path)}, _whole, "HQ", timeout_s, **kw)
 
@@ -93,7 +93,7 @@ def test_a_1_hz_wav_is_an_error_row_in_bounded_memory_and_time(tmp_path):
     """Resampled from 1 Hz to 16 kHz, 66 KB would become 2 GB (the tester saw 2.6 GB of
     peak RSS, and a read timeout that left the decode running): the header's rate is
     refused before a sample is decoded."""
-    from pipeline.output import error_kind
+    from shardscribe.pipeline.output import error_kind
 
     path = tmp_path / "rate1.wav"
     path.write_bytes(RATE_1)
@@ -113,9 +113,9 @@ def test_100_rate_1_wavs_leave_memory_and_threads_flat(tmp_path):
     """100 of them through the audio stage (actors.audio_prep.AudioPrep, in-process) with a
     5-s read timeout: each is its own error row, and the process ends as it began: no
     thread left decoding, no memory held."""
-    from actors.audio_prep import AudioPrep
-    from pipeline.config import load_config
-    from pipeline.sources import input_batches, open_source, scan
+    from shardscribe.actors.audio_prep import AudioPrep
+    from shardscribe.pipeline.config import load_config
+    from shardscribe.pipeline.sources import input_batches, open_source, scan
 
     folder = tmp_path / "in"
     folder.mkdir()
@@ -158,7 +158,7 @@ def test_a_timed_out_read_is_stopped_not_left_running(monkeypatch):
     """A decode that runs past audio.read_timeout_s stops at its deadline (checked between
     blocks): after each timed-out row no reader thread is left, and memory does not grow
     with the rows that timed out."""
-    import pipeline.prepare as prepare
+    import shardscribe.pipeline.prepare as prepare
 
     data = io.BytesIO()
     sf.write(data, np.zeros(16000 * 600, np.float32), 16000, format="WAV", subtype="PCM_16")
@@ -177,7 +177,7 @@ def test_a_timed_out_read_is_stopped_not_left_running(monkeypatch):
 def test_a_1000_channel_header_is_an_error_row_not_a_word(tmp_path):
     """1000 channels over a mono file's bytes decode as 2 ms of noise, which the model
     transcribed as "you": the channel count is refused from the header."""
-    from pipeline.output import error_kind
+    from shardscribe.pipeline.output import error_kind
 
     path = tmp_path / "ch1000.wav"
     path.write_bytes(CHANNELS_1000)
@@ -207,8 +207,8 @@ def _mp3_cut(seconds: float, share: float) -> bytes:
 def test_a_file_far_shorter_than_its_header_is_corrupt(tmp_path, name, data):
     """Less than half of what the header declares is a corrupt file, not a shorter
     recording, also where the shortfall is under the 1-s tolerance for long files."""
-    from pipeline.audio import AudioError, decode_audio, decode_stream
-    from pipeline.output import error_kind
+    from shardscribe.pipeline.audio import AudioError, decode_audio, decode_stream
+    from shardscribe.pipeline.output import error_kind
 
     path = tmp_path / name
     path.write_bytes(data)
@@ -224,7 +224,7 @@ def test_a_file_far_shorter_than_its_header_is_corrupt(tmp_path, name, data):
 def test_streamed_and_open_length_files_still_decode():
     """What the short-read rule must not catch: a WAV whose writer left its sizes unwritten
     (0, 0xFFFFFFFF, a stream) decodes whole; a short file decodes whole in each format."""
-    from pipeline.audio import decode_audio, decode_stream
+    from shardscribe.pipeline.audio import decode_audio, decode_stream
 
     tone = (0.3 * np.sin(np.arange(24000) / 5.0)).astype(np.float32)
     buf = io.BytesIO()
@@ -247,8 +247,8 @@ def test_audio_max_seconds_bounds_what_is_decoded():
     is decoded; a header that leaves its length open (a FLAC stream's total 0, which
     libsndfile reports as 2**63-1 frames and cannot read to its end) is refused, not a
     2**63-frame allocation."""
-    from pipeline.audio import AudioError, decode_audio, decode_stream
-    from pipeline.output import error_kind
+    from shardscribe.pipeline.audio import AudioError, decode_audio, decode_stream
+    from shardscribe.pipeline.output import error_kind
 
     buf = io.BytesIO()
     sf.write(buf, np.zeros(16000 * 5, np.float32), 16000, format="WAV", subtype="PCM_16")
@@ -271,8 +271,8 @@ def test_audio_max_seconds_bounds_what_is_decoded():
 
 def test_a_directory_named_like_audio_is_an_error_row(tmp_path):
     """A folder input lists a directory named x.wav as a recording: its row says what it is."""
-    from pipeline.output import error_kind
-    from pipeline.sources import read_source
+    from shardscribe.pipeline.output import error_kind
+    from shardscribe.pipeline.sources import read_source
 
     (tmp_path / "x.wav").mkdir()
     (tmp_path / "x.wav" / "inside.wav").write_bytes(TRUNCATED)
@@ -288,9 +288,9 @@ def test_error_kinds_are_a_fixed_vocabulary_without_paths(tmp_path):
     """Broken files under distinct long paths, each failing its own way: summary.json's
     errors_by_kind has vocabulary words as keys, never a path, however many there are;
     each row's error still names its file."""
-    from pipeline import output
-    from pipeline.audio import AudioError
-    from pipeline.records import OUTPUT_SCHEMA, table
+    from shardscribe.pipeline import output
+    from shardscribe.pipeline.audio import AudioError
+    from shardscribe.pipeline.records import OUTPUT_SCHEMA, table
 
     contents = {"rate1.wav": RATE_1, "ch1000.wav": CHANNELS_1000, "trunc.wav": TRUNCATED, "empty.wav": b"",
                 "random.wav": bytes(np.random.default_rng(1).integers(0, 256, 4000, dtype=np.uint8))}
@@ -319,7 +319,7 @@ def test_error_kinds_are_a_fixed_vocabulary_without_paths(tmp_path):
                      "model_error": 1}, kinds
     assert set(output.ERROR_KINDS) == VOCABULARY
     # The kind an AudioError carries is the kind its message reads as.
-    from pipeline.audio import decode_stream
+    from shardscribe.pipeline.audio import decode_stream
 
     for data in contents.values():
         with pytest.raises(AudioError) as err:
@@ -330,7 +330,7 @@ def test_error_kinds_are_a_fixed_vocabulary_without_paths(tmp_path):
 def test_hostile_folder_through_the_real_job(tmp_path):
     """The tester's files and a real recording through the CLI (local runner): rows in ==
     rows out, one error row each, kinds from the vocabulary, the real one transcribed."""
-    from pipeline import output
+    from shardscribe.pipeline import output
 
     folder = tmp_path / "in"
     folder.mkdir()
@@ -340,7 +340,7 @@ def test_hostile_folder_through_the_real_job(tmp_path):
     good = sorted(SAMPLES.glob("*.flac"))[0]
     (folder / good.name).write_bytes(good.read_bytes())
     dst = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "transcribe", "--input", str(folder), "--output",
+    proc = subprocess.run([sys.executable, "-m", "shardscribe.jobs.cli", "transcribe", "--input", str(folder), "--output",
                            str(dst), "--runner", "local", "--config", "ar"], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-3000:]

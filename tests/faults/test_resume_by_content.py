@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from actors.job import JobSpec
-from jobs import transcribe
-from pipeline import output
-from pipeline.resume import distinct_id
+from shardscribe.actors.job import JobSpec
+from shardscribe.jobs import transcribe
+from shardscribe.pipeline import output
+from shardscribe.pipeline.resume import distinct_id
 
 AUDIT = ["decoder.kind=audit", "model.device=cpu"]
 
@@ -112,9 +112,9 @@ def test_rows_of_an_older_version_without_a_stamp_still_resume(days, capsys):
 def test_resume_plan_holds_one_bucket_at_a_time(tmp_path):
     """The plan over 200k input rows and 200k stored rows: the driver's peak grows by a
     fraction of what Python sets of those ids took (~30 MB here)."""
-    from pipeline.id_buckets import IdBuckets
-    from pipeline.resume import DONE, plan_resume
-    from pipeline.sources import INDEX_SCHEMA, Scan
+    from shardscribe.pipeline.id_buckets import IdBuckets
+    from shardscribe.pipeline.resume import DONE, plan_resume
+    from shardscribe.pipeline.sources import INDEX_SCHEMA, Scan
 
     n = 200_000
     ids = pa.array([f"rec-{i:07d}" for i in range(n)])

@@ -25,7 +25,7 @@ import pytest
 
 import fault_toy
 from conftest import SAMPLES, wait_for
-from pipeline import output
+from shardscribe.pipeline import output
 
 pytestmark = pytest.mark.slow
 GPU_NODE = {"num_cpus": 3, "num_gpus": 2}
@@ -56,7 +56,7 @@ def cluster(tmp_path_factory):
     import ray
     from ray.cluster_utils import Cluster
 
-    from actors.plan import _loopback_environment
+    from shardscribe.actors.plan import _loopback_environment
 
     pid_dir = tmp_path_factory.mktemp("pids")
     env = {fault_toy.PID_DIR_ENV: str(pid_dir), fault_toy.DELAY_ENV: "0.5"}
@@ -85,7 +85,7 @@ def _corpus(root: Path, n: int) -> Path:
 
 
 def transcribe(src, dst, *sets, config: str = "ar", flags=()) -> int:
-    from jobs.transcribe import add_arguments, run
+    from shardscribe.jobs.transcribe import add_arguments, run
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

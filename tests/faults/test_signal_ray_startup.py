@@ -22,7 +22,7 @@ from pathlib import Path
 
 import fault_toy
 from conftest import ROOT, SAMPLES
-from pipeline import output
+from shardscribe.pipeline import output
 
 FAULTS = Path(__file__).resolve().parent
 SCRIPT = "import sys, fault_toy; fault_toy.register(); from jobs.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -56,7 +56,7 @@ def _wait_for(predicate, timeout: float) -> bool:
 
 
 def test_sigterm_during_ray_start_up_leaves_nothing_running(tmp_path):
-    from actors import ray_local
+    from shardscribe.actors import ray_local
 
     src, dst = tmp_path / "in", tmp_path / "out"
     src.mkdir()

@@ -31,7 +31,7 @@ import pytest
 
 import fault_toy
 from conftest import ROOT, part_ids, sample_copies, wait_for
-from pipeline import output
+from shardscribe.pipeline import output
 
 FAULTS = Path(__file__).resolve().parent
 N = 8
@@ -42,14 +42,14 @@ import os, sys, time, fault_toy
 fault_toy.register()
 mark = os.environ.get("SLOW_FORMAT_MARK")
 if mark:
-    import pipeline.formats as formats
+    import shardscribe.pipeline.formats as formats
     plain = formats.to_json
     def slow(row):
         open(mark, "a").close()
         time.sleep(0.3)
         return plain(row)
     formats.to_json = slow
-from jobs.cli import main
+from shardscribe.jobs.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -67,8 +67,8 @@ SETS = fault_toy.OVERRIDES + ["batching.recordings_per_batch=1", "output.rows_pe
 def toy():
     """The toy kind in this process too: the reruns run in it (a process's start-up costs
     seconds on a small machine)."""
-    from pipeline.decoders import DECODER_KINDS
-    from pipeline.models import FAMILIES
+    from shardscribe.pipeline.kinds import DECODER_KINDS
+    from shardscribe.pipeline.models import FAMILIES
 
     fault_toy.register()
     yield
@@ -79,7 +79,7 @@ def toy():
 
 def _rerun(src: Path, dst: Path, formats: str = "") -> dict:
     """The same command again, in this process: its summary."""
-    from actors.job import JobSpec, run_job
+    from shardscribe.actors.job import JobSpec, run_job
 
     return run_job(JobSpec(input=str(src), output=str(dst), config="ar", overrides=SETS, runner="local",
                            formats=formats))
@@ -201,7 +201,7 @@ def test_ctrl_c_from_a_terminal_then_the_rerun_does_only_the_rest(corpus, toy, t
 
 def _dead_pid() -> tuple[int, float]:
     """A pid whose process has ended, and when it started (epoch seconds)."""
-    from actors.ray_local import _started
+    from shardscribe.actors.ray_local import _started
 
     proc = subprocess.Popen(["sleep", "0.3"])
     started = _started(proc.pid)
@@ -217,9 +217,9 @@ def test_the_next_job_kills_what_a_dead_drivers_ray_left(tmp_path, monkeypatch):
     session is left alone."""
     import tempfile
 
-    from actors import ray_local
-    from actors.job.run import hold_output
-    from pipeline.config import load_config
+    from shardscribe.actors import ray_local
+    from shardscribe.actors.job.run import hold_output
+    from shardscribe.pipeline.config import load_config
 
     temp = tmp_path / "tmp"            # the job's temporary folder: where the notes live
     ray_temp = temp / "ray"

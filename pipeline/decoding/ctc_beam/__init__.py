@@ -9,8 +9,8 @@ FLToP, run folding), ``step`` (the per-frame torch step), the loops ``loop_eager
 ``loop_graphs`` (CUDA graphs) and ``loop_native`` (C, beside it as ``loop_native.c``),
 and ``search`` (:class:`CTCBeamSearch`, which picks a loop).
 """
-from pipeline.decoding.ctc_beam.fusion import FusionModel
-from pipeline.decoding.ctc_beam.search import LOOPS, CTCBeamSearch, SearchInputs
-from pipeline.decoding.ctc_beam.state import BeamSearchResult
+from .fusion import FusionModel
+from .search import LOOPS, CTCBeamSearch, SearchInputs
+from .state import BeamSearchResult
 
 __all__ = ["CTCBeamSearch", "BeamSearchResult", "FusionModel", "LOOPS", "SearchInputs"]

@@ -2,7 +2,7 @@
 Decoding with advanced Contextual Abilities" (Algorithm 1's input D and lengths L), with
 the per-frame token pruning of "FLToP CTC: Frame-Level Token Pruning via Relative
 Threshold for Efficient and Memory-Saving Decoding on Diverse Platforms" (Algorithm 1,
-lines 5-12, via :mod:`pipeline.decoding.flop`).
+lines 5-12, via :mod:`pipeline.decoding.ctc_beam.flop`).
 
 Blank is moved to column 0, so the step can treat "label 0" as blank whatever the model's
 blank id. Finished utterances (t >= length) are frozen: their padded frames become a frame
@@ -30,8 +30,8 @@ from typing import Protocol
 
 import torch
 
-from pipeline.decoding.ctc_beam.state import NEG_INF, Frames
-from pipeline.decoding.flop import prune_frame
+from .state import NEG_INF, Frames
+from .flop import prune_frame
 
 
 class NativeFrames(Protocol):

@@ -11,7 +11,7 @@ candidates emit no token (for CTC blanks and repeats, for a transducer blanks), 
 lookups know nothing about frames or blanks and serve any label-synchronous or
 frame-synchronous beam search.
 
-A model with a dense table (:class:`pipeline.decoding.fusion_table.DenseFusionTable`) is
+A model with a dense table (:class:`pipeline.decoding.ctc_beam.fusion_table.DenseFusionTable`) is
 folded into [states, V+1] tables of ``alpha * score (+ beta)`` and next state with the
 identity column V, so scoring all candidates is one ``take`` and advancing the kept ones
 another (:class:`DenseLookup`). The insertion bonus is folded into the first lookup.
@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from pipeline.decoding.fusion_table import DenseFusionTable
+from .fusion_table import DenseFusionTable
 
 
 @runtime_checkable

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.decoding.ctc_beam.state import NEG_INF, Beams, Frames
-from pipeline.decoding.ctc_beam.step import FrameStep
+from .state import NEG_INF, Beams, Frames
+from .step import FrameStep
 
 
 def eager_loop(step: FrameStep, frames: Frames, beams: Beams, lookups: list, track_beams: bool):

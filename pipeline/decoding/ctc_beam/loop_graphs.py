@@ -19,8 +19,8 @@ import logging
 
 import torch
 
-from pipeline.decoding.ctc_beam.state import NEG_INF, Beams, Frames
-from pipeline.decoding.ctc_beam.step import FrameStep
+from .state import NEG_INF, Beams, Frames
+from .step import FrameStep
 
 log = logging.getLogger(__name__)
 

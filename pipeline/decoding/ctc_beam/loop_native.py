@@ -33,10 +33,10 @@ from pathlib import Path
 
 import torch
 
-from pipeline.decoding import native_build
-from pipeline.decoding.ctc_beam.fusion import BetaOnly, DenseLookup, GenericLookup
-from pipeline.decoding.ctc_beam.state import Beams, Frames
-from pipeline.decoding.ctc_beam.step import FrameStep
+from .. import native_build
+from .fusion import BetaOnly, DenseLookup, GenericLookup
+from .state import Beams, Frames
+from .step import FrameStep
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ def alignments(choices, tokens, slots, width: int, frame_map, num_frames: int, b
 
 
 def flop_prune(log_probs, lengths: torch.Tensor, blank: int, top_n: int, ratio: float | None):
-    """FLToP over a batch (``pipeline.decoding.flop.prune_frame`` on every valid frame,
+    """FLToP over a batch (``pipeline.decoding.ctc_beam.flop.prune_frame`` on every valid frame,
     padded frames frozen, blank as token 0): ``(values, tokens)`` [T * B, N], frame-major,
     or None where the native library is unavailable. ``log_probs``: a padded [B, T, V+1]
     tensor, or a list of each utterance's [T_b, V+1] log-probs (read in place: no padded

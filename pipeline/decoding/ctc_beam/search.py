@@ -26,14 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-import pipeline.decoding.ctc_beam.loop_native as loop_native
-from pipeline.decoding.ctc_beam.frames import prepare_frames
-from pipeline.decoding.ctc_beam.fusion import (FusionModel, LookupCache, ShallowFusion, add_final_scores,
+from . import loop_native
+from .frames import prepare_frames
+from .fusion import (FusionModel, LookupCache, ShallowFusion, add_final_scores,
                                                initial_states)
-from pipeline.decoding.ctc_beam.loop_eager import eager_loop
-from pipeline.decoding.ctc_beam.loop_graphs import GraphedFrameLoop
-from pipeline.decoding.ctc_beam.state import BeamSearchResult, Beams, Frames, trie_alignments
-from pipeline.decoding.ctc_beam.step import FrameStep
+from .loop_eager import eager_loop
+from .loop_graphs import GraphedFrameLoop
+from .state import BeamSearchResult, Beams, Frames, trie_alignments
+from .step import FrameStep
 
 LOOPS = ("native", "cuda_graph", "eager")
 
@@ -73,7 +73,7 @@ class CTCBeamSearch:
             flashlight does.
         dense_fusion_max_bytes: fusion models that report their state count and fit
             are replaced by exact dense [states, V] lookup tables
-            (``pipeline.decoding.fusion_table``); 0 disables.
+            (``pipeline.decoding.ctc_beam.fusion_table``); 0 disables.
         compress_frames: with FLToP, search a run of frames that all keep one and the
             same token as one frame (exact; see :mod:`.frames`). Ignored without FLToP.
         native: on CPU, run the frame loop and the back-tracking in one native call each

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.decoding.ctc_beam.fusion import DenseLookup
-from pipeline.decoding.ctc_beam.state import HASH_BASE, HASH_MOD, NEG_INF, Beams
+from .fusion import DenseLookup
+from .state import HASH_BASE, HASH_MOD, NEG_INF, Beams
 
 
 class FrameStep:

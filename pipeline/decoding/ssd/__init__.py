@@ -8,7 +8,7 @@
 - ``verify_policy``: whether a batch's draft and verification pay (break-even).
 - ``pack_gate_policy``: whether a batch's packed gate pays (break-even).
 
-The fallback decodes with pipeline.decoding.ar_greedy and its drafters
-(pipeline.decoding.drafters); the decoder kind that runs all this in a job is
-pipeline.decoders.ssd.
+The fallback decodes with pipeline.decoding.ar.greedy and its drafters
+(pipeline.decoding.drafting.drafters); the decoder kind that runs all this in a job is
+pipeline.kinds.ssd.
 """

@@ -18,9 +18,9 @@ Also beyond the paper: verification applies the output projection in chunks of d
 positions and stops at a row's first failure (``verify_chunk``), with the same decisions.
 
 Beyond the paper, off by default: ``lookahead`` K > 0 turns the fallback into speculative
-rounds over the rest of the draft (pipeline.decoding.drafters.CTCLookahead). After each
+rounds over the rest of the draft (pipeline.decoding.drafting.drafters.CTCLookahead). After each
 token it commits, the fallback re-finds its place in the draft
-(pipeline.decoding.draft_sync) and feeds up to K draft tokens with it in one pass.
+(pipeline.decoding.drafting.draft_sync) and feeds up to K draft tokens with it in one pass.
 ``lookahead_rule`` "greedy" keeps a guess exactly when it is the decoder's own argmax, so
 the text is the plain fallback's; "tau_slm" keeps it when its probability is above
 tau_slm, eq. 5's rule applied again after each correction (a re-synchronising verifier:
@@ -28,12 +28,12 @@ the draft is not abandoned at its first error).
 
 Beyond the paper, on by default on CUDA (``use_cuda_graphs``): the fallback's plain greedy
 rows, seeded or prefilled, continue over a static KV cache whose step is replayed as a
-CUDA graph (pipeline.decoding.ar_static); the seeds' K/V are copied into that cache, so
+CUDA graph (pipeline.decoding.ar.static); the seeds' K/V are copied into that cache, so
 the fallback still starts from the verification pass's state, with the same tokens.
 
 Beyond the paper, off by default: ``map_drafting``, the fallback drafts from a token map
 ("Model-free Speculative Decoding for Transformer-based ASR with Token Map Drafting",
-pipeline.decoding.drafters.TokenMapDrafter); with ``lookahead`` the rest of the CTC draft is
+pipeline.decoding.drafting.drafters.TokenMapDrafter); with ``lookahead`` the rest of the CTC draft is
 one more candidate, verified in the same tree pass (greedy rule only).
 
 Beyond the paper, off by default: ``gate_verify_tau``. A draft the gate accepts is also
@@ -62,14 +62,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.decoding.ar_greedy import DecodeSeed, greedy_decode, seeds_from_cache
-from pipeline.decoding.ar_static_graphs import StaticDecoding
-from pipeline.decoding.draft_sync import LOOKAHEAD_RULES
-from pipeline.decoding.drafters import NO_DRAFT, CTCLookahead
-from pipeline.decoding.ssd.verify import verify_drafts
+from ..ar.greedy import DecodeSeed, greedy_decode, seeds_from_cache
+from ..ar.graphs import StaticDecoding
+from ..drafting.draft_sync import LOOKAHEAD_RULES
+from ..drafting.drafters import NO_DRAFT, CTCLookahead
+from .verify import verify_drafts
 
 if TYPE_CHECKING:
-    from pipeline.models.base import ARDecoderModel
+    from ...models.base import ARDecoderModel
 
 CTC_GATE, LLM_VERIFY, AR_FALLBACK = "ctc_gate", "llm_verify", "ar_fallback"
 # A segment SSD decoded as plain greedy AR, without a draft (pipeline.decoding.ssd.verify_policy).
@@ -129,13 +129,13 @@ class SelfSpeculativeDecoder:
         self.exact = verify_rule == "greedy"
         if map_drafting is not None and lookahead and lookahead_rule != "greedy":
             raise ValueError("token-map drafting verifies greedily: it cannot join lookahead_rule tau_slm")
-        # pipeline.decoding.drafters.TokenMapDrafter (its policy kept across calls), or None
+        # pipeline.decoding.drafting.drafters.TokenMapDrafter (its policy kept across calls), or None
         self.map_drafting = map_drafting
         # pipeline.decoding.ssd.gate_calibration.GateCalibration: tau_ctc learnt from verification
         # outcomes as the job runs (tau_ctc is then its cap); None: tau_ctc is fixed.
         self.gate_calibration = gate_calibration
         # decoder.use_cuda_graphs: the fallback's plain greedy rows (seeded or not) over a
-        # static KV cache, replayed as CUDA graphs on a GPU (pipeline.decoding.ar_static_graphs)
+        # static KV cache, replayed as CUDA graphs on a GPU (pipeline.decoding.ar.graphs)
         self.static = StaticDecoding() if use_cuda_graphs else None
 
     def _verifies(self, row: SSDRow) -> bool:

@@ -3,7 +3,7 @@
 A break-even rule on an exponentially forgotten Beta-Bernoulli estimate of the gate's pass
 rate (beyond the paper, whose gate is eq. 3).
 
-The packed gate (pipeline.decoders.ssd.stages.SSDFirstPassDecoder) encodes n short clips in W
+The packed gate (pipeline.kinds.ssd.stages.SSDFirstPassDecoder) encodes n short clips in W
 shared 30-s windows for the CTC draft and the gate, then encodes again alone every clip
 of a shared window that the gate (and gate verification) rejects, because Whisper's
 decoder reads a clip's whole window. In encoder passes, with a share p of the clips

@@ -1,7 +1,7 @@
 """Packed verification (beyond "Self-Speculative Decoding for LLM-based ASR with CTC Encoder Drafts"): eq. 5 for every clip of a packed encoder window
 in one teacher-forced decoder pass over that window.
 
-SSD's packed gate (pipeline.decoders.ssd.stages) drafts short clips on shared 30-s windows. The
+SSD's packed gate (pipeline.kinds.ssd.stages) drafts short clips on shared 30-s windows. The
 decoder cannot check one clip against a shared window, since it reads all of it, but it
 can check the window: the drafts of its clips, in the order they sit in the window, are
 one transcript of the window. The pass scores every token of that joined transcript; clip
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from pipeline.models.base import ARDecoderModel
+    from ...models.base import ARDecoderModel
 
 
 @dataclass

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from pipeline.models.base import ARDecoderModel
+    from ...models.base import ARDecoderModel
 
 
 @dataclass

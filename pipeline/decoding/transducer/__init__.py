@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from pipeline.models.base import TransducerModel
+    from ...models.base import TransducerModel
 
 
 def advance_predictor(model: TransducerModel, state, tokens: torch.Tensor, emit: torch.Tensor,

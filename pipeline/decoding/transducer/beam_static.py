@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.decoding.ctc_beam.state import NEG_INF
-from pipeline.decoding.transducer.loop_graphs import GraphCache, StepGraph
-from pipeline.decoding.transducer.static_state import BeamState, frame_bucket
+from ..ctc_beam.state import NEG_INF
+from .loop_graphs import GraphCache, StepGraph
+from .static_state import BeamState, frame_bucket
 
 LOOPS = ("auto", "eager", "static", "cuda_graph")
 # On a CPU the step's arithmetic is the cost and the static loop adds its copies (measured

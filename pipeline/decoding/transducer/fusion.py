@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.decoding.ctc_beam.fusion import DenseLookup, GenericLookup
+from ..ctc_beam.fusion import DenseLookup, GenericLookup
 
 BLANK_SCORINGS = ("asr", "lm")
 PRUNINGS = ("early", "late")

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.decoding.transducer import advance_predictor, greedy_choice
+from . import advance_predictor, greedy_choice
 
 if TYPE_CHECKING:
-    from pipeline.models.base import TransducerModel
+    from ...models.base import TransducerModel
 
 
 @dataclass

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.decoding.transducer import advance_predictor, copy_state_, greedy_choice
-from pipeline.decoding.transducer.greedy import GreedyResult, transducer_greedy
-from pipeline.decoding.transducer.loop_graphs import GraphCache, StepGraph
-from pipeline.decoding.transducer.static_state import LabelLoopState, frame_bucket
+from . import advance_predictor, copy_state_, greedy_choice
+from .greedy import GreedyResult, transducer_greedy
+from .loop_graphs import GraphCache, StepGraph
+from .static_state import LabelLoopState, frame_bucket
 
 if TYPE_CHECKING:
-    from pipeline.models.base import TransducerModel
+    from ...models.base import TransducerModel
 
 LOOPS = ("auto", "eager", "static", "cuda_graph")
 # On a CPU the static loop costs what the eager one does (same joints, same predictor

@@ -42,14 +42,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from pipeline.decoding.ctc_beam.fusion import LookupCache, ShallowFusion, add_final_scores, initial_states
-from pipeline.decoding.ctc_beam.state import HASH_BASE, HASH_MOD, NEG_INF
-from pipeline.decoding.transducer import advance_predictor, beam_static
-from pipeline.decoding.transducer.fusion import (BLANK_SCORINGS, PRUNINGS, blank_terms, full_rows,
+from ..ctc_beam.fusion import LookupCache, ShallowFusion, add_final_scores, initial_states
+from ..ctc_beam.state import HASH_BASE, HASH_MOD, NEG_INF
+from . import advance_predictor, beam_static
+from .fusion import (BLANK_SCORINGS, PRUNINGS, blank_terms, full_rows,
                                                  lm_token_map)
 
 if TYPE_CHECKING:
-    from pipeline.models.base import TransducerModel
+    from ...models.base import TransducerModel
 
 ALGORITHMS = ("alsd", "aes")
 

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.decoding.transducer import clone_state, copy_state_
+from . import clone_state, copy_state_
 
 if TYPE_CHECKING:
-    from pipeline.models.base import TransducerModel
+    from ...models.base import TransducerModel
 
 
 def frame_bucket(frames: int) -> int:

@@ -11,9 +11,9 @@ only; unlike the checkpoints it can pack short clips into shared encoder windows
 """
 from __future__ import annotations
 
-from pipeline.models.base import BEAM_VOCABULARY, CTC, PACKABLE
-from pipeline.models.registry import ModelFamily, register_family
-from pipeline.models.whisper.options import WhisperModelOptions
+from ..base import BEAM_VOCABULARY, CTC, PACKABLE
+from ..registry import ModelFamily, register_family
+from ..whisper.options import WhisperModelOptions
 
 
 EMBEDDED = "embedded"
@@ -25,10 +25,10 @@ def embedded_whisper_config(model_config):
 
 
 def load(model_config, device: str, dtype):
-    from pipeline.models.ctc.adapter import load_ctc_adapter
+    from .adapter import load_ctc_adapter
 
     if model_config.source == EMBEDDED:
-        from pipeline.models.whisper import load as load_whisper
+        from ..whisper import load as load_whisper
 
         return load_whisper(embedded_whisper_config(model_config), device=device, dtype=dtype)
     return load_ctc_adapter(model_config.source, device=device, dtype=dtype)
@@ -38,7 +38,7 @@ def check_components(model_config) -> None:
     """The checkpoint's feature extractor and tokenizer load (preflight; ModelError if not)."""
     if model_config.source == EMBEDDED:
         return
-    from pipeline.models.ctc.adapter import load_processing
+    from .adapter import load_processing
 
     load_processing(model_config.source)
 
@@ -46,7 +46,7 @@ def check_components(model_config) -> None:
 def ctc_vocabulary(model_config):
     """The checkpoint's CTC vocabulary from its config and tokenizer alone (no weights):
     what the beam pool, which loads no model, needs."""
-    from pipeline.text.ctc_vocabulary import TokenizerVocabulary, embedded_vocabulary
+    from ...text.ctc_vocabulary import TokenizerVocabulary, embedded_vocabulary
 
     if model_config.source == EMBEDDED:
         return embedded_vocabulary(model_config)
@@ -65,13 +65,13 @@ def _options(source: str):
 # and no model of the family can exceed the budget that admits one segment. Its embedded
 # model (Whisper's encoder + CTC head) packs windows like the whisper family.
 FAMILY = register_family(ModelFamily(
-    "ctc", "pipeline.models.ctc",
+    "ctc", "shardscribe.pipeline.models.ctc",
     capabilities=lambda m: frozenset({CTC, BEAM_VOCABULARY} | ({PACKABLE} if m.source == "embedded" else set())),
     max_segment_s=30.0, max_segment_cost=1500,
     hint=lambda cap: ("use --config ctc_model_greedy or ctc_model_beam, or --set decoder.pack_windows=false"
                       if cap == PACKABLE else ""),
-    vocabulary="pipeline.models.ctc:ctc_vocabulary",
+    vocabulary="shardscribe.pipeline.models.ctc:ctc_vocabulary",
     # AutoModelForCTC loads the model types of this mapping
     architectures=("*ForCTC",), model_types="transformers.models.auto.modeling_auto:MODEL_FOR_CTC_MAPPING_NAMES",
-    has_embedded=True, components="pipeline.models.ctc:check_components", options=_options,
-    preflight="pipeline.models.whisper.preflight:check"))
+    has_embedded=True, components="shardscribe.pipeline.models.ctc:check_components", options=_options,
+    preflight="shardscribe.pipeline.models.whisper.preflight:check"))

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.batching import equal_length_buckets
-from pipeline.models.base import BEAM_VOCABULARY, CTC, CTCDraftBatch, EncoderBatch
-from pipeline.text.ctc_vocabulary import ctc_blank_id
+from ...batching import equal_length_buckets
+from ..base import BEAM_VOCABULARY, CTC, CTCDraftBatch, EncoderBatch
+from ...text.ctc_vocabulary import ctc_blank_id
 
 SAMPLE_RATE = 16000
 
@@ -157,7 +157,7 @@ class CTCModelAdapter:
     @torch.inference_mode()
     def ctc_draft(self, enc: EncoderBatch) -> CTCDraftBatch:
         """Greedy CTC over the valid frames; the text through the model's own decoding."""
-        from pipeline.decoding.ctc_greedy import ctc_greedy
+        from ..ctc_greedy import ctc_greedy
 
         T = int(enc.valid_frames.max()) if len(enc.valid_frames) else 0
         log_probs = enc.states[:, :T].float().log_softmax(-1)
@@ -195,8 +195,8 @@ def load_ctc_adapter(source: str, device: str = "cpu", dtype: torch.dtype = torc
     from transformers import AutoConfig, AutoModelForCTC
     from transformers.models.auto.modeling_auto import MODEL_FOR_CTC_MAPPING
 
-    from pipeline.models.attention import attention_implementation
-    from pipeline.models.errors import ModelError
+    from ..attention import attention_implementation
+    from ..errors import ModelError
 
     if _looks_local(source) and not Path(source).expanduser().is_dir():
         raise ModelError(f"model.source: no CTC model at {source} (not a directory)")
@@ -221,7 +221,7 @@ def load_processing(source: str):
     that cannot be loaded. The driver's preflight calls this too (no weights are read)."""
     from transformers import AutoFeatureExtractor, AutoProcessor, AutoTokenizer
 
-    from pipeline.models.errors import load_component
+    from ..errors import load_component
 
     try:
         processor = AutoProcessor.from_pretrained(source, local_files_only=True)

@@ -7,8 +7,8 @@ family offers the LLM decoder only.
 """
 from __future__ import annotations
 
-from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE
-from pipeline.models.registry import ModelFamily, register_family
+from ..base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE
+from ..registry import ModelFamily, register_family
 from dataclasses import dataclass
 
 import json
@@ -26,7 +26,7 @@ def read_ctc_vocab(path: str) -> list[str]:
 
 
 def load(model_config, device: str, dtype):
-    from pipeline.models.granite_speech.adapter import load_granite_adapter
+    from .adapter import load_granite_adapter
 
     vocab = read_ctc_vocab(model_config.ctc_vocab) if model_config.ctc_vocab else None
     return load_granite_adapter(model_config.source, vocab, device=device, dtype=dtype)
@@ -34,7 +34,7 @@ def load(model_config, device: str, dtype):
 
 def check_components(model_config) -> None:
     """The checkpoint's tokenizer and features load (preflight; ModelError if not)."""
-    from pipeline.models.granite_speech.adapter import load_processing
+    from .adapter import load_processing
 
     load_processing(model_config.source)
 
@@ -51,11 +51,11 @@ class GraniteOptions:
 
 
 FAMILY = register_family(ModelFamily(
-    "granite_speech", "pipeline.models.granite_speech",
+    "granite_speech", "shardscribe.pipeline.models.granite_speech",
     capabilities=lambda m: frozenset({ATTENTION_DECODER} | ({CTC} if m.ctc_vocab else set())),
     max_segment_s=60.0, max_segment_cost=3000,
     hint=lambda cap: ("set model.ctc_vocab (a JSON list naming the encoder's CTC outputs, blank first)"
                       if cap == CTC else _BEAM_VOCAB_HINT if cap == BEAM_VOCABULARY
                       else "it cannot pack encoder windows: --set ssd.pack_gate=false" if cap == PACKABLE else ""),
     architectures=("GraniteSpeechForConditionalGeneration",), model_types=("granite_speech",),
-    components="pipeline.models.granite_speech:check_components", options=GraniteOptions))
+    components="shardscribe.pipeline.models.granite_speech:check_components", options=GraniteOptions))

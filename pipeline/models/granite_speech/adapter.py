@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.models.base import ATTENTION_DECODER, CTC, CTCDraftBatch, EncoderBatch
+from ..base import ATTENTION_DECODER, CTC, CTCDraftBatch, EncoderBatch
 
 HOP_SAMPLES = 160  # GraniteSpeechFeatureExtractor's mel hop; two mel frames per encoder frame
 DEFAULT_INSTRUCTION = "can you transcribe the speech into a written format?"
@@ -176,7 +176,7 @@ class GraniteSpeechAdapter:
                         frames: torch.Tensor | None = None) -> GraniteEncoderBatch:
         """Encode precomputed input features [B, T, F] (GraniteSpeechFeatureExtractor's
         ``input_features``: stacked log-mels) whose first ``frames[b]`` frames are real."""
-        from pipeline.batching import equal_length_buckets
+        from ...batching import equal_length_buckets
 
         features = features.to(self.device, self.dtype)
         B, T = features.shape[:2]
@@ -207,7 +207,7 @@ class GraniteSpeechAdapter:
         if self.feature_extractor is None:
             raise ValueError("granite-speech needs its feature extractor (torchaudio) to read audio; "
                              "pass feature_extractor= or call encode_features with precomputed features")
-        from pipeline.batching import equal_length_buckets
+        from ...batching import equal_length_buckets
 
         shortest = _shortest_clip(self.feature_extractor)
         clips = [_zero_padded(np.asarray(a, dtype=np.float32), shortest) for a in audios]
@@ -224,7 +224,7 @@ class GraniteSpeechAdapter:
     @torch.inference_mode()
     def ctc_draft(self, enc: GraniteEncoderBatch) -> CTCDraftBatch:
         """Greedy CTC draft (eq. 2) and frame entropies over valid frames (eq. 3's inputs)."""
-        from pipeline.decoding.ctc_greedy import ctc_greedy
+        from ..ctc_greedy import ctc_greedy
 
         if self.ctc_vocab is None:
             raise ValueError("no CTC vocabulary: configure model.ctc_vocab")
@@ -259,10 +259,10 @@ class GraniteSpeechAdapter:
 
     def static_step(self):
         """The Granite LLM's step over caller-owned K/V buffers (the static-cache greedy
-        loop, pipeline.decoding.ar_static), built on first use; None for another LLM body,
+        loop, pipeline.decoding.ar.static), built on first use; None for another LLM body,
         which greedy decoding runs in its eager loop."""
         if self._static_step is _UNBUILT:
-            from pipeline.models.granite_speech.static_step import GraniteStaticStep
+            from .static_step import GraniteStaticStep
 
             body = self.language_model
             self._static_step = GraniteStaticStep(body) if type(body).__name__ == "GraniteModel" else None
@@ -297,9 +297,9 @@ def load_granite_adapter(source: str, ctc_vocab: Sequence[str] | None, ctc_blank
     from the same computation in plain torch (features.GraniteFeatures)."""
     from transformers import AutoConfig, GraniteSpeechForConditionalGeneration
 
-    from pipeline.models.attention import attention_implementation
-    from pipeline.models.errors import ModelError
-    from pipeline.models.registry import model_family
+    from ..attention import attention_implementation
+    from ..errors import ModelError
+    from ..registry import model_family
 
     try:
         config = AutoConfig.from_pretrained(source, local_files_only=True)
@@ -330,7 +330,7 @@ def load_processing(source: str):
     The driver's preflight calls this too (no weights are read)."""
     from transformers import AutoTokenizer
 
-    from pipeline.models.errors import load_component
+    from ..errors import load_component
 
     tokenizer = load_component(AutoTokenizer, source, "tokenizer")
     try:
@@ -338,7 +338,7 @@ def load_processing(source: str):
 
         extractor = GraniteSpeechFeatureExtractor.from_pretrained(source, local_files_only=True)
     except (ImportError, OSError):  # torchaudio missing, or no preprocessor config
-        from pipeline.models.granite_speech.features import GraniteFeatures
+        from .features import GraniteFeatures
 
         extractor = GraniteFeatures.from_checkpoint(source)
     return tokenizer, extractor

@@ -1,4 +1,4 @@
-"""granite-speech's LLM step for the static-cache greedy loop (pipeline.decoding.ar_static;
+"""granite-speech's LLM step for the static-cache greedy loop (pipeline.decoding.ar.static;
 the static KV cache of "Accelerating Generative AI with PyTorch II: GPT, Fast"): one token
 per row through the Granite LLM's layers (RMSNorm, rotary positions, grouped-query
 attention, the Granite multipliers), reading and writing caller-owned K/V buffers

@@ -12,19 +12,19 @@ Hugging Face id in the local cache.
 """
 from __future__ import annotations
 
-from pipeline.models.base import TRANSDUCER
-from pipeline.models.registry import ModelFamily, register_family
+from ..base import TRANSDUCER
+from ..registry import ModelFamily, register_family
 
 
 def load(model_config, device: str, dtype):
-    from pipeline.models.transducer.embedded import EMBEDDED, EMBEDDED_RNNT, is_embedded_transducer_dir
+    from .embedded import EMBEDDED, EMBEDDED_RNNT, is_embedded_transducer_dir
 
     if model_config.source in (EMBEDDED, EMBEDDED_RNNT) or is_embedded_transducer_dir(model_config.source):
-        from pipeline.models.transducer.embedded import load_embedded_transducer_adapter
+        from .embedded import load_embedded_transducer_adapter
 
         return load_embedded_transducer_adapter(model_config.source, device=device, dtype=dtype,
                                                 cache_dir=model_config.cache_dir)
-    from pipeline.models.transducer.adapter import load_transducer_adapter
+    from .adapter import load_transducer_adapter
 
     return load_transducer_adapter(model_config.source, device=device, dtype=dtype)
 
@@ -34,8 +34,8 @@ def check_components(model_config) -> None:
     if not). The shipped transducers and train-transducer outputs carry their own: known
     by their config's architecture too, since a checkpoint at a URL is checked on a copy
     of its configs without the weights file."""
-    from pipeline.models.preflight import checkpoint_json
-    from pipeline.models.transducer.embedded import (ARCHITECTURE, CONFIG_FILE, EMBEDDED, EMBEDDED_RNNT,
+    from ..preflight import checkpoint_json
+    from .embedded import (ARCHITECTURE, CONFIG_FILE, EMBEDDED, EMBEDDED_RNNT,
                                                      is_embedded_transducer_dir)
 
     source = model_config.source
@@ -43,7 +43,7 @@ def check_components(model_config) -> None:
         return
     if ARCHITECTURE in ((checkpoint_json(source, CONFIG_FILE) or {}).get("architectures") or []):
         return
-    from pipeline.models.transducer.adapter import load_processing
+    from .adapter import load_processing
 
     load_processing(model_config.source)
 
@@ -53,10 +53,10 @@ def check_components(model_config) -> None:
 # embedded TDT over Whisper tiny.en. Parakeet's frames are 80 ms (30 s: 375 frames), the
 # embedded one's 40 ms (30 s: 750): priced at the finer, as the ctc family does.
 FAMILY = register_family(ModelFamily(
-    "transducer", "pipeline.models.transducer",
+    "transducer", "shardscribe.pipeline.models.transducer",
     capabilities=lambda m: frozenset({TRANSDUCER}),
     max_segment_s=30.0, max_segment_cost=750,
     hint=lambda cap: "use --config transducer_greedy or transducer_beam" if cap != TRANSDUCER else "",
     architectures=("ParakeetForRNNT", "ParakeetForTDT", "ShardscribeWhisperTDT"),
     model_types=("parakeet_rnnt", "parakeet_tdt"), has_embedded=True, shipped=("embedded_rnnt",),
-    components="pipeline.models.transducer:check_components"))
+    components="shardscribe.pipeline.models.transducer:check_components"))

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.models.base import TRANSDUCER, EncoderBatch
+from ..base import TRANSDUCER, EncoderBatch
 
 SAMPLE_RATE = 16000
 
@@ -145,7 +145,7 @@ class TransducerAdapter:
     # --- text -----------------------------------------------------------------------------------
     def vocabulary(self):
         """The non-blank tokens as phrase boosting spells text with them."""
-        from pipeline.text.ctc_vocabulary import TokenizerVocabulary
+        from ...text.ctc_vocabulary import TokenizerVocabulary
 
         return TokenizerVocabulary(self.tokenizer, self.blank, self.vocab_size)
 
@@ -173,9 +173,9 @@ def load_transducer_adapter(source: str, device: str = "cpu", dtype: torch.dtype
     tokenizer."""
     from transformers import AutoConfig, ParakeetForRNNT, ParakeetForTDT
 
-    from pipeline.models.attention import attention_implementation
-    from pipeline.models.registry import model_family
-    from pipeline.models.errors import ModelError
+    from ..attention import attention_implementation
+    from ..registry import model_family
+    from ..errors import ModelError
 
     if _looks_local(source) and not Path(source).expanduser().is_dir():
         raise ModelError(f"model.source: no transducer model at {source} (not a directory)")
@@ -204,7 +204,7 @@ def load_processing(source: str):
     the part that cannot be loaded. The driver's preflight calls this too (no weights)."""
     from transformers import AutoFeatureExtractor, AutoTokenizer
 
-    from pipeline.models.errors import load_component
+    from ..errors import load_component
 
     return (load_component(AutoFeatureExtractor, source, "feature extractor"),
             load_component(AutoTokenizer, source, "tokenizer"))

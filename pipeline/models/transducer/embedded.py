@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.audio import SAMPLE_RATE
-from pipeline.models.base import EncoderBatch
-from pipeline.models.transducer.adapter import TransducerAdapter
-from pipeline.models.whisper.adapter import SAMPLES_PER_STATE, WhisperAdapter
-from pipeline.text import charset
+from ...audio import SAMPLE_RATE
+from ..base import EncoderBatch
+from .adapter import TransducerAdapter
+from ..whisper.adapter import SAMPLES_PER_STATE, WhisperAdapter
+from ...text import charset
 
 EMBEDDED = "embedded"
 # the RNN-T twin (no durations: what AES++ searches), trained like the TDT
@@ -181,7 +181,7 @@ class EmbeddedTransducerAdapter(TransducerAdapter):
         self.frame_shift_s = self.frame_stack * SAMPLES_PER_STATE / SAMPLE_RATE
 
     def vocabulary(self):
-        from pipeline.text.ctc_vocabulary import CharsetVocabulary
+        from ...text.ctc_vocabulary import CharsetVocabulary
 
         return CharsetVocabulary()
 
@@ -215,7 +215,7 @@ def load_embedded_transducer_adapter(source: str = EMBEDDED, device: str = "cpu"
     """Whisper tiny.en with the embedded CTC head (the frozen encoder side) and the
     transducer at ``source`` (``embedded``: the shipped TDT; ``embedded_rnnt``: its RNN-T twin;
     or a train-transducer output)."""
-    from pipeline.models.whisper.adapter import load_whisper_adapter
+    from ..whisper.adapter import load_whisper_adapter
 
     model = load_embedded_transducer(source, device=device, dtype=dtype)
     whisper = load_whisper_adapter(EMBEDDED, device=device, dtype=dtype, cache_dir=cache_dir, ctc_head=EMBEDDED)

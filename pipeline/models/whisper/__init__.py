@@ -7,9 +7,9 @@ a Hugging Face id, loaded offline.
 """
 from __future__ import annotations
 
-from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE
-from pipeline.models.registry import ModelFamily, register_family
-from pipeline.models.whisper.options import WhisperModelOptions
+from ..base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE
+from ..registry import ModelFamily, register_family
+from .options import WhisperModelOptions
 
 # Segments per encoder call on CPU when model.encoder_micro_batch is null: Whisper's
 # 1500-frame attention thrashes the CPU caches at larger batches (figures: docs/ssd.md).
@@ -20,13 +20,13 @@ CPU_ENCODER_MICRO_BATCH = 2
 def load(model_config, device: str, dtype):
     import torch
 
-    from pipeline.models.whisper.adapter import load_whisper_adapter
-    from pipeline.models.whisper.prompting import WhisperOptions
+    from .adapter import load_whisper_adapter
+    from .prompting import WhisperOptions
 
     micro = model_config.encoder_micro_batch
     if micro is None:
         micro = CPU_ENCODER_MICRO_BATCH if torch.device(device).type == "cpu" else 0
-    from pipeline.device import cross_kv_dtype_name, encoder_dtype_name, quantize_name, torch_dtype
+    from ...device import cross_kv_dtype_name, encoder_dtype_name, quantize_name, torch_dtype
 
     name = encoder_dtype_name(model_config.encoder_dtype, device, model_config.dtype)
     encoder_dtype = torch_dtype(name) if name else None
@@ -45,7 +45,7 @@ def check_components(model_config) -> None:
     The embedded model is converted with its own."""
     if model_config.source == "embedded":
         return
-    from pipeline.models.whisper.loader import load_processor
+    from .loader import load_processor
 
     load_processor(model_config.source)
 
@@ -57,16 +57,16 @@ def default_config(source: str) -> str | None:
 
 
 FAMILY = register_family(ModelFamily(
-    "whisper", "pipeline.models.whisper",
+    "whisper", "shardscribe.pipeline.models.whisper",
     capabilities=lambda m: frozenset({ATTENTION_DECODER, PACKABLE} | ({CTC, BEAM_VOCABULARY} if m.ctc_head else set())),
     max_segment_s=30.0, max_segment_cost=1500,
     hint=lambda cap: "set model.ctc_head (embedded, or a head directory)" if cap in (CTC, BEAM_VOCABULARY) else "",
     # every head this family loads, embedded or a directory, is over the character set
-    vocabulary="pipeline.text.ctc_vocabulary:embedded_vocabulary",
+    vocabulary="shardscribe.pipeline.text.ctc_vocabulary:embedded_vocabulary",
     architectures=("WhisperForConditionalGeneration",), model_types=("whisper",), needs_model_type=False,
     has_embedded=True, shipped=("embedded-base",),   # embedded-base: Whisper base (multilingual), loader.py
     names=(("tiny.en", "embedded"), ("base", "embedded-base")),
-    components="pipeline.models.whisper:check_components", options=WhisperModelOptions,
-    preflight="pipeline.models.whisper.preflight:check",
+    components="shardscribe.pipeline.models.whisper:check_components", options=WhisperModelOptions,
+    preflight="shardscribe.pipeline.models.whisper.preflight:check",
     # the embedded head reads tiny.en's encoder; a head directory, the checkpoint it was fitted on
     model_keys=("ctc_head",), default_config=default_config))

@@ -14,10 +14,10 @@ import math
 import numpy as np
 import torch
 
-from pipeline.audio import SAMPLE_RATE
-from pipeline.models.whisper.prompting import (TimestampRules, WhisperOptions, WhisperTokens, detect_language,
+from ...audio import SAMPLE_RATE
+from .prompting import (TimestampRules, WhisperOptions, WhisperTokens, detect_language,
                                                options_error, prefix)
-from pipeline.models.base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE, CTCDraftBatch, EncoderBatch
+from ..base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE, CTCDraftBatch, EncoderBatch
 
 SAMPLES_PER_STATE = 320  # hop 160 x conv stride 2
 WINDOW_SAMPLES = 30 * SAMPLE_RATE
@@ -103,7 +103,7 @@ class WhisperAdapter:
         # model's own layers project them in its dtype.
         self.cross_projection = None
         if cross_kv_dtype is not None and cross_kv_dtype != self.dtype:
-            from pipeline.models.whisper.cross_projection import CrossProjection
+            from .cross_projection import CrossProjection
 
             self.cross_projection = CrossProjection(model.model.decoder.layers, cross_kv_dtype, self.dtype)
         self._static_step = None
@@ -123,11 +123,11 @@ class WhisperAdapter:
 
     def _screen(self):
         """The screened argmax over the output projection with the suppressed tokens
-        masked (pipeline.decoding.screened_argmax), for a float32 plain Linear on a CPU:
+        masked (pipeline.models.screened_argmax), for a float32 plain Linear on a CPU:
         screened in bfloat16 where the CPU computes it natively, else in int8 through
         fbgemm where torch has it; else None (the full product)."""
-        from pipeline.decoding.screened_argmax import Int8ScreenedArgmax, ScreenedArgmax
-        from pipeline.device import cpu_bf16_native
+        from ..screened_argmax import Int8ScreenedArgmax, ScreenedArgmax
+        from ...device import cpu_bf16_native
 
         proj = self.model.proj_out
         if (self.device.type != "cpu" or type(proj) is not torch.nn.Linear or proj.bias is not None
@@ -209,7 +209,7 @@ class WhisperAdapter:
         (pipeline.models.whisper.log_mel), or by the checkpoint's feature extractor on
         the host where its settings are ones the device path does not reproduce."""
         if self._log_mel is _UNBUILT:
-            from pipeline.models.whisper.log_mel import DeviceLogMel
+            from .log_mel import DeviceLogMel
 
             fe = self.processor.feature_extractor
             self._log_mel = DeviceLogMel(fe, self.device, self.encoder_dtype) if DeviceLogMel.supports(fe) else None
@@ -246,7 +246,7 @@ class WhisperAdapter:
     @staticmethod
     def plan_packing(lengths: list[int], gap_s: float = PACK_GAP_S):
         """Where ``encode_packed`` puts clips of these sample counts (pipeline.packing)."""
-        from pipeline.packing import plan_windows
+        from ...packing import plan_windows
 
         return plan_windows(lengths, WINDOW_SAMPLES, int(gap_s * SAMPLE_RATE), SAMPLES_PER_STATE)
 
@@ -260,7 +260,7 @@ class WhisperAdapter:
         per window) packs the signals into shared 30-s windows instead (pipeline.packing)
         and also returns the placements and the window states; there a clip's states do
         depend on the clips sharing its window."""
-        from pipeline.packing import pack_signals
+        from ...packing import pack_signals
 
         if not keep_windows:
             return self.encode_isolated(audios)
@@ -284,7 +284,7 @@ class WhisperAdapter:
         padded window, as ``encode`` computes it) is cut to its valid frames and run
         through the convolutions alone, takes positions 0..n-1, and the clips of one
         sequence attend only to themselves (pipeline.packing.block_mask)."""
-        from pipeline.packing import block_mask, plan_sequences
+        from ...packing import block_mask, plan_sequences
 
         for a in audios:
             if len(a) > WINDOW_SAMPLES:
@@ -320,7 +320,7 @@ class WhisperAdapter:
     @torch.inference_mode()
     def ctc_draft(self, enc: EncoderBatch) -> CTCDraftBatch:
         """Greedy CTC draft and frame entropies over valid frames (the SSD gate's inputs)."""
-        from pipeline.decoding.ctc_greedy import ctc_greedy
+        from ..ctc_greedy import ctc_greedy
 
         if self.ctc_head is None:
             raise ValueError("this model has no CTC head: configure model.ctc_head")
@@ -349,7 +349,7 @@ class WhisperAdapter:
         attention then reads them instead of projecting the states itself."""
         from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-        from pipeline.models.kv_cache import cache_of
+        from ..kv_cache import cache_of
 
         if cache is None:
             return EncoderDecoderCache(DynamicCache(), cache_of(self.cross_projection(encoder_states)))
@@ -364,9 +364,9 @@ class WhisperAdapter:
 
     def static_step(self):
         """The decoder's step over caller-owned K/V buffers (the static-cache greedy loop,
-        pipeline.decoding.ar_static), built on first use."""
+        pipeline.decoding.ar.static), built on first use."""
         if self._static_step is None:
-            from pipeline.models.whisper.static_step import WhisperStaticStep
+            from .static_step import WhisperStaticStep
 
             self._static_step = WhisperStaticStep(self.model.model.decoder)
         return self._static_step
@@ -422,7 +422,7 @@ def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
     dtype (its states are cast to ``dtype`` for the decoder and the CTC head);
     ``screened_argmax``: see :attr:`WhisperAdapter.next_tokens`; ``cross_kv_dtype``: the
     dtype the decoder's cross-attention K/V are projected in (None: the model's)."""
-    from pipeline.models.whisper.loader import load_whisper
+    from .loader import load_whisper
 
     model, processor = load_whisper(source, device=device, dtype=dtype, cache_dir=cache_dir)
     if encoder_dtype is not None:
@@ -435,8 +435,8 @@ def load_whisper_adapter(source: str = "embedded", device: str = "cpu",
         raise ValueError(f"model.quantize: unknown {quantize!r}")
     head = decode = None
     if ctc_head:
-        from pipeline.models.whisper.ctc_head import load_ctc_head
-        from pipeline.text import charset
+        from .ctc_head import load_ctc_head
+        from ...text import charset
 
         head, decode = load_ctc_head(ctc_head, device=device), charset.decode
     return WhisperAdapter(model, processor, device=device, ctc_head=head, ctc_decode=decode,

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pipeline.decoding.ctc_greedy import ctc_greedy
-from pipeline.fit_schedule import descend, end_epoch, warmup_cosine_adamw
-from pipeline.text import charset
+from ..ctc_greedy import ctc_greedy
+from ...fit_schedule import descend, end_epoch, warmup_cosine_adamw
+from ...text import charset
 
 
 @dataclass
@@ -115,7 +115,7 @@ def fit_ctc_head(head, train_rows: list[dict], eval_rows: list[dict], options: F
     ``options.epochs``; returns the per-epoch curve (train loss, minutes, and the greedy
     draft's CER against ``eval_rows``' texts where there are any). Deterministic given
     ``options.seed`` on one CPU thread, the initial weights aside."""
-    from pipeline.metrics import corpus_cer
+    from ...metrics import corpus_cer
 
     o = options
     torch.manual_seed(o.seed)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.filters import UNDETERMINED, compression_ratio
+from ...filters import UNDETERMINED, compression_ratio
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def mean_logprobs(adapter, encoder_states: torch.Tensor, tokens: list[list[int]]
     token masks (pipeline.models.teacher_forcing: one teacher-forced
     pass; ``cross_kv``: the rows' cross-attention K/V from their greedy decoding, reused).
     0 for a row without tokens."""
-    from pipeline.models.teacher_forcing import teacher_forced_logprobs
+    from ..teacher_forcing import teacher_forced_logprobs
 
     out = []
     for row in teacher_forced_logprobs(adapter, encoder_states, tokens, prompts, cross_kv):

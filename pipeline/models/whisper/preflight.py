@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.models.errors import ModelError
-from pipeline.models.preflight import checkpoint_json
+from ..errors import ModelError
+from ..preflight import checkpoint_json
 
 # The generation config of the embedded model (tiny.en): English-only.
 EMBEDDED_GENERATION = {"is_multilingual": False, "no_timestamps_token_id": 50362, "alignment_heads": [[1, 0]]}
@@ -25,7 +25,7 @@ def shipped_generation(source: str) -> dict:
     are missing."""
     if source == "embedded":
         return EMBEDDED_GENERATION
-    from pipeline.models.whisper.loader import ct2_generation, embedded_base_files
+    from .loader import ct2_generation, embedded_base_files
 
     side_dir, _ = embedded_base_files()
     try:
@@ -38,7 +38,7 @@ def shipped_generation(source: str) -> dict:
 def check(model_config, config: dict | None) -> None:
     """``config``: the checkpoint's config.json, None for a shipped model (``embedded``,
     ``embedded-base``)."""
-    from pipeline.device import check_dtype
+    from ...device import check_dtype
 
     try:
         for key in ("encoder_dtype", "cross_kv_dtype"):
@@ -65,7 +65,7 @@ def _whisper_options(model_config, generation: dict | None) -> None:
     """model.language / task / timestamps / word_timestamps against what the checkpoint's
     generation config offers (``embedded`` is tiny.en: English-only; ``embedded-base`` is
     multilingual: languages, auto, translate)."""
-    from pipeline.models.whisper.prompting import WhisperTokens, options_error
+    from .prompting import WhisperTokens, options_error
 
     gen = generation or {}
     tokens = WhisperTokens(sot=0, eot=0, no_timestamps=gen.get("no_timestamps_token_id"), prev=None,
@@ -101,7 +101,7 @@ def _ctc_head(model_config, config: dict) -> None:
     embedded head fits the encoder it was trained on (tiny.en) only."""
     if not model_config.ctc_head:
         return
-    from pipeline.models.whisper.ctc_head import CONFIG_FILE, EMBEDDED, embedded_head_dir
+    from .ctc_head import CONFIG_FILE, EMBEDDED, embedded_head_dir
 
     head_dir = embedded_head_dir() if model_config.ctc_head == EMBEDDED else Path(model_config.ctc_head)
     if not (head_dir / CONFIG_FILE).is_file():

@@ -1,4 +1,4 @@
-"""Whisper's decoder step for the static-cache greedy loop (pipeline.decoding.ar_static; the
+"""Whisper's decoder step for the static-cache greedy loop (pipeline.decoding.ar.static; the
 static KV cache of "Accelerating Generative AI with PyTorch II: GPT, Fast"): one token per
 row through transformers' WhisperDecoder layers (self-attention, cross-attention over
 cached encoder K/V, MLP), reading and writing caller-owned K/V buffers [B, H, S, d] at a

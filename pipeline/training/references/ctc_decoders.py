@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from pipeline.lm.arpa import token_word
+from ...lm.arpa import token_word
 
 
 def lm_token_of(ctc_id: int, blank: int) -> int:

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from pipeline.lm.arpa import EOS, token_word
+from ...lm.arpa import EOS, token_word
 
 LN10 = math.log(10.0)
 

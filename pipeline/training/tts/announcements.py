@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from pipeline.training.tts.domain_text import int_to_words
+from .domain_text import int_to_words
 
 STATIONS = ["Brno", "Ostrava", "Olomouc", "Pardubice", "Kolin", "Prague Central", "Zlin",
             "Jihlava", "Tabor", "Pilsen", "Liberec", "Opava", "Breclav", "Znojmo", "Havirov",

@@ -9,7 +9,7 @@ model of late reverberation), which costs one FFT convolution.
 from __future__ import annotations
 
 import numpy as np
-from pipeline.audio import SAMPLE_RATE
+from ...audio import SAMPLE_RATE
 
 
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from pipeline.training.tts import engines
-from pipeline.training.tts.augment import augment
-from pipeline.training.tts.domain_text import domain_sentences
-from pipeline.training.tts.text_sources import prose_sentences
-from pipeline.training.tts.engines import Voice
+from . import engines
+from .augment import augment
+from .domain_text import domain_sentences
+from .text_sources import prose_sentences
+from .engines import Voice
 
 SPLITS = ("train", "heldout_voice", "heldout_text")
 # Voice identities never used for training: one per engine plus four espeak-ng variants

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from pipeline.audio import SAMPLE_RATE
+from ...audio import SAMPLE_RATE
 
 
 # espeak-ng English dialects and voice variants (files under espeak-ng-data/voices/!v).
