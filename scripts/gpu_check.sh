@@ -63,12 +63,17 @@ if [ -f .ray1/raypart.aa ] && [ -f .ray2/raypart.ab ] && ! "$PY" -c "import ray"
     RAY_WHL=$(cat .ray1/name 2>/dev/null || echo ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl)
     mkdir -p "$WORK/raywheel" && cat .ray1/raypart.aa .ray2/raypart.ab > "$WORK/raywheel/$RAY_WHL"
 fi
+# The checkout as the `shardscribe` package without installing it (the device machine has no
+# index to build from): the repository's root is the package's folder, so a link named
+# shardscribe to it, on the path, is the package.
+SRC="$WORK/src"
+mkdir -p "$SRC" && ln -sfn "$PWD" "$SRC/shardscribe"
 if ls "$WHEELS"/*.whl "$WORK"/raywheel/*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --target /tmp/site $(ls "$WHEELS"/*.whl "$WORK"/raywheel/*.whl \
         2>/dev/null) > "$OUT/pip.log" 2>&1
-    export PYTHONPATH=/tmp/site:$PWD
+    export PYTHONPATH=/tmp/site:$SRC
 else
-    export PYTHONPATH=$PWD
+    export PYTHONPATH=$SRC
 fi
 export PYTHONUNBUFFERED=1
 

@@ -21,7 +21,7 @@ def _modules() -> dict[str, Path]:
     mods = {}
     for layer in LAYERS:
         for path in sorted((ROOT / layer).rglob("*.py")):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            name = ".".join(("shardscribe", *path.relative_to(ROOT).with_suffix("").parts))
             mods[name.removesuffix(".__init__")] = path
     return mods
 
@@ -66,7 +66,7 @@ def graph() -> dict[str, set[str]]:
 # module of the registered decoder kinds and model families.
 RUNTIME_JOBS = ("transcribe", "pseudo_label", "validate", "report", "build_lm", "build_token_map",
                 "calibrate", "cli")
-RUNTIME_PACKAGES = ("actors", "shardscribe.pipeline.kinds", "shardscribe.pipeline.models")
+RUNTIME_PACKAGES = ("shardscribe.actors", "shardscribe.pipeline.kinds", "shardscribe.pipeline.models")
 LAB = ("shardscribe.pipeline.training", "shardscribe.jobs.bench")
 
 
@@ -110,7 +110,7 @@ def test_the_runtime_never_imports_the_lab():
 
 def test_layers_only_import_downwards(graph):
     bad = [f"{m} imports {t}" for m, targets in graph.items() for t in targets
-           if LAYERS.index(t.split(".")[0]) > LAYERS.index(m.split(".")[0])]
+           if LAYERS.index(t.split(".")[1]) > LAYERS.index(m.split(".")[1])]
     assert not bad, bad
 
 
@@ -140,15 +140,15 @@ def test_the_check_sees_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
     (tmp_path / "pipeline").mkdir()
     (tmp_path / "actors").mkdir()
     (tmp_path / "jobs").mkdir()
-    (tmp_path / "pipeline" / "a.py").write_text("def f():\n    from pipeline import b\n")
-    (tmp_path / "pipeline" / "b.py").write_text("from pipeline.a import f\nimport actors.x\n")
+    (tmp_path / "pipeline" / "a.py").write_text("def f():\n    from shardscribe.pipeline import b\n")
+    (tmp_path / "pipeline" / "b.py").write_text("from shardscribe.pipeline.a import f\nimport shardscribe.actors.x\n")
     (tmp_path / "actors" / "x.py").write_text("")
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     mods = _modules()
     g = {name: _imports(name, path, mods) for name, path in mods.items()}
     with pytest.raises(AssertionError, match="import cycle"):
         test_no_module_is_in_an_import_cycle(g)
-    with pytest.raises(AssertionError, match="shardscribe.pipeline.b imports actors.x"):
+    with pytest.raises(AssertionError, match="shardscribe.pipeline.b imports shardscribe.actors.x"):
         test_layers_only_import_downwards(g)
 
 
@@ -161,13 +161,38 @@ def test_the_check_sees_the_runtime_reach_the_lab(tmp_path, monkeypatch):
         (tmp_path / "jobs" / f"{name}.py").write_text("")
     (tmp_path / "pipeline" / "training" / "__init__.py").write_text("")
     (tmp_path / "pipeline" / "training" / "corpus.py").write_text("")
-    (tmp_path / "pipeline" / "helpers.py").write_text("from pipeline.training.corpus import x\n")
-    (tmp_path / "jobs" / "calibrate.py").write_text("def run():\n    from pipeline import helpers\n")
+    (tmp_path / "pipeline" / "helpers.py").write_text("from shardscribe.pipeline.training.corpus import x\n")
+    (tmp_path / "jobs" / "calibrate.py").write_text("def run():\n    from shardscribe.pipeline import helpers\n")
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
-    with pytest.raises(AssertionError, match="shardscribe.pipeline.training.corpus <- pipeline.helpers <- jobs.calibrate"):
+    with pytest.raises(AssertionError, match="shardscribe.pipeline.training.corpus <- shardscribe.pipeline.helpers <- shardscribe.jobs.calibrate"):
         test_the_runtime_never_imports_the_lab()
     (tmp_path / "jobs" / "calibrate.py").write_text("")
     test_the_runtime_never_imports_the_lab()
-    (tmp_path / "pipeline" / "decoders" / "registry.py").write_text('KIND = "shardscribe.pipeline.training.corpus:build"\n')
-    with pytest.raises(AssertionError, match="shardscribe.pipeline.training.corpus <- pipeline.kinds.registry"):
+    (tmp_path / "pipeline" / "kinds" / "registry.py").write_text('KIND = "shardscribe.pipeline.training.corpus:build"\n')
+    with pytest.raises(AssertionError, match="shardscribe.pipeline.training.corpus <- shardscribe.pipeline.kinds.registry"):
         test_the_runtime_never_imports_the_lab()
+
+
+def _bare_layer_imports(path: Path) -> list[str]:
+    """The imports of ``path`` that name a layer as a top-level package (``from pipeline.x``)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else []
+        out += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in LAYERS]
+    return out
+
+
+def test_the_layers_are_imported_through_the_one_package():
+    """Code, tests and scripts import ``shardscribe.pipeline`` (.actors, .jobs; the package's
+    own modules relatively), never ``pipeline`` itself: an installed wheel has no top-level
+    ``pipeline``, and one module imported under two names would hold two registries."""
+    files = [ROOT / "__init__.py"] + [p for d in (*LAYERS, "tests", "scripts") for p in sorted((ROOT / d).rglob("*.py"))]
+    bad = [hit for path in files for hit in _bare_layer_imports(path)]
+    assert not bad, bad
+
+
+def test_the_bare_import_check_can_fail(tmp_path, monkeypatch):
+    (tmp_path / "x.py").write_text("def f():\n    from pipeline.config import JobConfig\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert _bare_layer_imports(tmp_path / "x.py") == ["x.py:2 pipeline.config"]

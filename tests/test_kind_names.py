@@ -89,7 +89,7 @@ def test_the_runner_config_confidence_and_output_name_no_kind_or_family():
     ('cal = word.get("ar:ar")\n', [(1, "'ar:ar'")]),
     ('family = model.get("family", "whisper")\n', [(1, "'whisper'")]),
     ('msg = f"{cfg.ssd.preset} preset"\n', [(1, ".ssd")]),
-    ('REF = "shardscribe.pipeline.kinds.ssd.job:prepare_job"\n', [(1, "'pipeline.kinds.ssd.job:prepare_job'")]),
+    ('REF = "shardscribe.pipeline.kinds.ssd.job:prepare_job"\n', [(1, "'shardscribe.pipeline.kinds.ssd.job:prepare_job'")]),
 ])
 def test_the_scan_finds_a_named_kind_or_family(source, expected):
     """The check can fail: each way of naming a kind or family is reported."""
