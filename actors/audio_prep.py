@@ -31,18 +31,17 @@ class AudioPrep:
         with torch_threads(1):
             self.segmenter = self.new_segmenter()
 
-    def __call__(self, batch: pa.Table, threads: int | None = 1) -> pa.Table:
+    def __call__(self, batch: pa.Table) -> pa.Table:
         """The prepared rows of ``batch`` in one table (a long recording's pieces in it)."""
-        parts = [t for _, t in self.tables(batch, threads)]
+        parts = [t for _, t in self.tables(batch)]
         return pa.concat_tables(parts) if parts else table([], PREPARED_SCHEMA)
 
-    def tables(self, batch: pa.Table, threads: int | None = 1):
+    def tables(self, batch: pa.Table):
         """(input rows finished, prepared table) per table, in order: the rows of
         ``batch``, a table handed on at each piece of a long recording
-        (pipeline.prepare_stream), so its segments reach the model as they are cut.
-        ``threads=None`` leaves torch's thread count alone: the in-process runner prepares
-        in a thread beside the model stage, and the count is process-wide (setting it
-        there would set the model's)."""
+        (pipeline.prepare_stream), so its segments reach the model as they are cut. Each
+        row is read in its own reader thread, whose VAD runs on one thread
+        (pipeline.segment), whatever the caller's count."""
         items = batch.to_pylist()
         # The options hold for the protocols of the audio the job reads (a no-op once set;
         # workers of a cluster started before the job have not inherited them).
@@ -53,10 +52,7 @@ class AudioPrep:
                                            self.stream, self.window_s, self.overlap_s, self.piece_s)
             last = None
             while True:
-                # One thread while this stage works (the VAD is tiny and runs beside the
-                # model workers); not while the model has the process between pieces.
-                with torch_threads(threads):
-                    piece = next(pieces, None)
+                piece = next(pieces, None)
                 if piece is None:
                     break
                 last = piece

@@ -103,7 +103,7 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
     batches = input_batches(rows, cfg.batching.recordings_per_batch, items, first_batch=cfg.batching.first_batch)
     # The next batches are read and decoded in a thread while the model runs on this one;
     # the model stage's batches join the blocks held that way (pipeline.regroup).
-    prepared = prefetched(((n, t) for b in batches for n, t in prep.tables(b, threads=None)), PREFETCH_BATCHES, "audio-prep")
+    prepared = prefetched(((n, t) for b in batches for n, t in prep.tables(b)), PREFETCH_BATCHES, "audio-prep")
     step = cfg.batching.recordings_per_batch
     joined = joined_blocks(prepared, step * JOINED_BLOCKS, step if cfg.batching.first_batch < step else 0)
     try:

@@ -252,3 +252,38 @@ def test_an_mp4_whose_headers_claim_1000_times_its_length(files, clip):
         data[at:at + 4] = struct.pack(">I", struct.unpack(">I", data[at:at + 4])[0] * 1000)
     got, _, _ = decode_stream(io.BytesIO(bytes(data)), max_seconds=60.0)
     assert abs(len(got) - len(clip[0])) <= 0.11 * 16000
+
+
+def test_a_file_of_a_million_tiny_packets_is_bounded(tmp_path):
+    """A million 11-byte ADTS packets (silent AAC frames; 35 hours at 8 kHz, 11 MB): the
+    per-packet work is bounded by the caps as a stream's is, audio.max_seconds on the
+    decoded samples and the deadline between packets, not by the packets' count."""
+    from shardscribe.pipeline.audio import AudioError, decode_stream
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="adts") as out:
+        stream = out.add_stream("aac", rate=8000, layout="mono")
+        stream.bit_rate = 8000
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024 * 8), np.float32), format="fltp", layout="mono")
+        frame.sample_rate = 8000
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    data = buf.getvalue()
+    frames, at = [], 0
+    while at < len(data):      # ADTS frame length: 13 bits of header bytes 3-5
+        size = ((data[at + 3] & 3) << 11) | (data[at + 4] << 3) | (data[at + 5] >> 5)
+        frames.append(data[at:at + size])
+        at += size
+    tiny = frames[-2]
+    assert len(tiny) <= 16
+    path = tmp_path / "tiny_packets.aac"
+    path.write_bytes(frames[0] + tiny * 1_000_000)
+
+    start = time.monotonic()
+    with pytest.raises(AudioError, match="too long") as err:
+        decode_stream(open(path, "rb"), max_seconds=300.0)
+    assert err.value.kind == "too_long" and time.monotonic() - start < 60
+    start = time.monotonic()
+    with pytest.raises(AudioError, match="read timeout") as err:
+        decode_stream(open(path, "rb"), max_seconds=1e9, deadline=time.monotonic() + 1.0)
+    assert err.value.kind == "timeout" and time.monotonic() - start < 30

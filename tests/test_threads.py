@@ -1,17 +1,18 @@
 """CPU threads per stage: a model stage runs its torch ops on model.num_threads, else
-OMP_NUM_THREADS (Ray's CPU share), else every CPU the process may use; the audio stage on
-one (in the in-process runner, where it runs in a thread beside the model stage, on the
-count it finds); and neither leaves its count behind for the other (torch's count is process-wide,
-and the in-process runner runs every stage in one process). Importing silero-vad sets the
-count to 1 for the whole process, which once made the in-process job run its model on one
-thread of two."""
+OMP_NUM_THREADS (Ray's CPU share), else every CPU the process may use; the VAD on one, in
+whichever thread it runs (a row's reader thread starts at torch's default count, and in the
+in-process runner it runs beside the model stage); and no stage leaves its count behind for
+another. Importing silero-vad sets the count to 1 for the whole process, which once made
+the in-process job run its model on one thread of two."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from shardscribe.pipeline.device import torch_threads, worker_threads
@@ -37,20 +38,44 @@ def test_torch_threads_puts_the_count_back():
 
 def test_building_the_vad_keeps_the_process_thread_count():
     # A fresh interpreter: silero-vad's import-time setting happens once per process.
-    code = ("import torch; torch.set_num_threads(3); from pipeline.segment import VadSegmenter; "
+    code = ("import torch; torch.set_num_threads(3); from shardscribe.pipeline.segment import VadSegmenter; "
             "VadSegmenter(); print(torch.get_num_threads())")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "3"
 
 
+def test_the_vad_runs_on_one_thread_in_any_thread(monkeypatch):
+    with torch_threads():   # its import sets the process's count to 1
+        import silero_vad
+
+    from shardscribe.pipeline.segment import VadSegmenter
+
+    seen = []
+    real = silero_vad.get_speech_timestamps
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(silero_vad, "get_speech_timestamps", spy)
+    vad = VadSegmenter()
+    audio = np.zeros(16000 * 40, np.float32)
+    reader = threading.Thread(target=vad.speech_spans, args=(audio,))   # as a row's reader runs it
+    reader.start()
+    reader.join()
+    with torch_threads(2):
+        vad.speech_spans(audio)
+        assert torch.get_num_threads() == 2
+    assert seen == [1, 1]
+
+
 def test_in_process_stages_each_run_on_their_own_thread_count(monkeypatch, samples_dir, tmp_path, model_cache):
-    import shardscribe.actors.audio_prep as audio_prep
     import shardscribe.actors.transcriber as transcriber
     from shardscribe.actors.local_runner import run_local
     from shardscribe.pipeline.config import load_config
     from shardscribe.pipeline.sources import read_source
 
-    seen = {"prep": set(), "model": set()}
+    seen = {"model": set()}
 
     def spy(name, fn):
         def wrapped(*args, **kwargs):
@@ -58,7 +83,6 @@ def test_in_process_stages_each_run_on_their_own_thread_count(monkeypatch, sampl
             return fn(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(audio_prep, "prepare_row_within", spy("prep", audio_prep.prepare_row_within))
     monkeypatch.setattr(transcriber, "transcribe_prepared", spy("model", transcriber.transcribe_prepared))
     monkeypatch.setenv("OMP_NUM_THREADS", "3")     # as Ray sets it for an actor of 3 CPUs
     before = torch.get_num_threads()
@@ -66,10 +90,5 @@ def test_in_process_stages_each_run_on_their_own_thread_count(monkeypatch, sampl
     written = run_local(rows, load_config("ctc_greedy", [f"model.cache_dir={model_cache}"]), str(tmp_path / "out"),
                         progress=False)
     assert written == 2
-    # The in-process runner prepares audio in a thread beside the model stage
-    # (pipeline.prefetch), where setting torch's process-wide count would set the model's:
-    # the audio stage leaves it as it is (the process's before the model stage first runs,
-    # the model's after), and the model stage always runs on its own.
-    assert seen["model"] == {3} and seen["prep"] <= {before, 3}
-    assert before != 1
+    assert seen["model"] == {3} and before != 1
     assert torch.get_num_threads() == before
