@@ -85,6 +85,7 @@ class ModelCalls:
         self.calls: list[tuple[str, tuple, dict]] = []
         self.recording = False
         self.spent = 0.0
+        self._depth = 0
         self.first, self.second = first_stage, second_stage
         self._decode = first_stage.decode
         first_stage.decode = self._wrap("decode", self._decode)
@@ -95,13 +96,20 @@ class ModelCalls:
 
     def _wrap(self, name, fn):
         def call(*args, **kwargs):
+            # A call inside another (a first stage that hands a batch it did not draft to
+            # the fallback in its own process) is part of the outer one: recorded and
+            # timed once, or the replay would decode it twice.
+            if self._depth:
+                return fn(*args, **kwargs)
             if self.recording:
                 self.calls.append((name, copy.deepcopy(args), copy.deepcopy(kwargs)))
+            self._depth += 1
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.spent += time.perf_counter() - t0
+                self._depth -= 1
         return call
 
     def replay(self, threads: int) -> float:
