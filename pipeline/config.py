@@ -463,7 +463,7 @@ def config_from_dict(data: dict) -> JobConfig:
 # slow mount, or moves to another endpoint, is the same job. An options dataclass adds its
 # own as EXECUTION_KEYS (field names).
 _EXECUTION_KEYS = {"name", "ray", "batching", "model.cache_dir", "model.allow_download", "model.num_threads", "model.device", "model.compile",
-                   "pseudo_label", "output", "storage", "audio.read_timeout_s", "second_stage"}
+                   "pseudo_label", "output", "storage", "audio.read_timeout_s", "audio.piece_s", "second_stage"}
 
 
 # Keys naming files whose content decides transcripts: config_hash covers what they hold.

@@ -72,7 +72,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def test_a_local_ray_instance_listens_on_loopback_only_and_requires_a_token():
-    script = ("import time, ray; from actors.plan import init_ray; from pipeline.config import load_config; "
+    script = ("import time, ray; from shardscribe.actors.plan import init_ray; from shardscribe.pipeline.config import load_config; "
               "init_ray(load_config('ar', ['ray.num_cpus=3'])); "
               "ray.data.range(8).map_batches(lambda b: b).materialize(); print('READY', flush=True); time.sleep(120)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -123,7 +123,7 @@ def test_ray_job_submit_to_a_head_started_with_ray_start(tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         address = f"http://127.0.0.1:{dashboard}"
-        entry = ("import sys, fault_toy; fault_toy.register(); from jobs.cli import main; "
+        entry = ("import sys, fault_toy; fault_toy.register(); from shardscribe.jobs.cli import main; "
                  "sys.exit(main(sys.argv[1:]))")
         runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join([str(ROOT), str(FAULTS)])}}
         cmd = [str(ray_bin), "job", "submit", "--address", address, "--runtime-env-json", json.dumps(runtime_env),

@@ -264,7 +264,7 @@ def test_capping_torchs_isa_takes_the_non_bfloat16_path_in_a_fresh_process():
     import subprocess
     import sys
 
-    code = ("from pipeline.device import cpu_bf16_native, quantize_name; "
+    code = ("from shardscribe.pipeline.device import cpu_bf16_native, quantize_name; "
             "print(cpu_bf16_native(), quantize_name('auto', 'cpu'))")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)

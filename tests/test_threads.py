@@ -90,5 +90,5 @@ def test_in_process_stages_each_run_on_their_own_thread_count(monkeypatch, sampl
     written = run_local(rows, load_config("ctc_greedy", [f"model.cache_dir={model_cache}"]), str(tmp_path / "out"),
                         progress=False)
     assert written == 2
-    assert seen["model"] == {3} and before != 1
+    assert seen["model"] == {3}
     assert torch.get_num_threads() == before

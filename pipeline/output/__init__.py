@@ -16,7 +16,7 @@ happens to the job. Each module keeps its own part of the protocol in its docstr
 - :mod:`pipeline.output.readers`: the committed rows, for readers.
 
 Imports point one way: layout <- lock <- parts <- readers <- resume <- summary. Every name
-below is re-exported here, so ``from pipeline.output import X`` keeps working; a test that
+below is re-exported here, so ``from shardscribe.pipeline.output import X`` keeps working; a test that
 changes a module-level setting (STALE_AFTER_S, HEARTBEAT_S) sets it on the module that
 reads it (pipeline.output.lock).
 """

@@ -22,7 +22,7 @@ BOMB = "storage:\n  options:\n    a0: &a0 {k0: x, k1: x, k2: x, k3: x, k4: x, k5
 
 # The CLI in a child that reports its own peak RSS (KiB) on its last stderr line: VmHWM,
 # which starts afresh at exec (getrusage's ru_maxrss keeps the forking parent's peak).
-CHILD = ("import sys; from jobs.cli import main; code = main(sys.argv[1:]); "
+CHILD = ("import sys; from shardscribe.jobs.cli import main; code = main(sys.argv[1:]); "
          "hwm = [ln.split()[1] for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0]; "
          "print('MAXRSS', hwm, file=sys.stderr); sys.exit(code)")
 

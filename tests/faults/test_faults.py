@@ -201,7 +201,7 @@ def _driver(cluster, corpus, dst, *extra, flags=(), **popen):
     process of its own that joins the module's cluster (as a submitted job's driver does);
     on the way out, whatever it started in its session is killed with it."""
     c, _, _ = cluster
-    script = ("import sys, fault_toy; fault_toy.register(); from jobs.cli import main; "
+    script = ("import sys, fault_toy; fault_toy.register(); from shardscribe.jobs.cli import main; "
               "sys.exit(main(sys.argv[1:]))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(FAULTS)])}
     env.pop("RAY_ADDRESS", None)

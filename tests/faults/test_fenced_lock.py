@@ -35,7 +35,7 @@ from shardscribe.pipeline.records import OUTPUT_SCHEMA, table
 FAULTS = Path(__file__).resolve().parent
 N = 30
 STALE_S = 2.0
-SCRIPT = "import sys, fault_toy; fault_toy.register(); from jobs.cli import main; sys.exit(main(sys.argv[1:]))"
+SCRIPT = "import sys, fault_toy; fault_toy.register(); from shardscribe.jobs.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from conftest import ROOT, SAMPLES
 from shardscribe.pipeline import output
 
 FAULTS = Path(__file__).resolve().parent
-SCRIPT = "import sys, fault_toy; fault_toy.register(); from jobs.cli import main; sys.exit(main(sys.argv[1:]))"
+SCRIPT = "import sys, fault_toy; fault_toy.register(); from shardscribe.jobs.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _in_session(sid: int) -> list[str]:
