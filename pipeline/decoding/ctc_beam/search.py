@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import loop_native
+# The submodule by its full name: ``from . import loop_native`` reads it through this
+# package's __init__, which imports this module (an import cycle).
+import shardscribe.pipeline.decoding.ctc_beam.loop_native as loop_native
 from .frames import prepare_frames
 from .fusion import (FusionModel, LookupCache, ShallowFusion, add_final_scores,
                                                initial_states)
