@@ -23,7 +23,7 @@ COMMAND = "build-token-map"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..pipeline.decoding.drafting.token_map import (DEFAULT_KEEP, DEFAULT_MAX_LEN, DEFAULT_MIN_COUNT, DEFAULT_MIN_SHARE,
-                                             DEFAULT_ORDER)
+                                                        DEFAULT_ORDER)
 
     parser.add_argument("--text", nargs="+", required=True, help="transcript files, one per line")
     parser.add_argument("--tokenizer", default="embedded", help="'embedded' or the decoder model's directory")

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from ..pipeline.models.whisper.ctc_head import CTCHead, CTCHeadConfig, save_ctc_head
     from ..pipeline.training.ctc_head_card import model_card
     from ..pipeline.training.ctc_head_train import (calibration_table, evaluate, greedy_drafts,
-                                                train_head)
+                                                    train_head)
 
     torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..pipeline.metrics import corpus_cer, corpus_wer
     from ..pipeline.models.transducer.embedded import (EmbeddedTransducer, EmbeddedTransducerConfig,
-                                                     save_embedded_transducer)
+                                                       save_embedded_transducer)
     from ..pipeline.training.transducer_train import adapter_hidden, greedy_texts, train
     from ..pipeline.training.ctc_features import cache_features, load_cached
     from ..pipeline.models.whisper.ctc_head import load_ctc_head

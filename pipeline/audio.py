@@ -27,7 +27,7 @@ import soundfile as sf
 import soxr
 
 from .audio_limits import (MAX_FLOAT_PEAK, MAX_SECONDS, SAMPLE_RATE, UNRECOGNISED, AudioError, StreamInfo,
-                                   check_header)
+                           check_header)
 from .audio_limits import check_deadline as _check_deadline
 from .audio_limits import span_cut_short as _span_cut_short
 from .audio_limits import too_long as _too_long

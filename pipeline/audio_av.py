@@ -30,7 +30,7 @@ import numpy as np
 import soxr
 
 from .audio_limits import (MAX_SECONDS, SAMPLE_RATE, UNRECOGNISED, AudioError, StreamInfo, check_deadline,
-                                   check_header, span_cut_short, too_long)
+                           check_header, span_cut_short, too_long)
 from .mp3_frames import LENGTH_TAGS
 
 HEAD_BYTES = 4096      # where an MP3's length header is looked for (after an ID3 tag that fits)

@@ -18,8 +18,8 @@ from pathlib import Path
 import yaml
 
 from .config_sections import (RAY_TASK_CPUS, AudioConfig, BatchingConfig, ConfidenceConfig, DecoderConfig,
-                                      FiltersConfig, ModelConfig, OutputConfig, PseudoLabelConfig, RayConfig,
-                                      SecondStageConfig, StorageConfig, default_family, default_kind)
+                              FiltersConfig, ModelConfig, OutputConfig, PseudoLabelConfig, RayConfig,
+                              SecondStageConfig, StorageConfig, default_family, default_kind)
 from .config_values import ConfigError, build, choice, coerce, merge, safe_yaml, takes_text
 from .models.base import PACKABLE
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from .pseudo_label import export_pseudo_labels, pseudo_label_spec, run_pseudo_label
 from .run import run_job
 from .spec import (JobConsole, JobError, JobFailed, JobIncomplete, JobInterrupted, JobProgress, JobSpec,
-                             JobSummary)
+                   JobSummary)
 
 __all__ = ["JobConsole", "JobError", "JobFailed", "JobIncomplete", "JobInterrupted", "JobProgress", "JobSpec",
            "JobSummary", "export_pseudo_labels", "pseudo_label_spec", "run_job", "run_pseudo_label"]

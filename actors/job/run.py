@@ -16,7 +16,7 @@ import time
 
 from .signals import deferred, describe, interrupts
 from .spec import (RUNNERS, JobConsole, JobError, JobFailed, JobIncomplete, JobInterrupted, JobProgress,
-                             JobSpec, JobSummary, console_of)
+                   JobSpec, JobSummary, console_of)
 
 
 def run_job(spec: JobSpec, on_progress=None, log=None) -> dict:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .ctc_beam_runs import FLTOP_PAPER, decode_ours, utterance_rows
 from .data import (best_of, domain_phrases, interleaved_ms_per_utt, key_phrases, pad_log_probs,
-                             read_lm_text, simulate_log_probs, simulate_token_log_probs, split_text)
+                   read_lm_text, simulate_log_probs, simulate_token_log_probs, split_text)
 from ...pipeline.metrics import corpus_wer_lowercase, phrase_fscore
 from ...pipeline.timing import timed
 

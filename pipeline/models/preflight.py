@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .errors import ModelError
 from .remote import (cache_root, download_checkpoint, fetch_checkpoint, is_remote, list_checkpoint,
-                                     read_member)
+                     read_member)
 from ..storage import redact_uri
 
 

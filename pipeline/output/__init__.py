@@ -23,10 +23,10 @@ reads it (pipeline.output.lock).
 from __future__ import annotations
 
 from .layout import (CLAIM_PREFIX, EXPORT_PREFIX, LOCK_NAME, PART_PREFIX, PSEUDO_LABEL_EXPORT,
-                                    QUARANTINE_DIR, SIDECAR_DIR, SUCCESS_NAME, SUMMARY_NAME, TMP_PREFIX, export_dir,
-                                    sidecar_path)
+                     QUARANTINE_DIR, SIDECAR_DIR, SUCCESS_NAME, SUMMARY_NAME, TMP_PREFIX, export_dir,
+                     sidecar_path)
 from .lock import (HEARTBEAT_ENV, HEARTBEAT_S, STALE_AFTER_S, STALE_ENV, LockLost, OutputBusy,
-                                  OutputLock, lock_is_stale, new_job_id)
+                   OutputLock, lock_is_stale, new_job_id)
 from .lock import _HELD as _HELD
 from .lock import _HELD_GUARD as _HELD_GUARD
 from .lock import _fence as _fence
@@ -37,7 +37,7 @@ from .lock import _pid_alive as _pid_alive
 from .lock import _rename_fenced as _rename_fenced
 from .lock import _same_pid_namespace as _same_pid_namespace
 from .parts import (PartCommitter, begin_job, clear_output, commit_job, part_name,
-                                   write_part)
+                    write_part)
 from .parts import _is_part as _is_part
 from .parts import _parts as _parts
 from .parts import _put_part as _put_part
@@ -45,7 +45,7 @@ from .parts import _write_atomic as _write_atomic
 from .readers import iter_output, read_output, read_part
 from .readers import _part_tables as _part_tables
 from .resume import (WANTED_SCHEMA, OutputScan, drop_error_rows, drop_rows, quarantine_unreadable,
-                                    scan_output, wanted_ids)
+                     scan_output, wanted_ids)
 from .resume import _COLUMNS_SINCE_FIRST as _COLUMNS_SINCE_FIRST
 from .resume import _SCAN_SCHEMA as _SCAN_SCHEMA
 from .resume import _column_or_nulls as _column_or_nulls
@@ -53,7 +53,7 @@ from .resume import _config_hash_counts as _config_hash_counts
 from .resume import _quarantine as _quarantine
 from .resume import _scan_part as _scan_part
 from .summary import (ERROR_KINDS, LANGUAGE_MISMATCH, error_kind, read_summary, summarize,
-                                     summary_exists)
+                      summary_exists)
 from .summary import _KIND_RULES as _KIND_RULES
 from .summary import _SUMMARY_SCHEMA as _SUMMARY_SCHEMA
 from .summary import _summary_rows as _summary_rows

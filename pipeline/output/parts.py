@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .layout import (CLAIM_PREFIX, LOCK_NAME, PART_PREFIX, SIDECAR_DIR, SUCCESS_NAME,
-                                    SUMMARY_NAME, TMP_PREFIX)
+                     SUMMARY_NAME, TMP_PREFIX)
 from .lock import _fence, _held_lock, _rename_fenced
 from ..storage import url_to_fs
 

@@ -13,7 +13,7 @@ import math
 # The fitting loop and its helpers are the runtime's (a job may fit a head in its model
 # actor); the lab's tools import them from there.
 from ..models.whisper.ctc_head_fit import (FitOptions, collate, examples, fit_ctc_head,  # noqa: F401
-                                                  greedy_drafts, length_batches, time_mask)
+                                           greedy_drafts, length_batches, time_mask)
 
 ENTROPY_EDGES = [0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, math.inf]
 

@@ -31,7 +31,7 @@ import torch
 import shardscribe.pipeline.decoding.ctc_beam.loop_native as loop_native
 from .frames import prepare_frames
 from .fusion import (FusionModel, LookupCache, ShallowFusion, add_final_scores,
-                                               initial_states)
+                     initial_states)
 from .loop_eager import eager_loop
 from .loop_graphs import GraphedFrameLoop
 from .state import BeamSearchResult, Beams, Frames, trie_alignments

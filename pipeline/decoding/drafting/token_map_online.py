@@ -30,7 +30,7 @@ from collections import OrderedDict
 from typing import Iterable
 
 from .token_map import (DEFAULT_KEEP, DEFAULT_MIN_SHARE, DEFAULT_ORDER, END, TokenMap, lookup,
-                                         pruned, rank_candidates, trie_insert)
+                        pruned, rank_candidates, trie_insert)
 
 DEFAULT_MAX_KEYS = 20_000   # about 50 MB of Python objects at the cap (docs/token_map.md)
 NODES_PER_KEY = 64          # trie nodes one key may hold before its counts are halved

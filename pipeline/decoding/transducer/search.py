@@ -46,7 +46,7 @@ from ..ctc_beam.fusion import LookupCache, ShallowFusion, add_final_scores, init
 from ..ctc_beam.state import HASH_BASE, HASH_MOD, NEG_INF
 from . import advance_predictor, beam_static
 from .fusion import (BLANK_SCORINGS, PRUNINGS, blank_terms, full_rows,
-                                                 lm_token_map)
+                     lm_token_map)
 
 if TYPE_CHECKING:
     from ...models.base import TransducerModel

@@ -36,7 +36,7 @@ def check_components(model_config) -> None:
     of its configs without the weights file."""
     from ..preflight import checkpoint_json
     from .embedded import (ARCHITECTURE, CONFIG_FILE, EMBEDDED, EMBEDDED_RNNT,
-                                                     is_embedded_transducer_dir)
+                           is_embedded_transducer_dir)
 
     source = model_config.source
     if source in (EMBEDDED, EMBEDDED_RNNT) or is_embedded_transducer_dir(source):

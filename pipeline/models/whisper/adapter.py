@@ -16,7 +16,7 @@ import torch
 
 from ...audio import SAMPLE_RATE
 from .prompting import (TimestampRules, WhisperOptions, WhisperTokens, detect_language,
-                                               options_error, prefix)
+                        options_error, prefix)
 from ..base import ATTENTION_DECODER, BEAM_VOCABULARY, CTC, PACKABLE, CTCDraftBatch, EncoderBatch
 
 SAMPLES_PER_STATE = 320  # hop 160 x conv stride 2
