@@ -9,8 +9,9 @@ parts go through the same commit protocol and policy as the Ray path
 
 The audio of the next batches is read, decoded and segmented in a thread while the model
 runs on the current one (pipeline.prefetch), in input order, and after the slow start
-the model stage gets ``JOINED_BLOCKS`` blocks a call (pipeline.regroup): their segments are
-bucketed by length under the token budget together, not block by block.
+the model stage joins blocks until their segments fill the token budget
+(``batching.max_joined_blocks`` at most; pipeline.regroup):
+they are bucketed by length under the budget together, not block by block.
 
 A two-stage decoder kind's pending rows are pooled across batches by the loop both
 runners share (actors.stage_loop); rows with nothing pending are committed at once, a
@@ -40,10 +41,6 @@ log = logging.getLogger(__name__)
 # Prepared batches that may wait ahead of the model stage (pipeline.prefetch): enough to
 # hide a batch's reading and decoding behind the model's, few enough to bound memory.
 PREFETCH_BATCHES = 2
-# Input blocks joined into one model-stage batch (pipeline.regroup): the segments of that
-# many blocks are sorted and packed under the token budget together. 1 (no joining) until
-# the commit-interval, pending-pool and driver-memory tests are restated for joined blocks.
-JOINED_BLOCKS = 1
 
 
 def build_stages(cfg, kind=None) -> tuple:
@@ -106,7 +103,8 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
     # the model stage's batches join the blocks held that way (pipeline.regroup).
     prepared = prefetched(((n, t) for b in batches for n, t in prep.tables(b)), PREFETCH_BATCHES, "audio-prep")
     step = cfg.batching.recordings_per_batch
-    joined = joined_blocks(prepared, step * JOINED_BLOCKS, step if cfg.batching.first_batch < step else 0)
+    joined = joined_blocks(prepared, step * cfg.batching.max_joined_blocks, step if cfg.batching.first_batch < step else 0,
+                           cfg.batching.max_tokens, model.cost)
     try:
         for _ in loop.steps(joined, emit, cfg.batching.first_batch):
             pass

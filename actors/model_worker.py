@@ -3,7 +3,8 @@ driver (actors.plan), holding everything heavy itself.
 
 For each unit (a table of input rows, or a work item of the source to read) it reads the
 rows, has its own audio actors on its node decode and segment them a few batches ahead,
-runs the model and, for a two-stage kind, the pooled second stage in this same process
+runs the model on blocks joined until their segments fill the token budget
+(pipeline.regroup) and, for a two-stage kind, the pooled second stage in this same process
 with the same weights (actors.stage_loop; no second copy of the model, no pending state
 leaving the actor), and writes finished rows as parts under temporary names
 (pipeline.output.handoff). What it reports to the driver are small events: rows, audio
@@ -37,6 +38,7 @@ from ..pipeline.config import config_from_dict
 from ..pipeline.kinds import decoder_kind
 from ..pipeline.output.handoff import PartBuffer
 from ..pipeline.prepare_stream import PIECES_AHEAD
+from ..pipeline.regroup import joined_blocks
 from ..pipeline.sources import read_item, slow_start_tables
 
 # Seconds between progress events while a unit runs (a part or the unit's end always
@@ -108,9 +110,14 @@ class ModelWorker:
             # The actor's first rows finish within seconds (pipeline.batching.slow_start).
             batches, first = slow_start_tables(batches, per_block, cfg.batching.first_batch), cfg.batching.first_batch
             self.started = True
+        # The model stage joins prepared blocks until their segments fill the token budget
+        # (pipeline.regroup); the slow start's pieces pass alone.
+        joined = joined_blocks(self.prep.map(batches), per_block * cfg.batching.max_joined_blocks,
+                               per_block if first is not None and first < per_block else 0,
+                               cfg.batching.max_tokens, self.model.cost)
         parts: list = []
         last = time.monotonic()
-        for _ in self.loop.steps(self.prep.map(batches), lambda out: self._emit(out, parts), first):
+        for _ in self.loop.steps(joined, lambda out: self._emit(out, parts), first):
             # The slow start's rows are reported batch by batch: a job's first rows show
             # within seconds; after it, at most one report every PROGRESS_S.
             if parts or first is not None or time.monotonic() - last >= PROGRESS_S:

@@ -17,6 +17,7 @@ from ..pipeline.device import torch_threads, worker_threads
 from ..pipeline.filters import mark_rows
 from ..pipeline.models import load_model
 from ..pipeline.records import INTERMEDIATE_SCHEMA, OUTPUT_SCHEMA, prepared_rows, stamp, table
+from ..pipeline.regroup import segments_cost
 from ..pipeline.segment_runner import transcribe_prepared
 
 
@@ -36,6 +37,11 @@ class Transcriber:
             self.decoder = self.kind.build_first_stage(self.adapter, self.cfg)
         self.schema = INTERMEDIATE_SCHEMA if self.kind.two_stage else OUTPUT_SCHEMA
         self.confidence = ConfidenceScorer.from_config(self.cfg, self.kind)
+
+    def cost(self, batch: pa.Table) -> int:
+        """What prepared ``batch``'s segments cost under the token budget
+        (``cfg.batching.max_tokens``), as this model's first stage prices them."""
+        return segments_cost(batch, self.decoder.segment_cost)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return table(self.rows(batch), self.schema)

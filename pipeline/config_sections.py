@@ -223,11 +223,11 @@ class AudioConfig:
 
 @dataclass
 class BatchingConfig:
-    # Rows (recordings) per model-stage call: prepared and decoded together, their
-    # segments then cut into GPU sub-batches of at most max_tokens. It sets the memory a
-    # call holds and how soon rows show, not the GPU batch, which can be no larger than one
-    # call's segments: with short clips (one segment each) on a GPU, raise it until a
-    # call's segments fill max_tokens.
+    # Rows (recordings) read and prepared at a time. The model stage joins consecutive
+    # blocks until their segments fill max_tokens (up to max_joined_blocks of them) and
+    # cuts the segments into GPU sub-batches of at most max_tokens: it sets how soon rows
+    # show and, with max_joined_blocks, the audio a call holds, not the GPU batch. With
+    # short clips on a large GPU whose budget max_joined_blocks blocks do not fill, raise it.
     recordings_per_batch: int = 16
     # The GPU batch: padded encoder frames per model sub-batch (segments x the widest
     # segment's frames; Whisper: 1500 a segment). null: 24000 on the CPU; on CUDA, sized
@@ -239,6 +239,10 @@ class BatchingConfig:
     # (pipeline.batching.slow_start), so the first rows finish, and show in the progress,
     # within seconds, for a few extra batches a job. recordings_per_batch or more: no ramp.
     first_batch: int = 1
+    # Input blocks one model-stage call may join until their segments fill max_tokens
+    # (pipeline.regroup): the more segments a call sorts by length, the fuller and less
+    # padded its sub-batches. 1: a call per block, as read.
+    max_joined_blocks: int = 4
 
     def __post_init__(self):
         if self.max_tokens is None:
@@ -247,6 +251,7 @@ class BatchingConfig:
     def validate(self, key: str) -> None:
         at_least(f"{key}.recordings_per_batch", self.recordings_per_batch, 1)
         at_least(f"{key}.first_batch", self.first_batch, 1)
+        at_least(f"{key}.max_joined_blocks", self.max_joined_blocks, 1)
         at_least(f"{key}.max_tokens", self.max_tokens, 1)
 
 

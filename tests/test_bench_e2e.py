@@ -26,7 +26,8 @@ def test_e2e_replays_the_jobs_own_model_calls(model_cache, monkeypatch):
 
     monkeypatch.setattr(e2e.ModelCalls, "replay", replay)
     args = argparse.Namespace(manifest=None, quick=True, out=None, device=None, config="ctc_greedy",
-                              model=None, overrides=[f"model.cache_dir={model_cache}", "batching.recordings_per_batch=2"],
+                              model=None, overrides=[f"model.cache_dir={model_cache}", "batching.recordings_per_batch=2",
+                                                     "batching.max_joined_blocks=1"],
                               runners="local", rounds=1, limit=5)
     result = e2e.run(args)
     summary, rows = result["summary"], result["rows"]

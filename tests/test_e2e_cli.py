@@ -237,9 +237,10 @@ def test_the_local_runner_commits_rows_that_waited_commit_interval_s(tmp_path, s
         assert proc.returncode == 0, proc.stderr[-3000:]
         parts[name] = sorted(dst.glob("part-*.parquet"))
         assert sorted(r["id"] for r in _rows(dst)) == [x["id"] for x in lines]
-    # batches of 2 after the slow start's first batch of 1 (batching.first_batch): 1, 1, 2, 2
-    assert len(parts["default"]) == 1 and len(parts["every_batch"]) == 4
-    assert sorted(pq.read_metadata(p).num_rows for p in parts["every_batch"]) == [1, 1, 2, 2]
+    # the slow start's pieces of 1 and 1 (batching.first_batch), then the model stage's
+    # batch of the two blocks of 2 it joins (the audit kind's segments never fill the budget)
+    assert len(parts["default"]) == 1 and len(parts["every_batch"]) == 3
+    assert sorted(pq.read_metadata(p).num_rows for p in parts["every_batch"]) == [1, 1, 4]
 
 
 def test_a_batch_slower_than_commit_interval_s_is_committed_when_it_is_finished(tmp_path, samples_dir,
@@ -251,20 +252,25 @@ def test_a_batch_slower_than_commit_interval_s_is_committed_when_it_is_finished(
     from shardscribe.actors.local_runner import build_stages, run_local
     from shardscribe.pipeline.config import load_config
 
-    rows = [{"id": f"r{i}", "audio": str(samples_dir / sample_manifest[i]["audio"]), "audio_bytes": None}
-            for i in range(3)]
+    rows = [{"id": f"r{i}", "audio": str(samples_dir / sample_manifest[i % len(sample_manifest)]["audio"]),
+             "audio_bytes": None} for i in range(3 * 4)]
     cfg = load_config("ar", ["decoder.kind=audit", "batching.recordings_per_batch=1",
                              "output.commit_interval_s=0.2"])
     prep, model, second = build_stages(cfg)
 
-    def slow(batch):
-        time.sleep(0.3)
-        return model(batch)
+    class Slow:
+        cost = model.cost
+
+        def __call__(self, batch):
+            time.sleep(0.3)
+            return model(batch)
 
     parts_when = []
-    run_local(rows, cfg, str(tmp_path), progress=False, stages=(prep, slow, second),
+    run_local(rows, cfg, str(tmp_path), progress=False, stages=(prep, Slow(), second),
               on_batch=lambda out: parts_when.append(len(list(tmp_path.glob("part-*.parquet")))))
-    # before each batch's own commit: the parts of the batches before it, all committed
+    # blocks of one row, batching.max_joined_blocks (4) a model-stage batch (the audit
+    # kind's segments never fill the budget); before each batch's own commit: the parts of the batches
+    # before it, all committed
     assert parts_when == [0, 1, 2]
     assert len(list(tmp_path.glob("part-*.parquet"))) == 3
 

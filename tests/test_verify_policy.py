@@ -219,7 +219,8 @@ def test_a_job_whose_drafts_never_pay_stops_drafting_early(tmp_path, samples_dir
     summary, rows = transcribe_in_process(
         tmp_path / "out", "--input", str(manifest), "--runner", "local", "--set", f"model.cache_dir={model_cache}",
         "--set", "ssd.tau_ctc=0.0", "--set", "ssd.tau_slm=1.0", "--set", "ssd.verify_break_even=4",
-        "--set", "batching.recordings_per_batch=1", "--set", "batching.first_batch=1")
+        "--set", "batching.recordings_per_batch=1", "--set", "batching.first_batch=1",
+        "--set", "batching.max_joined_blocks=1")
     total = rounds * len(sample_manifest)
     assert summary["rows_out"] == total and summary["errors"] == 0
     policy = VerifyPolicy()

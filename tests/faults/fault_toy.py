@@ -107,7 +107,10 @@ KIND2 = DecoderKind("fault_toy2", PendingDurationDecoder, second_stage=ToySecond
 # has_embedded: its "embedded" model is the toy itself (no checkpoint for the preflight to find)
 FAMILY = ModelFamily("fault_family", __name__, capabilities=_no_capabilities, max_segment_s=30.0,
                      max_segment_cost=1, has_embedded=True)
-OVERRIDES = ["decoder.kind=fault_toy", "model.family=fault_family"]
+# The toy prices every segment at 1, so its segments never fill a budget: without the
+# last key the model stage would join blocks (pipeline.regroup), and the suite's batches,
+# each taking the set time, are the input's blocks.
+OVERRIDES = ["decoder.kind=fault_toy", "model.family=fault_family", "batching.max_joined_blocks=1"]
 
 
 def register() -> None:

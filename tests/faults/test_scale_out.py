@@ -155,7 +155,8 @@ def test_a_node_removed_with_pending_rows_in_flight(cluster, tmp_path):
     victim = nodes[0]
     result = {}
     job = threading.Thread(target=lambda: result.update(rc=transcribe(
-        src, dst, "decoder.kind=fault_toy2", "model.family=fault_family", "batching.recordings_per_batch=3",
+        src, dst, "decoder.kind=fault_toy2", "model.family=fault_family", "batching.max_joined_blocks=1",
+        "batching.recordings_per_batch=3",
         "second_stage.max_wait_s=600", "output.commit_interval_s=0")))
     job.start()
 
