@@ -382,31 +382,25 @@ class WhisperAdapter:
 
 
 # Encoder Linear layers left in float32 under int8: the FFN's second product, whose
-# post-GELU input is heavy-tailed, so one activation scale per call resolves it worst
-# (12% relative error of the encoder states on the bundled clips, 2.5-5% for the others;
-# "jumps" became "jump"). It is a third of the encoder's Linear work.
+# post-GELU input is heavy-tailed, so an activation scale resolves it worst (with one
+# scale per call: 12% relative error of the encoder states on the bundled clips, 2.5-5%
+# for the others; "jumps" became "jump"). It is a third of the encoder's Linear work.
 INT8_KEPT_FLOAT = ("fc2",)
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` with the Linear layers of its encoder's and decoder's layers in int8 (one
-    weight scale per output channel, activations quantised per call: torch's dynamic
-    quantisation through fbgemm/oneDNN; CPU kernels only), but for the encoder's
-    INT8_KEPT_FLOAT layers. The output projection stays float32: the screened argmax
-    already reads it through int8 and rescores exactly. Per-channel scales: per-tensor
-    ones changed more transcripts (docs/engines.md)."""
-    import warnings
-
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    weight scale per output channel, one activation scale per token: models.int8_rows, on
+    torch's fbgemm/oneDNN kernels; CPU only), but for the encoder's INT8_KEPT_FLOAT layers.
+    Per-token scales keep a clip's text independent of its batch and SSD's verification
+    equal to the AR loop. The output projection stays float32: the screened argmax
+    already reads it through int8 and rescores exactly. Per-channel weight scales:
+    per-tensor ones changed more transcripts (docs/engines.md)."""
+    from ..int8_rows import quantize_rows
 
     core = model.model
-    with warnings.catch_warnings():
-        # torch.ao's eager quantisation announces its move to torchao; it still works.
-        warnings.simplefilter("ignore")
-        for part, kept in ((core.encoder, INT8_KEPT_FLOAT), (core.decoder, ())):
-            chosen = {name: per_channel_dynamic_qconfig for name, m in part.named_modules()
-                      if type(m) is torch.nn.Linear and name.rsplit(".", 1)[-1] not in kept}
-            quantize_dynamic(part, chosen, inplace=True)
+    quantize_rows(core.encoder.layers, skip=INT8_KEPT_FLOAT)
+    quantize_rows(core.decoder.layers)
     return model
 
 

@@ -55,8 +55,9 @@ class WhisperModelOptions:
 
     # auto | none | int8. int8: the encoder's and decoder's Linear layers with int8 weights
     # (but the encoder's fc2 and the output projection: adapter.quantize_int8), one scale
-    # per output channel, activations quantised per call at run time (torch dynamic
-    # quantisation through fbgemm/oneDNN; CPU only). auto: int8 on a CPU without
+    # per output channel, activations quantised at run time with one scale per token
+    # (models.int8_rows on torch's fbgemm/oneDNN kernels; CPU only), so a clip's text does
+    # not depend on its batch. auto: int8 on a CPU without
     # native bfloat16 (neither AMX nor AVX512-BF16, pipeline.device.cpu_bf16_native),
     # none elsewhere (such a CPU runs the encoder in bfloat16 instead, a GPU its dtype).
     # Changes a few words (figures: docs/engines.md); not in config_hash.
