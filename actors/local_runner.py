@@ -31,7 +31,7 @@ from .transcriber import Transcriber
 from ..pipeline.kinds import decoder_kind
 from ..pipeline.output import PartCommitter, new_job_id
 from ..pipeline.prefetch import prefetched
-from ..pipeline.regroup import joined_blocks
+from ..pipeline.regroup import model_batches
 from ..pipeline.records import OUTPUT_SCHEMA
 from ..pipeline.sources import input_batches
 from ..pipeline.storage import url_to_fs
@@ -102,9 +102,7 @@ def run_local(rows, cfg, dst: str, rows_per_part: int | None = None, progress: b
     # The next batches are read and decoded in a thread while the model runs on this one;
     # the model stage's batches join the blocks held that way (pipeline.regroup).
     prepared = prefetched(((n, t) for b in batches for n, t in prep.tables(b)), PREFETCH_BATCHES, "audio-prep")
-    step = cfg.batching.recordings_per_batch
-    joined = joined_blocks(prepared, step * cfg.batching.max_joined_blocks, step if cfg.batching.first_batch < step else 0,
-                           cfg.batching.max_tokens, model.cost)
+    joined = model_batches(prepared, cfg.batching, model.cost, slow_start=True)
     try:
         for _ in loop.steps(joined, emit, cfg.batching.first_batch):
             pass

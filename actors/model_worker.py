@@ -38,7 +38,7 @@ from ..pipeline.config import config_from_dict
 from ..pipeline.kinds import decoder_kind
 from ..pipeline.output.handoff import PartBuffer
 from ..pipeline.prepare_stream import PIECES_AHEAD
-from ..pipeline.regroup import joined_blocks
+from ..pipeline.regroup import model_batches
 from ..pipeline.sources import read_item, slow_start_tables
 
 # Seconds between progress events while a unit runs (a part or the unit's end always
@@ -112,9 +112,7 @@ class ModelWorker:
             self.started = True
         # The model stage joins prepared blocks until their segments fill the token budget
         # (pipeline.regroup); the slow start's pieces pass alone.
-        joined = joined_blocks(self.prep.map(batches), per_block * cfg.batching.max_joined_blocks,
-                               per_block if first is not None and first < per_block else 0,
-                               cfg.batching.max_tokens, self.model.cost)
+        joined = model_batches(self.prep.map(batches), cfg.batching, self.model.cost, slow_start=first is not None)
         parts: list = []
         last = time.monotonic()
         for _ in self.loop.steps(joined, lambda out: self._emit(out, parts), first):

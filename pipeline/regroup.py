@@ -56,6 +56,18 @@ def joined_blocks(prepared: Iterable[tuple[int, pa.Table]], rows: int, slow_star
         yield _join(pending)
 
 
+def model_batches(prepared: Iterable[tuple[int, pa.Table]], batching, cost: Callable[[pa.Table], int],
+                  slow_start: bool) -> Iterator[tuple[int, pa.Table]]:
+    """:func:`joined_blocks` as a runner's model stage takes them under ``batching`` (the
+    job's BatchingConfig, its max_tokens sized where the model loaded): up to
+    ``max_joined_blocks`` blocks of ``recordings_per_batch`` rows, until ``cost`` reaches
+    ``max_tokens``; with ``slow_start`` (the job's, or a Ray actor's, first rows) the slow
+    start's pieces pass alone."""
+    step = batching.recordings_per_batch
+    slow_rows = step if slow_start and batching.first_batch < step else 0
+    return joined_blocks(prepared, step * batching.max_joined_blocks, slow_rows, batching.max_tokens, cost)
+
+
 def segments_cost(t: pa.Table, segment_cost: Callable[[np.ndarray], int]) -> int:
     """What prepared table ``t``'s segments cost under the token budget, each priced by
     ``segment_cost`` (a decoder stage's: it prices a segment by its length, so each is

@@ -35,8 +35,8 @@ class RowScaledInt8Linear(torch.nn.Module):
         self.inner = inner
         self.in_features, self.out_features = inner.in_features, inner.out_features
         self.register_buffer("bias", None if bias is None else bias.detach().clone(), persistent=False)
-        anchor = torch.zeros(1, inner.in_features)
-        anchor[0, 0], anchor[0, -1] = 1.0, -1.0
+        anchor = torch.zeros(inner.in_features)
+        anchor[0], anchor[-1] = 1.0, -1.0
         self.register_buffer("anchor", anchor, persistent=False)
 
     @classmethod
@@ -64,13 +64,13 @@ class RowScaledInt8Linear(torch.nn.Module):
         # encoder batch costs more in page faults than the division itself).
         step = min(n, CHUNK_ROWS)
         scaled = torch.empty(step + 1, rows.shape[1], dtype=torch.float32, device=rows.device)
-        scaled[step] = self.anchor[0]
+        scaled[step] = self.anchor
         for start in range(0, n, step):
             stop = min(n, start + step)
             size = stop - start
             torch.div(rows[start:stop], scale[start:stop], out=scaled[:size])
             if size < step:
-                scaled[size] = self.anchor[0]
+                scaled[size] = self.anchor
             out[start:stop] = self.inner(scaled[:size + 1])[:size]
         out.mul_(scale)
         if self.bias is not None:
